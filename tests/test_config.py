@@ -1,0 +1,107 @@
+"""The config tree, presets, --steps_scaler and --config round trips."""
+
+import dataclasses
+import typing
+
+import pytest
+
+from splat_train.configs import preset_names
+from splat_train.trainer.cli import parse_args
+from splat_train.trainer.config import Config, Schedule, dump_yaml, load_yaml, scale_schedule, to_dict
+
+STEP_LIKE = ("steps", "_iter", "_every", "interval")
+NOT_STEPS = {"test_every"}  # counts images, not steps
+
+
+def _fields(cls, prefix=""):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from _fields(tp, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", tp
+
+
+def test_every_schedule_field_scales():
+    """Scaling iterates the section's fields: any field added there is scaled too."""
+    base = Schedule()
+    half = scale_schedule(base, 0.5)
+    for f in dataclasses.fields(Schedule):
+        before, after = getattr(base, f.name), getattr(half, f.name)
+        if isinstance(before, list):
+            assert after == [int(v * 0.5) for v in before], f.name
+        else:
+            assert after == max(int(before * 0.5), 1 if before else 0), f.name
+
+
+def test_no_step_field_outside_schedule():
+    """A step-valued field added anywhere but Schedule would escape --steps_scaler."""
+    offenders = [name for name, tp in _fields(Config) if not name.startswith("schedule.")
+                 and any(tag in name.split(".")[-1] for tag in STEP_LIKE)
+                 and tp in (int, list[int]) and name not in NOT_STEPS]
+    assert offenders == []
+
+
+def test_steps_scaler_flag_scales_everything(tmp_path):
+    cfg = parse_args(["default", "--steps_scaler", "0.25", "--result_dir", str(tmp_path)])
+    ref = Schedule()
+    assert cfg.schedule.max_steps == ref.max_steps // 4
+    assert cfg.schedule.refine_stop_iter == ref.refine_stop_iter // 4
+    assert cfg.schedule.eval_steps == [v // 4 for v in ref.eval_steps]
+    assert cfg.steps_scaler == 1.0  # applied once: the saved config reruns the same schedule
+
+
+def test_flags_spelled_as_gsplat(tmp_path):
+    cfg = parse_args(["default", "--data_factor", "2", "--max_steps", "123", "--batch_size", "3",
+                      "--packed", "--sh_degree", "2", "--test_every", "5", "--init_type", "random",
+                      "--eval_steps", "10", "20", "--result_dir", str(tmp_path)])
+    assert (cfg.data_factor, cfg.schedule.max_steps, cfg.batch_size, cfg.packed) == (2, 123, 3, True)
+    assert (cfg.sh_degree, cfg.test_every, cfg.init_type) == (2, 5, "random")
+    assert cfg.schedule.eval_steps == [10, 20]
+
+
+def test_presets_differ_and_load():
+    assert {"default", "mcmc"} <= set(preset_names())
+    mcmc = parse_args(["mcmc"])
+    default = parse_args(["default"])
+    assert mcmc.densify.strategy == "mcmc" and default.densify.strategy == "default"
+    assert mcmc.opacity_reg > 0 and default.opacity_reg == 0
+
+
+def test_config_file_round_trip(tmp_path):
+    cfg = parse_args(["mcmc", "--max_steps", "77", "--steps_scaler", "0.5", "--result_dir", str(tmp_path)])
+    path = tmp_path / "cfg.yml"
+    path.write_text(dump_yaml(cfg))
+    again = parse_args(["--config", str(path)])
+    assert to_dict(again) == to_dict(cfg)
+    override = parse_args(["--config", str(path), "--max_steps", "5"])
+    assert override.schedule.max_steps == 5
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["default", "--data_factor", "0"], "--data_factor"),
+    (["default", "--sh_degree", "7"], "--sh_degree"),
+    (["default", "--resume", "--overwrite"], "--resume"),
+    (["nosuchpreset"], "preset"),
+    (["default", "--config", "/nonexistent.yml"], "--config"),
+])
+def test_bad_flags_name_the_flag(argv, flag):
+    with pytest.raises(ValueError, match=flag):
+        parse_args(argv)
+
+
+def test_unknown_key_in_config_file(tmp_path):
+    path = tmp_path / "bad.yml"
+    path.write_text("max_stepz: 3\n")
+    with pytest.raises(ValueError, match="max_stepz"):
+        load_yaml(path)
+
+
+def test_help_documents_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["default", "--help"])
+    text = capsys.readouterr().out
+    for name, _ in _fields(Config):
+        flag = "--" + name.split(".")[-1]
+        assert flag in text, flag

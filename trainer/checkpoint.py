@@ -1,0 +1,172 @@
+"""Per-rank checkpoints: ``ckpts/ckpt_<step>_rank<r>.pt``, written atomically.
+
+A checkpoint holds the rank's shard (parameters), its Adam state, the means' LR scheduler, the
+densification strategy's running state, the completed step count, the RNG states and the config.
+Resuming with the same world size continues exactly; with another world size the shards (and
+every per-Gaussian optimizer and strategy tensor) are concatenated in rank order and re-split
+round-robin, as at initialization.
+
+A run never overwrites or corrupts a previous run's checkpoints: a result dir that holds
+checkpoints is refused unless ``--resume`` (continue them) or ``--overwrite`` (move them aside
+into ``superseded_<UTC time>/``; nothing is deleted), and every file goes to a temporary name
+first and is renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+CKPT_RE = re.compile(r"ckpt_(\d+)_rank(\d+)\.pt$")
+PER_GAUSSIAN_STRATEGY_KEYS = ("grad2d", "count", "radii")
+RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "cfg.yml")
+
+
+def atomic_write(path: Path, write_fn) -> None:
+    """Call ``write_fn(tmp_path)`` then fsync and rename onto ``path`` (same directory, so the
+    rename is atomic); on any error the temporary file is removed and ``path`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write_fn(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def list_checkpoints(ckpt_dir: Path) -> dict[int, dict[int, Path]]:
+    """{step: {rank: path}} of the complete-looking checkpoint files in ``ckpt_dir``."""
+    found: dict[int, dict[int, Path]] = {}
+    if not Path(ckpt_dir).is_dir():
+        return found
+    for p in Path(ckpt_dir).iterdir():
+        m = CKPT_RE.match(p.name)
+        if m:
+            found.setdefault(int(m.group(1)), {})[int(m.group(2))] = p
+    return found
+
+
+def prepare_result_dir(result_dir: Path, resume: bool, overwrite: bool, evaluating: bool) -> None:
+    """Refuse to start a new run over another run's checkpoints (ValueError naming the dir);
+    with ``overwrite``, move that run's outputs into ``superseded_<UTC time>/`` first."""
+    result_dir = Path(result_dir)
+    existing = list_checkpoints(result_dir / "ckpts")
+    if resume:
+        if not existing:
+            raise ValueError(f"--resume: no checkpoints in {result_dir / 'ckpts'}")
+        return
+    if not existing or evaluating:
+        return
+    if not overwrite:
+        raise ValueError(
+            f"{result_dir} already holds another run's checkpoints (steps {sorted(existing)}); "
+            "pass --resume to continue that run, --overwrite to start afresh (the old outputs are "
+            "moved aside, not deleted), or choose another --result_dir"
+        )
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    aside = result_dir / f"superseded_{stamp}"
+    aside.mkdir()
+    for name in RUN_OUTPUTS:
+        if (result_dir / name).exists():
+            shutil.move(str(result_dir / name), str(aside / name))
+
+
+def rng_state(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def save(ckpt_dir: Path, step: int, rank: int, world_size: int, state: dict) -> Path:
+    """Write this rank's checkpoint for ``step`` completed steps; returns its path."""
+    path = Path(ckpt_dir) / f"ckpt_{step}_rank{rank}.pt"
+    payload = _to_cpu(dict(state, step=step, rank=rank, world_size=world_size))
+    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+    return path
+
+
+def latest_complete(ckpt_dir: Path) -> Optional[tuple[int, list[Path]]]:
+    """(step, files in rank order) of the newest step whose every rank's file exists."""
+    found = list_checkpoints(ckpt_dir)
+    for step in sorted(found, reverse=True):
+        ranks = found[step]
+        world = torch.load(next(iter(ranks.values())), map_location="cpu", weights_only=False)["world_size"]
+        if sorted(ranks) == list(range(world)):
+            return step, [ranks[r] for r in range(world)]
+    return None
+
+
+def _merge_rows(parts: list[torch.Tensor], rank: int, world_size: int) -> torch.Tensor:
+    return torch.cat(parts, dim=0)[rank::world_size].clone()
+
+
+def load_shard(files: list[Path], rank: int, world_size: int) -> dict:
+    """This rank's state from a run's checkpoint files (one per rank of that run, rank order).
+
+    Same world size: the rank's own file as saved. Otherwise: every per-Gaussian tensor
+    (parameters, Adam moments, strategy accumulators) concatenated in the old rank order and
+    re-split ``rank::world_size``; scalars and RNG from old rank ``rank`` (or 0).
+    Raises ValueError naming a file that is not a splat-train checkpoint.
+    """
+    states = []
+    for f in files:
+        try:
+            states.append(torch.load(f, map_location="cpu", weights_only=False))
+        except Exception as e:
+            raise ValueError(f"cannot read checkpoint {f}: {e}") from e
+        if "params" not in states[-1]:
+            raise ValueError(f"{f} is not a splat-train checkpoint (no 'params')")
+    if len(states) == world_size:
+        return states[rank]
+    base = dict(states[rank] if rank < len(states) else states[0])
+    base["params"] = {k: _merge_rows([s["params"][k] for s in states], rank, world_size) for k in base["params"]}
+    optimizers = {}
+    for name, opt in base["optimizers"].items():
+        merged = {"param_groups": opt["param_groups"], "state": {}}
+        for key, value in opt["state"].items():
+            merged["state"][key] = {
+                k: (_merge_rows([s["optimizers"][name]["state"][key][k] for s in states], rank, world_size)
+                    if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                for k, v in value.items()
+            }
+        optimizers[name] = merged
+    base["optimizers"] = optimizers
+    strategy = dict(base["strategy_state"])
+    for key in PER_GAUSSIAN_STRATEGY_KEYS:
+        if isinstance(strategy.get(key), torch.Tensor):
+            strategy[key] = _merge_rows([s["strategy_state"][key] for s in states], rank, world_size)
+    base["strategy_state"] = strategy
+    base["world_size"], base["rank"] = world_size, rank
+    return base

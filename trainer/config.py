@@ -1,0 +1,323 @@
+"""The configuration tree of a training run.
+
+Every flag of ``splat-train`` is a field here; tyro turns the tree into the command line with the
+section prefixes omitted (``--max_steps``, not ``--schedule.max_steps``), spelled as gsplat's
+``examples/simple_trainer.py`` spells them.
+
+Every step-valued field lives in :class:`Schedule` and nowhere else, so that ``--steps_scaler``
+can scale all of them by iterating the section's fields (there is no hand-kept list to forget a
+new field in; ``tests/test_config.py`` fails when a step-like field appears outside the section).
+
+Presets (``default``, ``mcmc``, ``bytesplat``) are YAML files in ``configs/`` holding the values
+that differ from the dataclass defaults; ``<result_dir>/cfg.yml`` holds a whole resolved config and
+``--config <file>`` reloads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+
+@dataclass
+class Schedule:
+    """Step-valued settings. ``--steps_scaler`` multiplies every field of this section.
+
+    Each field is an ``int`` or a ``list[int]`` counted in training steps (one step = one batch of
+    ``batch_size`` images on every rank).
+    """
+
+    max_steps: int = 30_000
+    """Number of training steps."""
+    eval_steps: list[int] = field(default_factory=lambda: [7_000, 30_000])
+    """Steps after which the test views are rendered and scored (the last step is always scored)."""
+    save_steps: list[int] = field(default_factory=lambda: [7_000, 30_000])
+    """Steps after which each rank writes ``ckpts/ckpt_<step>_rank<r>.pt``."""
+    ply_steps: list[int] = field(default_factory=lambda: [7_000, 30_000])
+    """Steps after which a PLY is exported (a PLY is always exported after the last step)."""
+    sh_degree_interval: int = 1_000
+    """The SH degree in use rises by one every this many steps, up to ``--sh_degree``."""
+    refine_start_iter: int = 500
+    """Densification starts after this step."""
+    refine_stop_iter: int = 15_000
+    """Densification stops at this step."""
+    refine_every: int = 100
+    """Densify every this many steps."""
+    reset_every: int = 3_000
+    """Default strategy: reset opacities every this many steps (while densifying)."""
+    pause_refine_after_reset: int = 0
+    """Default strategy: no densification for this many steps after an opacity reset."""
+    log_every: int = 100
+    """Write TensorBoard scalars and refresh the progress bar's loss every this many steps."""
+
+
+@dataclass
+class OptimConfig:
+    """Learning rates at batch size 1 (gsplat simple_trainer's values); see model.create_optimizers
+    for the batch rule."""
+
+    means_lr: float = 1.6e-4
+    """Learning rate of the means, multiplied by the scene scale; decays exponentially to 1% of it."""
+    scales_lr: float = 5e-3
+    """Learning rate of the log-scales."""
+    quats_lr: float = 1e-3
+    """Learning rate of the quaternions."""
+    opacities_lr: float = 5e-2
+    """Learning rate of the logit opacities."""
+    sh0_lr: float = 2.5e-3
+    """Learning rate of the degree-0 SH coefficients."""
+    shN_lr: float = 2.5e-3 / 20
+    """Learning rate of the higher-degree SH coefficients."""
+
+
+@dataclass
+class StrategyConfig:
+    """Densification settings (gsplat's DefaultStrategy / MCMCStrategy); step-valued ones live in
+    Schedule."""
+
+    strategy: Literal["default", "mcmc"] = "default"
+    """Densification strategy: gsplat's DefaultStrategy (clone/split/prune) or MCMCStrategy."""
+    prune_opa: float = 0.005
+    """Default: prune Gaussians whose opacity falls below this."""
+    grow_grad2d: float = 0.0002
+    """Default: densify Gaussians whose mean image-plane gradient (NDC) exceeds this."""
+    grow_scale3d: float = 0.01
+    """Default: clone below / split above this scale (fraction of the scene scale)."""
+    prune_scale3d: float = 0.1
+    """Default: prune Gaussians larger than this (fraction of the scene scale)."""
+    cap_max: int = 1_000_000
+    """MCMC: maximum number of Gaussians (per rank)."""
+    noise_lr: float = 5e5
+    """MCMC: scale of the position noise."""
+    min_opacity: float = 0.005
+    """MCMC: Gaussians below this opacity are relocated."""
+
+
+@dataclass
+class Config:
+    """A splat-train run. Flags are spelled as gsplat's simple_trainer spells them."""
+
+    data_dir: Optional[Path] = None
+    """Scene folder: COLMAP (sparse/0 or sparse, images/) or NeRF (transforms.json). Unset: train the embedded synthetic scene."""
+    data_factor: int = 4
+    """Downsample factor of the images; reads images_<f>/ when present, else downsamples images/ once into a cache."""
+    result_dir: Path = Path("results/default")
+    """Where checkpoints, PLYs, stats, renders, videos and TensorBoard logs go."""
+    test_every: int = 8
+    """Every this-th image (sorted by name) is a test view; 0 keeps every image for training."""
+    normalize_world_space: bool = True
+    """Centre, rotate and scale the world as gsplat's COLMAP parser does."""
+
+    init_type: Literal["sfm", "random"] = "sfm"
+    """Initial Gaussians: the SfM points, or random points in the camera bounds."""
+    init_num_pts: int = 100_000
+    """Number of random initial points (--init_type random)."""
+    init_extent: float = 3.0
+    """Half-size of the random-init cube, in scene scales."""
+    init_opa: float = 0.1
+    """Initial opacity of every Gaussian (0..1)."""
+    init_scale: float = 1.0
+    """Initial scales are this times the mean distance to the 3 nearest neighbours."""
+    sh_degree: int = 3
+    """Highest spherical-harmonics degree (0..3)."""
+
+    batch_size: int = 1
+    """Images per step on each rank."""
+    steps_scaler: float = 1.0
+    """Multiply every step-valued setting (the Schedule section) by this, e.g. 0.25 on 4 GPUs."""
+    packed: bool = False
+    """Packed exchange and rasterization: only visible (camera, Gaussian) records travel."""
+    backend: Literal["auto", "gsplat", "reference"] = "auto"
+    """Projection/rasterization ops: gsplat's CUDA ops, or the plain-PyTorch reference (auto: gsplat on CUDA)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train (auto: CUDA when visible)."""
+    nproc_per_node: int = 0
+    """Processes to start on this node: 0 = one per visible GPU (1 without GPUs); N > 1 without GPUs runs N CPU ranks over gloo."""
+
+    ssim_lambda: float = 0.2
+    """Weight of the D-SSIM term: loss = (1 - lambda) L1 + lambda (1 - SSIM)."""
+    opacity_reg: float = 0.0
+    """Weight of the opacity regularizer mean(sigmoid(opacities))."""
+    scale_reg: float = 0.0
+    """Weight of the scale regularizer mean(exp(scales))."""
+    random_bkgd: bool = False
+    """Composite over a random background colour each step."""
+    near_plane: float = 0.01
+    """Near clipping plane (scene units)."""
+    far_plane: float = 1e10
+    """Far clipping plane (scene units)."""
+    global_scale: float = 1.0
+    """Extra multiplier of the scene scale."""
+
+    seed: int = 42
+    """Random seed (each rank draws its cameras with its own stream)."""
+    resume: bool = False
+    """Continue from the newest checkpoints in result_dir/ckpts."""
+    overwrite: bool = False
+    """Allow starting a new run in a result_dir that already holds checkpoints (they are moved aside, never deleted)."""
+    ckpt: Optional[list[Path]] = None
+    """Evaluate and export these checkpoint(s) (one per rank of the run that wrote them) without training."""
+    num_traj_frames: int = 60
+    """Frames of the interpolated-camera video written at each evaluation (0: no video)."""
+    save_eval_images: bool = True
+    """Write side-by-side test renders (ground truth | render) at each evaluation."""
+
+    synthetic_num_gaussians: int = 600
+    """Synthetic scene (no --data_dir): Gaussians of the ground-truth cloud."""
+    synthetic_num_cameras: int = 40
+    """Synthetic scene: cameras on the orbit."""
+    synthetic_image_size: int = 96
+    """Synthetic scene: image width and height, pixels."""
+
+    schedule: Schedule = field(default_factory=Schedule)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    densify: StrategyConfig = field(default_factory=StrategyConfig)
+
+
+def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
+    """Multiply every field of ``schedule`` by ``factor`` (rounding down; gsplat's adjust_steps).
+
+    Step counts that are intervals (``*_every``, ``*_interval``) never fall below 1.
+    """
+    values = {}
+    for f in dataclasses.fields(schedule):
+        value = getattr(schedule, f.name)
+        if isinstance(value, list):
+            values[f.name] = [int(v * factor) for v in value]
+        else:
+            scaled = int(value * factor)
+            if f.name.endswith(("_every", "_interval")) or f.name == "max_steps":
+                scaled = max(scaled, 1)
+            values[f.name] = scaled
+    return Schedule(**values)
+
+
+def resolve(cfg: Config) -> Config:
+    """Apply ``steps_scaler`` once; the result has ``steps_scaler = 1`` so saving and reloading it
+    reruns exactly the same schedule."""
+    if cfg.steps_scaler == 1.0:
+        return cfg
+    return dataclasses.replace(
+        cfg, schedule=scale_schedule(cfg.schedule, cfg.steps_scaler), steps_scaler=1.0
+    )
+
+
+def validate(cfg: Config) -> None:
+    """Raise ValueError naming the flag when a value is out of range or flags conflict."""
+    checks = [
+        (cfg.data_factor >= 1, "--data_factor must be >= 1"),
+        (cfg.batch_size >= 1, "--batch_size must be >= 1"),
+        (cfg.steps_scaler > 0 and math.isfinite(cfg.steps_scaler), "--steps_scaler must be > 0"),
+        (0 <= cfg.sh_degree <= 3, "--sh_degree must be in 0..3"),
+        (cfg.schedule.max_steps >= 1, "--max_steps must be >= 1"),
+        (cfg.test_every >= 0, "--test_every must be >= 0"),
+        (0.0 < cfg.init_opa < 1.0, "--init_opa must be in (0, 1)"),
+        (cfg.init_num_pts >= 1, "--init_num_pts must be >= 1"),
+        (0.0 <= cfg.ssim_lambda <= 1.0, "--ssim_lambda must be in [0, 1]"),
+        (cfg.nproc_per_node >= 0, "--nproc_per_node must be >= 0"),
+        (cfg.schedule.sh_degree_interval >= 1, "--sh_degree_interval must be >= 1"),
+        (cfg.schedule.refine_every >= 1, "--refine_every must be >= 1"),
+        (cfg.schedule.reset_every >= 1, "--reset_every must be >= 1"),
+        (not (cfg.resume and cfg.overwrite), "--resume and --overwrite cannot be combined"),
+        (not (cfg.resume and cfg.ckpt), "--resume and --ckpt cannot be combined"),
+        (cfg.near_plane > 0 and cfg.far_plane > cfg.near_plane, "--near_plane/--far_plane must satisfy 0 < near < far"),
+        (cfg.synthetic_image_size >= 16, "--synthetic_image_size must be >= 16"),
+        (cfg.synthetic_num_cameras >= 2, "--synthetic_num_cameras must be >= 2"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+
+
+# ---------------------------------------------------------------- YAML (de)serialization
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass tree -> plain dict of YAML-safe values (Paths as strings)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if value is None:
+        if origin is typing.Union and type(None) in args:
+            return None
+        raise ValueError(f"{where}: null is not allowed")
+    if origin is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list, got {value!r}")
+        return [_coerce(args[0], v, where) for v in value]
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{where}: {value!r} is not one of {list(args)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _from_dict(tp, value, where)
+    if tp is Path:
+        return Path(value)
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp is bool and isinstance(value, bool):
+        return value
+    raise ValueError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
+
+
+def _from_dict(cls: type, data: dict, where: str, base: Any = None) -> Any:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown setting(s) {unknown}")
+    obj = base if base is not None else cls()
+    values = {}
+    for name, value in data.items():
+        if dataclasses.is_dataclass(hints[name]) and isinstance(value, dict):
+            values[name] = _from_dict(hints[name], value, f"{where}.{name}", getattr(obj, name))
+        else:
+            values[name] = _coerce(hints[name], value, f"{where}.{name}")
+    return dataclasses.replace(obj, **values)
+
+
+def apply_overrides(cfg: Config, data: dict, source: str) -> Config:
+    """Return ``cfg`` with the (possibly partial, nested) settings in ``data`` applied.
+
+    Raises ValueError naming ``source`` and the setting on an unknown key or a wrong type."""
+    return _from_dict(Config, data or {}, source, base=cfg)
+
+
+def load_yaml(path: Path, base: Optional[Config] = None) -> Config:
+    """Load a config (whole, or a preset's partial overrides) from a YAML file.
+
+    Raises ValueError naming the file when it is missing, malformed or holds unknown settings."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--config: no such file: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"--config: {path} is not valid YAML: {e}") from e
+    return apply_overrides(base or Config(), data, str(path))
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -1,0 +1,127 @@
+"""Evaluation on the test views: every rank renders, rank 0 scores and writes.
+
+Test views are dealt round-robin to the ranks (view i to rank i mod W); each round every rank
+renders one view collectively (a rank with none left re-renders its last one and discards it,
+so the collectives line up). Rank 0 gathers the renders, computes PSNR / SSIM / LPIPS (when its
+weights are available offline), writes ``stats/val_step<step>.json``, side-by-side PNGs
+``renders/val_step<step>_<name>.png`` (ground truth | render), TensorBoard scalars and, as gsplat
+does, a video along an interpolated camera path (``videos/traj_<step>.mp4``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import metrics
+from .checkpoint import atomic_write
+from .model import activated
+from .render import CameraBatch, render
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .loop import Trainer
+
+
+def make_writer(result_dir: Path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=str(Path(result_dir) / "tb"))
+
+
+def _gather_to_main(ctx, obj):
+    if ctx.world_size == 1:
+        return [obj]
+    out = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object(obj, out, dst=0, group=ctx.group)
+    return out
+
+
+@torch.no_grad()
+def render_views(trainer: "Trainer", cams: list[CameraBatch]) -> list[np.ndarray]:
+    """Render ``cams`` (this rank's share) collectively; returns float32 [H, W, 3] arrays.
+
+    Every rank must call this with the same number of rounds: pass the same ``len(cams)`` or use
+    :func:`_rounds`."""
+    gaussians = activated(trainer.params)
+    out = []
+    for cam in cams:
+        res = render(gaussians, cam, trainer.ctx, trainer.ops, trainer.cfg.sh_degree, packed=trainer.cfg.packed,
+                     near=trainer.cfg.near_plane, far=trainer.cfg.far_plane)
+        out.append(res.colors[0].clamp(0, 1).float().cpu().numpy())
+    return out
+
+
+def _my_views(n: int, ctx) -> tuple[list[int], int]:
+    """Indices of the views this rank renders, and the number of rounds every rank runs."""
+    rounds = math.ceil(n / ctx.world_size) if n else 0
+    mine = list(range(ctx.rank, n, ctx.world_size))
+    return mine, rounds
+
+
+def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
+    """Score the test views after ``step`` steps; returns the metrics on rank 0 (None elsewhere)."""
+    ctx, testset = trainer.ctx, trainer.testset
+    if len(testset) == 0:
+        return None
+    mine, rounds = _my_views(len(testset), ctx)
+    items = [testset[i] for i in mine]
+    cams = [trainer.camera_batch(testset.batch([i])) for i in mine]
+    while len(cams) < rounds:  # keep the collectives in step with the other ranks
+        cams.append(cams[-1] if cams else trainer.camera_batch(testset.batch([0])))
+    t0 = time.perf_counter()
+    renders = render_views(trainer, cams)[: len(mine)]
+    elapsed = time.perf_counter() - t0
+    local = [(i, r, it["image"].numpy()) for i, r, it in zip(mine, renders, items)]
+    gathered = _gather_to_main(ctx, (int(trainer.params["means"].shape[0]), local))
+    if not ctx.is_main:
+        return None
+    num_gaussians = sum(n for n, _ in gathered)
+    results = sorted((x for _, part in gathered for x in part), key=lambda x: x[0])
+    lpips = metrics.LPIPSMetric()
+    per_view = []
+    for i, pred, gt in results:
+        p = torch.from_numpy(pred)[None]
+        g = torch.from_numpy(gt)[None]
+        row = dict(name=trainer.scene.cameras[testset.indices[i]].name,
+                   psnr=float(metrics.psnr(p, g).mean()), ssim=float(metrics.ssim_metric(p, g)))
+        if lpips.available:
+            row["lpips"] = float(lpips(p, g))
+        per_view.append(row)
+        if trainer.cfg.save_eval_images:
+            _write_png(trainer.result_dir / "renders" / f"val_step{step}_{Path(row['name']).stem}.png",
+                       np.concatenate([gt, pred], axis=1))
+    summary = dict(
+        step=step,
+        psnr=float(np.mean([r["psnr"] for r in per_view])),
+        ssim=float(np.mean([r["ssim"] for r in per_view])),
+        lpips=(float(np.mean([r["lpips"] for r in per_view])) if lpips.available else None),
+        lpips_unavailable_reason=None if lpips.available else lpips.reason,
+        ms_per_image=elapsed * 1000.0 / max(len(mine), 1),
+        num_gaussians=num_gaussians,
+        num_views=len(per_view),
+        per_view=per_view,
+    )
+    path = trainer.result_dir / "stats" / f"val_step{step}.json"
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
+    if trainer.writer is not None:
+        for k in ("psnr", "ssim", "lpips"):
+            if summary[k] is not None:
+                trainer.writer.add_scalar(f"val/{k}", summary[k], step)
+    print(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f} "
+          f"({len(per_view)} views){'' if lpips.available else ' (LPIPS unavailable: ' + lpips.reason + ')'}",
+          flush=True)
+    return summary
+
+
+def _write_png(path: Path, image: np.ndarray) -> None:
+    import imageio.v3 as iio
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    iio.imwrite(path, (np.clip(image, 0, 1) * 255.0 + 0.5).astype(np.uint8))

@@ -1,0 +1,163 @@
+"""Every collective of a training step, each a differentiable pair.
+
+The iteration (gsplat rendering.py's distributed path, Zhao et al. 2024 "On Scaling Up 3D
+Gaussian Splatting Training"): ranks own disjoint shards of the Gaussians and their own cameras.
+
+1. :func:`gather_metadata` — one all_gather of int32 [num_gaussians, num_cameras, width, height]
+   per rank (gsplat does the Gaussian counts alone; the camera counts and sizes ride along so that
+   ranks may hold different numbers of cameras of different sizes).
+2. :class:`AllGatherCameras` — all_gather of every rank's view matrices and intrinsics. Backward:
+   reduce-scatter (each rank receives the sum over ranks of the gradient of *its* cameras).
+3. :class:`AllToAll` — the projected records travel to the rank that renders their camera, in one
+   concatenated buffer. Backward: the reverse all_to_all (gradient rows travel back to the rank
+   that owns the Gaussian). Dense mode sends every (camera, local Gaussian) pair; packed mode
+   sends only visible pairs, after exchanging per-destination counts with :func:`exchange_counts`.
+
+No collective here reduces a Gaussian gradient: a Gaussian's partial gradients reach its owner
+through the reverse exchange and are summed there by autograd. At world size 1 every function is
+the identity and issues no collective.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .launch import DistContext
+
+
+def gather_metadata(ctx: DistContext, values: Sequence[int]) -> torch.Tensor:
+    """All-gather a few int32 values per rank -> [W, len(values)] int64 on the CPU.
+
+    One all_gather_into_tensor (not all_gather_object, which pickles through the host)."""
+    local = torch.tensor(list(values), dtype=torch.int32)
+    if ctx.world_size == 1:
+        return local[None].long()
+    local = local.to(ctx.comm_device)
+    out = torch.empty(ctx.world_size * len(values), dtype=torch.int32, device=ctx.comm_device)
+    dist.all_gather_into_tensor(out, local, group=ctx.group)
+    ctx.stats.record("all_gather", local.numel() * 4 * (ctx.world_size - 1), out.numel() * 4 - local.numel() * 4)
+    return out.view(ctx.world_size, len(values)).long().cpu()
+
+
+def _padded_all_gather(ctx: DistContext, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """all_gather of [counts[rank], D] rows with unequal counts -> [sum(counts), D]."""
+    max_rows = max(counts)
+    padded = x.new_zeros(max_rows, x.shape[1])
+    padded[: x.shape[0]] = x
+    out = x.new_empty(ctx.world_size * max_rows, x.shape[1])
+    dist.all_gather_into_tensor(out, padded.contiguous(), group=ctx.group)
+    ctx.stats.record("all_gather", padded.numel() * 4 * (ctx.world_size - 1), padded.numel() * 4 * (ctx.world_size - 1))
+    out = out.view(ctx.world_size, max_rows, -1)
+    return torch.cat([out[r, : counts[r]] for r in range(ctx.world_size)], dim=0)
+
+
+def _reduce_scatter_rows(ctx: DistContext, grad: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Transpose of :func:`_padded_all_gather`: [sum(counts), D] per rank -> the sum over ranks
+    of the rows ``counts``-slice of this rank, [counts[rank], D]."""
+    max_rows = max(counts)
+    padded = grad.new_zeros(ctx.world_size, max_rows, grad.shape[1])
+    for r, chunk in enumerate(torch.split(grad, counts, dim=0)):
+        padded[r, : counts[r]] = chunk
+    out = grad.new_empty(max_rows, grad.shape[1])
+    if ctx.backend == "nccl":
+        dist.reduce_scatter_tensor(out, padded.view(-1, grad.shape[1]).contiguous(), group=ctx.group)
+    else:
+        # gloo has no reduce_scatter: the same result as an all_to_all followed by a local sum.
+        received = torch.empty_like(padded)
+        dist.all_to_all_single(received, padded, group=ctx.group)
+        out = received.sum(dim=0)
+    ctx.stats.record("reduce_scatter", padded.numel() * 4 * (ctx.world_size - 1) // ctx.world_size, out.numel() * 4)
+    return out[: counts[ctx.rank]]
+
+
+class AllGatherCameras(torch.autograd.Function):
+    """Forward: all_gather of per-camera rows [C_local, D] -> [C_all, D] (rank-major order).
+    Backward: reduce-scatter — the gradient w.r.t. this rank's cameras summed over every rank's
+    use of them (gsplat distributed.py's all_gather_tensor_list, made exact for unequal counts)."""
+
+    @staticmethod
+    def forward(fctx, x: torch.Tensor, ctx: DistContext, counts: list[int]) -> torch.Tensor:
+        fctx.dist_ctx, fctx.counts = ctx, counts
+        return _padded_all_gather(ctx, x, counts)
+
+    @staticmethod
+    def backward(fctx, grad: torch.Tensor):
+        return _reduce_scatter_rows(fctx.dist_ctx, grad.contiguous(), fctx.counts), None, None
+
+
+def all_gather_cameras(ctx: DistContext, viewmats: torch.Tensor, Ks: torch.Tensor, counts: list[int]):
+    """viewmats [C_local, 4, 4], Ks [C_local, 3, 3] -> every rank's, [C_all, 4, 4] and [C_all, 3, 3],
+    in one collective (both packed into one [C, 25] buffer)."""
+    if ctx.world_size == 1:
+        return viewmats, Ks
+    rows = torch.cat([viewmats.reshape(-1, 16), Ks.reshape(-1, 9)], dim=1)
+    rows = AllGatherCameras.apply(rows, ctx, counts)
+    return rows[:, :16].reshape(-1, 4, 4), rows[:, 16:].reshape(-1, 3, 3)
+
+
+def exchange_counts(ctx: DistContext, send_counts: torch.Tensor) -> list[int]:
+    """all_to_all of one int per peer: how many records this rank sends each rank -> how many it
+    receives from each rank (packed mode's first exchange)."""
+    if ctx.world_size == 1:
+        return [int(send_counts[0])]
+    send = send_counts.to(device=ctx.comm_device, dtype=torch.int64)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=ctx.group)
+    ctx.stats.record("all_to_all", 8 * (ctx.world_size - 1), 8 * (ctx.world_size - 1))
+    return recv.cpu().tolist()
+
+
+def _all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int]) -> torch.Tensor:
+    """Rows [sum(send_rows), D] -> rows [sum(recv_rows), D]: rank j gets the j-th chunk."""
+    d = x.shape[1]
+    out = x.new_empty(sum(recv_rows), d)
+    dist.all_to_all_single(
+        out, x.contiguous(),
+        output_split_sizes=recv_rows,
+        input_split_sizes=send_rows,
+        group=ctx.group,
+    )
+    item = x.element_size() * d
+    me = ctx.rank
+    ctx.stats.record(
+        "all_to_all",
+        item * (sum(send_rows) - send_rows[me]),
+        item * (sum(recv_rows) - recv_rows[me]),
+    )
+    return out
+
+
+class AllToAll(torch.autograd.Function):
+    """Forward: all_to_all of record rows; rank j receives the ``send_rows[j]`` rows addressed to
+    it, concatenated in source-rank order. Backward: the reverse all_to_all (the gradient of a
+    received row goes back to the rank and position it came from)."""
+
+    @staticmethod
+    def forward(fctx, x, ctx: DistContext, send_rows: list[int], recv_rows: list[int]):
+        fctx.dist_ctx, fctx.send_rows, fctx.recv_rows = ctx, send_rows, recv_rows
+        return _all_to_all_rows(ctx, x, send_rows, recv_rows)
+
+    @staticmethod
+    def backward(fctx, grad):
+        back = _all_to_all_rows(fctx.dist_ctx, grad.contiguous(), fctx.recv_rows, fctx.send_rows)
+        return back, None, None, None
+
+
+def all_to_all(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int]) -> torch.Tensor:
+    """Differentiable all_to_all of rows (identity at world size 1)."""
+    if ctx.world_size == 1:
+        return x
+    return AllToAll.apply(x, ctx, list(send_rows), list(recv_rows))
+
+
+def ids_to_float_lanes(ids: torch.Tensor) -> torch.Tensor:
+    """int32 [R] -> float32 [R, 1] holding the same bits, so indices travel in the payload buffer."""
+    return ids.to(torch.int32).contiguous().view(torch.float32)[:, None]
+
+
+def float_lanes_to_ids(lanes: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`ids_to_float_lanes`: float32 [R] (bits) -> int64 [R]."""
+    return lanes.detach().contiguous().view(torch.int32).long()

@@ -1,0 +1,226 @@
+"""How processes start and find each other, and the :class:`DistContext` passed to everything.
+
+Launch modes, first match wins:
+
+* torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``);
+* OpenMPI's mpirun (``OMPI_COMM_WORLD_SIZE``/``_RANK``/``_LOCAL_RANK``; ``MASTER_ADDR`` and
+  ``MASTER_PORT`` must be exported, e.g. ``mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500``);
+* SLURM's srun (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``; ``MASTER_ADDR``/``_PORT``);
+* otherwise this process spawns one worker per visible GPU (``torch.cuda.device_count()``, which
+  honours ``CUDA_VISIBLE_DEVICES`` on NVIDIA and ``HIP_VISIBLE_DEVICES``/``ROCR_VISIBLE_DEVICES`` on
+  ROCm), or ``--nproc_per_node`` CPU workers over gloo, or runs in-process when that is one.
+
+Each worker sets its device *before* creating the process group and passes it as the group's
+device (a group created before ``set_device`` gave an illegal memory access on two H200s). The
+backend is ``nccl`` on GPUs (RCCL answers to that name on ROCm) and ``gloo`` on CPUs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+@dataclass
+class CommStats:
+    """Collectives issued and bytes this rank sent/received to/from peers, since the last reset."""
+
+    calls: Counter = field(default_factory=Counter)
+    bytes_sent: Counter = field(default_factory=Counter)
+    bytes_recv: Counter = field(default_factory=Counter)
+    phase: str = "forward"
+
+    def record(self, op: str, sent: int, recv: int) -> None:
+        key = f"{self.phase}/{op}"
+        self.calls[key] += 1
+        self.bytes_sent[key] += int(sent)
+        self.bytes_recv[key] += int(recv)
+
+    def reset(self) -> dict:
+        """Return {"calls", "bytes_sent", "bytes_recv"} (each {phase/op: n}) and start afresh."""
+        out = dict(calls=dict(self.calls), bytes_sent=dict(self.bytes_sent), bytes_recv=dict(self.bytes_recv))
+        self.calls.clear()
+        self.bytes_sent.clear()
+        self.bytes_recv.clear()
+        return out
+
+
+@dataclass
+class DistContext:
+    """Who this process is in the job. Passed explicitly; there is no global state."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str = "none"  # "nccl", "gloo" or "none" (one process, no group)
+    group: Any = None
+    stats: CommStats = field(default_factory=CommStats)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where collective buffers live: the GPU for nccl, the CPU for gloo."""
+        return self.device
+
+
+class LaunchError(RuntimeError):
+    """The launch environment is incomplete (message names the missing variables)."""
+
+
+def _require(env: dict, names: list[str], launcher: str) -> None:
+    missing = [n for n in names if not env.get(n)]
+    if missing:
+        raise LaunchError(
+            f"{launcher} launch detected, but {', '.join(missing)} not set: export "
+            f"{' and '.join(missing)} (the address and a free port of rank 0's host), e.g. "
+            "`mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ...`"
+        )
+
+
+def detect_external(env: Optional[dict] = None) -> Optional[dict]:
+    """Rank layout set by an external launcher, or None when this process should spawn its own.
+
+    Returns {"rank", "world_size", "local_rank", "master_addr", "master_port", "launcher"}.
+    Raises LaunchError naming what is missing when a launcher is detected without a rendezvous.
+    """
+    env = dict(os.environ if env is None else env)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        layout = dict(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                      local_rank=int(env.get("LOCAL_RANK", 0)), launcher="torchrun")
+    elif "OMPI_COMM_WORLD_SIZE" in env:
+        layout = dict(rank=int(env["OMPI_COMM_WORLD_RANK"]), world_size=int(env["OMPI_COMM_WORLD_SIZE"]),
+                      local_rank=int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)), launcher="mpirun")
+    elif "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        layout = dict(rank=int(env["SLURM_PROCID"]), world_size=int(env["SLURM_NTASKS"]),
+                      local_rank=int(env.get("SLURM_LOCALID", 0)), launcher="srun")
+    else:
+        return None
+    _require(env, ["MASTER_ADDR", "MASTER_PORT"], layout["launcher"])
+    layout.update(master_addr=env["MASTER_ADDR"], master_port=int(env["MASTER_PORT"]))
+    return layout
+
+
+def pick_device(local_rank: int, device: str) -> torch.device:
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise LaunchError("--device cuda: no CUDA/ROCm device is visible")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def init_context(rank: int, world_size: int, local_rank: int, device: str, store: Any = None,
+                 timeout_s: float = 600.0) -> DistContext:
+    """Set the device first, then create the process group bound to it (world_size > 1)."""
+    dev = pick_device(local_rank, device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if world_size == 1:
+        return DistContext(device=dev)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    kwargs = dict(backend=backend, rank=rank, world_size=world_size,
+                  timeout=datetime.timedelta(seconds=timeout_s))
+    if store is not None:
+        kwargs["store"] = store
+    else:
+        kwargs["init_method"] = "env://"
+    if dev.type == "cuda":
+        kwargs["device_id"] = dev
+    dist.init_process_group(**kwargs)
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev,
+                       backend=backend, group=dist.group.WORLD)
+
+
+def _free_store(world_size: int, attempts: int = 5):
+    """A TCPStore master on a free local port (port 0: the OS picks one that is free, so the
+    rendezvous cannot collide; retried if the bind fails anyway)."""
+    last = None
+    for _ in range(attempts):
+        try:
+            return dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
+                                 wait_for_workers=False, timeout=datetime.timedelta(seconds=600))
+        except (RuntimeError, OSError) as e:  # pragma: no cover - depends on the host
+            last = e
+    raise LaunchError(f"could not open a rendezvous port on 127.0.0.1: {last}")
+
+
+def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callable, args: tuple) -> None:
+    try:
+        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
+                              timeout=datetime.timedelta(seconds=600))
+        ctx = init_context(local_rank, world_size, local_rank, device, store=store)
+        try:
+            fn(ctx, *args)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    except (ValueError, LaunchError) as e:
+        print(f"error (rank {local_rank}): {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except BaseException:
+        print(f"rank {local_rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def num_local_processes(nproc_per_node: int, device: str) -> int:
+    """0 means one per visible GPU, or one on a CPU-only host."""
+    if nproc_per_node > 0:
+        return nproc_per_node
+    if device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return 1
+
+
+def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device: str = "auto") -> int:
+    """Run ``fn(ctx, *args)`` on every rank; return the exit code (0 when every rank succeeded).
+
+    A failure on one rank ends the others within a bounded time (spawn terminates the survivors;
+    external launchers do the same), with that rank's error printed on stderr.
+    """
+    external = detect_external()
+    if external is not None:
+        os.environ.setdefault("MASTER_ADDR", external["master_addr"])
+        os.environ.setdefault("MASTER_PORT", str(external["master_port"]))
+        ctx = init_context(external["rank"], external["world_size"], external["local_rank"], device)
+        try:
+            fn(ctx, *args)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        return 0
+    nproc = num_local_processes(nproc_per_node, device)
+    if nproc > 1 and device != "cpu" and torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise LaunchError(f"--nproc_per_node {nproc} exceeds the {torch.cuda.device_count()} visible GPUs")
+    if nproc == 1:
+        fn(init_context(0, 1, 0, device), *args)
+        return 0
+    store = _free_store(nproc)
+    try:
+        mp.start_processes(_worker, args=(nproc, store.port, device, fn, args), nprocs=nproc,
+                           join=True, start_method="spawn")
+    except mp.ProcessExitedException as e:
+        return e.exit_code if e.exit_code and e.exit_code > 0 else 1
+    except mp.ProcessRaisedException as e:  # pragma: no cover - _worker catches everything
+        print(str(e), file=sys.stderr)
+        return 1
+    return 0
+
+
+def free_port() -> int:
+    """A currently free TCP port on localhost (for tests and scripts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,220 @@
+"""The training loop: ``Trainer.train()`` and ``Trainer.train_step()``.
+
+A step, in data-flow order: draw this rank's cameras -> render (projection, SH, exchange,
+rasterization; render.py) -> loss -> backward (the exchange's reverse all_to_all brings every
+partial gradient to its Gaussian's owner) -> Adam on the local shard -> densify the local shard.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from . import checkpoint, evaluate, export
+from .config import Config, dump_yaml
+from .data import CameraSampler, Dataset, Scene, split_indices
+from .densify import make_strategy, strategy_info
+from .launch import DistContext
+from .losses import opacity_reg, photometric_loss, scale_reg
+from .model import (activated, bytes_per_gaussian, create_optimizers, create_shard, initial_points,
+                    means_lr_scheduler)
+from .render import CameraBatch, ops_for, render, resolve_backend
+
+
+class Trainer:
+    """One rank's view of a run. Every rank constructs one and calls the same methods."""
+
+    def __init__(self, cfg: Config, ctx: DistContext, scene: Scene):
+        self.cfg, self.ctx, self.device = cfg, ctx, ctx.device
+        self.result_dir = Path(cfg.result_dir)
+        self.backend = resolve_backend(cfg.backend, self.device)
+        self.ops = ops_for(cfg.backend, self.device)
+        self.scene = scene
+        self.scene_scale = scene.scene_scale * 1.1 * cfg.global_scale
+        train_idx, test_idx = split_indices(len(scene.cameras), cfg.test_every)
+        self.trainset = Dataset(scene, train_idx)
+        self.testset = Dataset(scene, test_idx)
+        self.sampler = CameraSampler(self.trainset, cfg.batch_size, cfg.seed, ctx.rank)
+        torch.manual_seed(cfg.seed + ctx.rank)
+        np.random.seed((cfg.seed + ctx.rank) % 2**32)
+        points = initial_points(scene, cfg, self.scene_scale)
+        self.params = create_shard(points, cfg, ctx.rank, ctx.world_size, self.device)
+        self.optimizers = create_optimizers(self.params, cfg, ctx.world_size, self.scene_scale)
+        self.scheduler = means_lr_scheduler(self.optimizers["means"], cfg.schedule.max_steps)
+        self.strategy = make_strategy(cfg)
+        self.strategy.check_sanity(self.params, self.optimizers)
+        self.strategy_state = self.strategy.initialize_state(scene_scale=self.scene_scale)
+        self.step = 0  # completed steps
+        self.writer = None
+        self.last_stats: dict = {}
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return dict(
+            params={k: v.detach() for k, v in self.params.items()},
+            optimizers={k: o.state_dict() for k, o in self.optimizers.items()},
+            scheduler=self.scheduler.state_dict(),
+            strategy_state=self.strategy_state,
+            rng=checkpoint.rng_state(self.device),
+            config=json.loads(json.dumps(_plain(self.cfg))),
+        )
+
+    def load_state_dict(self, state: dict, restore_rng: bool = True) -> None:
+        for name, value in state["params"].items():
+            self.params[name] = torch.nn.Parameter(value.to(self.device).contiguous())
+        for name, opt in self.optimizers.items():
+            opt.param_groups[0]["params"] = [self.params[name]]
+            opt.state.clear()
+            opt.load_state_dict(state["optimizers"][name])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.strategy_state = {
+            k: (v.to(self.device) if isinstance(v, torch.Tensor) else v)
+            for k, v in state["strategy_state"].items()
+        }
+        self.step = int(state["step"])
+        if restore_rng and "rng" in state:
+            checkpoint.set_rng_state(state["rng"], self.device)
+
+    # ------------------------------------------------------------------ one step
+    def camera_batch(self, batch: dict) -> CameraBatch:
+        camtoworlds = batch["camtoworld"].to(self.device)
+        return CameraBatch(torch.linalg.inv(camtoworlds), batch["K"].to(self.device),
+                           int(batch["width"]), int(batch["height"]))
+
+    def sh_degree_at(self, step: int) -> int:
+        return min(step // self.cfg.schedule.sh_degree_interval, self.cfg.sh_degree)
+
+    def train_step(self, step: int) -> dict:
+        """Run training step ``step`` (0-based) on this rank; returns its scalars."""
+        cfg = self.cfg
+        batch = self.trainset.batch(self.sampler.batch_at(step))
+        cams = self.camera_batch(batch)
+        gts = batch["image"].to(self.device)  # [C, H, W, 3]
+        C = gts.shape[0]
+        backgrounds = torch.rand(C, 3, device=self.device) if cfg.random_bkgd else None
+        self.ctx.stats.phase = "forward"
+        result = render(activated(self.params), cams, self.ctx, self.ops, self.sh_degree_at(step),
+                        packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
+                        backgrounds=backgrounds, keep_means2d_grad=True)
+        loss, parts = photometric_loss(result.colors, gts, cfg.ssim_lambda)
+        # The loss of the global batch is the mean over every rank's images, and a regularizer is
+        # a mean over every rank's Gaussians; this rank contributes its share of each, so that the
+        # gradients summed at the owners equal those of one process holding everything.
+        weight = C / sum(result.info["C_world"])
+        shard_share = self.params["means"].shape[0] / sum(result.info["N_world"])
+        reg = torch.zeros((), device=self.device)
+        if cfg.opacity_reg > 0:
+            reg = reg + opacity_reg(torch.sigmoid(self.params["opacities"]), cfg.opacity_reg) * shard_share
+        if cfg.scale_reg > 0:
+            reg = reg + scale_reg(torch.exp(self.params["scales"]), cfg.scale_reg) * shard_share
+        self.ctx.stats.phase = "backward"
+        (loss * weight + reg).backward()
+        for opt in self.optimizers.values():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        info = strategy_info(result.info)
+        if self.cfg.densify.strategy == "mcmc":
+            self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state, step, info,
+                                             lr=self.scheduler.get_last_lr()[0])
+        else:
+            self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state, step, info,
+                                             packed=cfg.packed)
+        return dict(loss=float(loss.detach()), l1=float(parts["l1"]), ssim=float(parts["ssim"]),
+                    num_gaussians=int(self.params["means"].shape[0]), num_isects=result.info["num_isects"])
+
+    # ------------------------------------------------------------------ the run
+    def train(self) -> dict:
+        """Train from ``self.step`` to ``max_steps``; evaluate, save and export on schedule."""
+        cfg, s = self.cfg, self.cfg.schedule
+        if self.ctx.is_main:
+            self.result_dir.mkdir(parents=True, exist_ok=True)
+            (self.result_dir / "cfg.yml").write_text(dump_yaml(cfg))
+            self.writer = evaluate.make_writer(self.result_dir)
+            self._print_memory_model()
+        from tqdm import tqdm
+
+        bar = tqdm(range(self.step, s.max_steps), initial=self.step, total=s.max_steps,
+                   disable=not self.ctx.is_main, dynamic_ncols=True)
+        window_start, window_steps = time.perf_counter(), 0
+        out = {}
+        for step in bar:
+            out = self.train_step(step)
+            self.step = done = step + 1
+            window_steps += 1
+            if done % s.log_every == 0 or done == s.max_steps:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                ms = (time.perf_counter() - window_start) * 1000.0 / window_steps
+                window_start, window_steps = time.perf_counter(), 0
+                out["ms_per_step"] = ms
+                self.last_stats = out
+                bar.set_postfix(loss=f"{out['loss']:.4f}", gs=out["num_gaussians"], its=f"{1000.0 / ms:.1f}")
+                if self.writer is not None:
+                    for k in ("loss", "l1", "ssim", "num_gaussians", "ms_per_step"):
+                        self.writer.add_scalar(f"train/{k}", out[k], done)
+            if done in s.save_steps or done == s.max_steps:
+                self.save_checkpoint()
+            if done in s.eval_steps or done == s.max_steps:
+                evaluate.run_eval(self, done)
+            if done in s.ply_steps or done == s.max_steps:
+                export.export_merged(self, done)
+        bar.close()
+        if self.writer is not None:
+            self.writer.close()
+        return out
+
+    def save_checkpoint(self) -> Path:
+        path = checkpoint.save(self.result_dir / "ckpts", self.step, self.ctx.rank, self.ctx.world_size,
+                               self.state_dict())
+        self._write_train_stats()
+        return path
+
+    def _write_train_stats(self) -> None:
+        stats = dict(step=self.step, rank=self.ctx.rank, world_size=self.ctx.world_size,
+                     num_gaussians=int(self.params["means"].shape[0]),
+                     ms_per_step=self.last_stats.get("ms_per_step"),
+                     mem_peak_gib=(torch.cuda.max_memory_allocated(self.device) / 2**30
+                                   if self.device.type == "cuda" else None),
+                     comm=self.ctx.stats.reset())
+        path = self.result_dir / "stats" / f"train_step{self.step}_rank{self.ctx.rank}.json"
+        checkpoint.atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
+
+    def _print_memory_model(self) -> None:
+        n = sum(self.ctx.world_size * [int(self.params["means"].shape[0])])
+        per = bytes_per_gaussian(self.cfg.sh_degree)
+        print(f"splat-train: {self.backend} backend on {self.device}, world size {self.ctx.world_size}, "
+              f"~{n:,} Gaussians ({per} bytes each with Adam state at SH degree {self.cfg.sh_degree})",
+              flush=True)
+
+
+def _plain(obj):
+    from .config import to_dict
+
+    return to_dict(obj)
+
+
+def evaluate_only(trainer: Trainer, files: list[Path]) -> dict:
+    """``--ckpt``: load the checkpoint shards, evaluate and export, no training."""
+    state = checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size)
+    trainer.load_state_dict(state, restore_rng=False)
+    if trainer.ctx.is_main:
+        trainer.result_dir.mkdir(parents=True, exist_ok=True)
+        trainer.writer = evaluate.make_writer(trainer.result_dir)
+    metrics = evaluate.run_eval(trainer, trainer.step)
+    export.export_merged(trainer, trainer.step)
+    return metrics
+
+
+def resume_from(trainer: Trainer, ckpt_dir: Path) -> Optional[int]:
+    found = checkpoint.latest_complete(ckpt_dir)
+    if found is None:
+        raise ValueError(f"--resume: no complete set of checkpoints in {ckpt_dir}")
+    step, files = found
+    trainer.load_state_dict(checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size))
+    return step

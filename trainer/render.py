@@ -1,0 +1,251 @@
+"""One rendering pass: projection -> SH -> exchange -> rasterization.
+
+The shape of the pass is gsplat's distributed ``rasterization()`` (rendering.py), written so that
+the exchange is explicit and each backend is a swappable module of five ops with gsplat's
+signatures: ``gsplat.cuda._wrapper`` (CUDA) or ``splat_train.kernels.reference`` (plain PyTorch).
+
+Per rank, with N local Gaussians and C local cameras (C_all over all ranks, N_all likewise):
+
+  projection of the N local Gaussians against all C_all cameras     [C_all, N, ...] (or packed)
+  SH -> RGB on the owner (+0.5, clamped at 0)                         [C_all, N, 3]
+  exchange: records for camera c go to the rank that renders c        [C, N_all, ...] (or packed)
+  tile intersection + rasterization of the C local cameras            [C, H, W, 3]
+
+One record = radii (2) + means2d (2) + depth (1) + conic (3) + opacity (1) + colour (3) = 12
+float32 lanes (48 bytes); packed records add the local camera id and global Gaussian id (2 lanes).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Optional
+
+import torch
+
+from . import exchange
+from .launch import DistContext
+
+TILE_SIZE = 16
+RECORD_LANES = 12
+
+
+def ops_for(backend: str, device: torch.device) -> ModuleType:
+    """The op module of a backend ("gsplat" | "reference" | "auto": gsplat on CUDA)."""
+    if backend == "auto":
+        backend = "gsplat" if device.type == "cuda" else "reference"
+    if backend == "gsplat":
+        if device.type != "cuda":
+            raise ValueError("--backend gsplat needs a CUDA/ROCm device; use --backend reference on the CPU")
+        return importlib.import_module("gsplat.cuda._wrapper")
+    return importlib.import_module("splat_train.kernels.reference")
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    if backend == "auto":
+        return "gsplat" if device.type == "cuda" else "reference"
+    return backend
+
+
+@dataclass
+class CameraBatch:
+    """A rank's cameras for one pass; all of one image size."""
+
+    viewmats: torch.Tensor  # [C, 4, 4] world-to-camera
+    Ks: torch.Tensor  # [C, 3, 3] pixels
+    width: int
+    height: int
+
+
+@dataclass
+class RenderResult:
+    colors: torch.Tensor  # [C, H, W, 3]
+    alphas: torch.Tensor  # [C, H, W, 1]
+    info: dict = field(default_factory=dict)
+
+
+def _project(ops, gaussians, viewmats, Ks, width, height, near, far, packed):
+    is_gsplat = ops.__name__.startswith("gsplat")
+    kwargs = dict(near_plane=near, far_plane=far, opacities=gaussians["opacities"])
+    if is_gsplat:
+        out = ops.fully_fused_projection(
+            gaussians["means"], None, gaussians["quats"], gaussians["scales"], viewmats, Ks,
+            width, height, packed=packed, **kwargs)
+        if packed:
+            _, camera_ids, gaussian_ids, radii, means2d, depths, conics, _ = out
+            return dict(camera_ids=camera_ids.long(), gaussian_ids=gaussian_ids.long(), radii=radii,
+                        means2d=means2d, depths=depths, conics=conics)
+        radii, means2d, depths, conics, _ = out
+    else:
+        radii, means2d, depths, conics = ops.fully_fused_projection(
+            gaussians["means"], gaussians["quats"], gaussians["scales"], viewmats, Ks, width, height,
+            **kwargs)
+    if not packed:
+        return dict(radii=radii, means2d=means2d, depths=depths, conics=conics)
+    camera_ids, gaussian_ids = torch.nonzero((radii > 0).all(dim=-1), as_tuple=True)
+    return dict(camera_ids=camera_ids, gaussian_ids=gaussian_ids, radii=radii[camera_ids, gaussian_ids],
+                means2d=means2d[camera_ids, gaussian_ids], depths=depths[camera_ids, gaussian_ids],
+                conics=conics[camera_ids, gaussian_ids])
+
+
+def project_all(ops, gaussians, viewmats, Ks, sizes: list[tuple[int, int]], near, far, packed):
+    """Project the local Gaussians against every camera; cameras may differ in size.
+
+    Cameras are grouped by (width, height) (one group in the common case) so the projection's
+    image-bounds culling uses each camera's own size. Dense outputs are [C_all, N, ...]; packed
+    outputs are records sorted by global camera id.
+    """
+    groups: dict[tuple[int, int], list[int]] = {}
+    for c, size in enumerate(sizes):
+        groups.setdefault(size, []).append(c)
+    if len(groups) == 1:
+        (w, h), = groups
+        return _project(ops, gaussians, viewmats, Ks, w, h, near, far, packed)
+    parts, order = [], []
+    for (w, h), cams in groups.items():
+        idx = torch.tensor(cams, device=viewmats.device)
+        part = _project(ops, gaussians, viewmats[idx], Ks[idx], w, h, near, far, packed)
+        if packed:
+            part["camera_ids"] = idx[part["camera_ids"]]
+        parts.append(part)
+        order.extend(cams)
+    keys = parts[0].keys()
+    if not packed:
+        inverse = torch.empty(len(order), dtype=torch.long, device=viewmats.device)
+        inverse[torch.tensor(order, device=viewmats.device)] = torch.arange(len(order), device=viewmats.device)
+        return {k: torch.cat([p[k] for p in parts], dim=0)[inverse] for k in keys}
+    merged = {k: torch.cat([p[k] for p in parts], dim=0) for k in keys}
+    perm = torch.sort(merged["camera_ids"] * (1 << 32) + merged["gaussian_ids"]).indices
+    return {k: v[perm] for k, v in merged.items()}
+
+
+def render(
+    gaussians: dict,
+    cams: CameraBatch,
+    ctx: DistContext,
+    ops,
+    sh_degree: int,
+    packed: bool = False,
+    near: float = 0.01,
+    far: float = 1e10,
+    backgrounds: Optional[torch.Tensor] = None,
+    keep_means2d_grad: bool = False,
+) -> RenderResult:
+    """Render this rank's cameras from every rank's Gaussians.
+
+    gaussians: this rank's shard, activated (see model.activated): means [N,3], quats [N,4],
+    scales [N,3], opacities [N], colors (SH coefficients) [N,K,3]. backgrounds [C,3] or None.
+    Every rank must call this collectively. ``keep_means2d_grad`` keeps the gradient of the local
+    (pre-exchange) 2D means for densification (``info["means2d"].grad`` after backward).
+    """
+    device = gaussians["means"].device
+    N, C = gaussians["means"].shape[0], cams.viewmats.shape[0]
+    meta = exchange.gather_metadata(ctx, [N, C, cams.width, cams.height])  # [W, 4]
+    N_world, C_world = meta[:, 0].tolist(), meta[:, 1].tolist()
+    sizes = [(int(w), int(h)) for w, h, c in zip(meta[:, 2], meta[:, 3], C_world) for _ in range(c)]
+    viewmats, Ks = exchange.all_gather_cameras(ctx, cams.viewmats, cams.Ks, C_world)
+    C_all = viewmats.shape[0]
+
+    proj = project_all(ops, gaussians, viewmats, Ks, sizes, near, far, packed)
+    campos = torch.linalg.inv(viewmats)[:, :3, 3]  # [C_all, 3]
+    coeffs = gaussians["colors"][:, : (sh_degree + 1) ** 2]
+    if packed:
+        cam_ids, gs_ids = proj["camera_ids"], proj["gaussian_ids"]
+        dirs = gaussians["means"][gs_ids] - campos[cam_ids]  # [nnz, 3]
+        colors = ops.spherical_harmonics(sh_degree, dirs, coeffs[gs_ids])
+        opacities = gaussians["opacities"][gs_ids]  # [nnz]
+    else:
+        dirs = gaussians["means"][None] - campos[:, None]  # [C_all, N, 3]
+        masks = (proj["radii"] > 0).all(dim=-1)
+        colors = ops.spherical_harmonics(sh_degree, dirs, coeffs[None].expand(C_all, -1, -1, -1), masks=masks)
+        opacities = gaussians["opacities"][None].expand(C_all, N)
+    colors = torch.clamp_min(colors + 0.5, 0.0)
+    means2d = proj["means2d"]
+    if keep_means2d_grad and means2d.requires_grad:
+        means2d.retain_grad()
+
+    fields = [proj["radii"].float(), means2d, proj["depths"][..., None], proj["conics"], opacities[..., None], colors]
+    if packed:
+        recv = _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world)
+    else:
+        recv = _exchange_dense(ctx, fields, N, N_world, C_world)
+
+    tile_w, tile_h = math.ceil(cams.width / TILE_SIZE), math.ceil(cams.height / TILE_SIZE)
+    radii_r = recv["radii"]
+    _, isect_ids, flatten_ids = ops.isect_tiles(
+        recv["means2d"], radii_r, recv["depths"], TILE_SIZE, tile_w, tile_h,
+        packed=packed, n_images=C, image_ids=recv.get("image_ids"), gaussian_ids=recv.get("gaussian_ids"))
+    offsets = ops.isect_offset_encode(isect_ids, C, tile_w, tile_h)
+    render_colors, render_alphas = ops.rasterize_to_pixels(
+        recv["means2d"], recv["conics"], recv["colors"], recv["opacities"], cams.width, cams.height,
+        TILE_SIZE, offsets, flatten_ids, backgrounds=backgrounds, packed=packed)
+    info = dict(
+        means2d=means2d, radii=proj["radii"], packed=packed, n_cameras=C_all,
+        gaussian_ids=proj["gaussian_ids"] if packed else None,
+        camera_ids=proj["camera_ids"] if packed else None,
+        widths=torch.tensor([s[0] for s in sizes], device=device, dtype=torch.float32),
+        heights=torch.tensor([s[1] for s in sizes], device=device, dtype=torch.float32),
+        num_isects=int(isect_ids.numel()), N_world=N_world, C_world=C_world,
+        tile_offsets=offsets, flatten_ids=flatten_ids, tile_width=tile_w, tile_height=tile_h,
+    )
+    return RenderResult(render_colors, render_alphas, info)
+
+
+def _split_fields(rows: torch.Tensor, lead_shape) -> dict:
+    """[..., 12] record lanes -> named fields (radii back to int32)."""
+    rows = rows.reshape(*lead_shape, RECORD_LANES)
+    return dict(
+        radii=rows[..., 0:2].detach().round().to(torch.int32),
+        means2d=rows[..., 2:4],
+        depths=rows[..., 4],
+        conics=rows[..., 5:8],
+        opacities=rows[..., 8],
+        colors=rows[..., 9:12],
+    )
+
+
+def _exchange_dense(ctx, fields, N, N_world, C_world) -> dict:
+    """Dense all_to_all: rank r sends all N local records of every camera rank j renders."""
+    if ctx.world_size == 1:
+        names = ["radii", "means2d", "depths", "conics", "opacities", "colors"]
+        out = dict(zip(names, fields))
+        out["radii"] = fields[0].to(torch.int32)
+        out["depths"], out["opacities"] = fields[2][..., 0], fields[4][..., 0]
+        return out
+    payload = torch.cat(fields, dim=-1).reshape(-1, RECORD_LANES)  # [C_all * N, 12]
+    C = C_world[ctx.rank]
+    send_rows = [c * N for c in C_world]
+    recv_rows = [C * n for n in N_world]
+    recv = exchange.all_to_all(ctx, payload, send_rows, recv_rows)
+    chunks = [chunk.reshape(C, n, RECORD_LANES) for chunk, n in zip(torch.split(recv, recv_rows), N_world)]
+    return _split_fields(torch.cat(chunks, dim=1), (C, sum(N_world)))
+
+
+def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world) -> dict:
+    """Packed all_to_all: only visible records travel, with the indices the receiver needs.
+
+    Camera ids are rebased global -> the receiver's local ids and Gaussian ids local -> global
+    before sending (gsplat rendering.py does the same with two more all_to_alls; here they ride
+    in the payload buffer, bit-cast into float lanes)."""
+    device = cam_ids.device
+    cam_offsets = torch.tensor([0] + C_world, device=device).cumsum(0)  # [W + 1]
+    dest = torch.searchsorted(cam_offsets[1:], cam_ids, right=True)  # rank rendering each record
+    send_counts = torch.bincount(dest, minlength=ctx.world_size)
+    local_cam = cam_ids - cam_offsets[dest]
+    global_gs = gs_ids + sum(N_world[: ctx.rank])
+    if ctx.world_size == 1:
+        out = _split_fields(torch.cat(fields, dim=-1), (cam_ids.shape[0],))
+        out["radii"] = fields[0].to(torch.int32)
+        out.update(image_ids=local_cam, gaussian_ids=global_gs)
+        return out
+    send_rows = send_counts.tolist()
+    recv_rows = exchange.exchange_counts(ctx, send_counts)
+    payload = torch.cat(
+        [exchange.ids_to_float_lanes(local_cam), exchange.ids_to_float_lanes(global_gs)] + list(fields), dim=-1
+    )  # [nnz, 14]
+    recv = exchange.all_to_all(ctx, payload, send_rows, recv_rows)
+    out = _split_fields(recv[:, 2:], (recv.shape[0],))
+    out.update(image_ids=exchange.float_lanes_to_ids(recv[:, 0]), gaussian_ids=exchange.float_lanes_to_ids(recv[:, 1]))
+    return out
