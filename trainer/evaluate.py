@@ -125,3 +125,56 @@ def _write_png(path: Path, image: np.ndarray) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     iio.imwrite(path, (np.clip(image, 0, 1) * 255.0 + 0.5).astype(np.uint8))
+
+
+def trajectory_poses(camtoworlds: np.ndarray, num_frames: int, num_keyframes: int = 8) -> np.ndarray:
+    """A smooth path through the training cameras: ``num_keyframes`` cameras evenly spaced in name
+    order, positions interpolated linearly and rotations by slerp (scipy), ``num_frames`` poses.
+
+    camtoworlds [C, 4, 4] -> [num_frames, 4, 4]. gsplat renders a spline through its cameras
+    (examples/datasets/traj.py); a piecewise path is enough for a progress video.
+    """
+    from scipy.spatial.transform import Rotation, Slerp
+
+    keys = camtoworlds[np.linspace(0, len(camtoworlds) - 1, min(num_keyframes, len(camtoworlds))).round().astype(int)]
+    if len(keys) == 1:
+        return np.repeat(keys, num_frames, axis=0)
+    t_keys = np.arange(len(keys), dtype=np.float64)
+    t = np.linspace(0, len(keys) - 1, num_frames)
+    slerp = Slerp(t_keys, Rotation.from_matrix(keys[:, :3, :3]))
+    poses = np.tile(np.eye(4), (num_frames, 1, 1))
+    poses[:, :3, :3] = slerp(t).as_matrix()
+    for axis in range(3):
+        poses[:, axis, 3] = np.interp(t, t_keys, keys[:, axis, 3])
+    return poses.astype(np.float32)
+
+
+def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
+    """Render ``num_traj_frames`` frames along :func:`trajectory_poses` collectively; rank 0 writes
+    ``videos/traj_<step>.mp4`` (imageio + ffmpeg, 30 fps). Returns the path on rank 0."""
+    n = trainer.cfg.num_traj_frames
+    if n <= 0 or len(trainer.trainset) == 0:
+        return None
+    ctx = trainer.ctx
+    first = trainer.trainset[0]
+    c2ws = np.stack([trainer.scene.cameras[i].camtoworld for i in trainer.trainset.indices])
+    poses = torch.from_numpy(trajectory_poses(c2ws, n)).to(trainer.device)
+    mine, rounds = _my_views(n, ctx)
+    picks = mine + [mine[-1] if mine else 0] * (rounds - len(mine))
+    cams = [CameraBatch(torch.linalg.inv(poses[i : i + 1]), first["K"][None].to(trainer.device),
+                        int(first["width"]), int(first["height"])) for i in picks]
+    frames = render_views(trainer, cams)[: len(mine)]
+    gathered = _gather_to_main(ctx, list(zip(mine, frames)))
+    if not ctx.is_main:
+        return None
+    import imageio.v2 as imageio
+
+    ordered = [f for _, f in sorted((x for part in gathered for x in part), key=lambda x: x[0])]
+    path = trainer.result_dir / "videos" / f"traj_{step}.mp4"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.mp4")
+    with imageio.get_writer(tmp, fps=30, macro_block_size=1) as writer:
+        for frame in ordered:
+            writer.append_data((np.clip(frame, 0, 1) * 255.0 + 0.5).astype(np.uint8))
+    tmp.replace(path)
+    return path

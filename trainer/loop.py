@@ -101,7 +101,8 @@ class Trainer:
         result = render(activated(self.params), cams, self.ctx, self.ops, self.sh_degree_at(step),
                         packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
                         backgrounds=backgrounds, keep_means2d_grad=True)
-        loss, parts = photometric_loss(result.colors, gts, cfg.ssim_lambda)
+        # valid-padded SSIM, as gsplat simple_trainer's fused_ssim call
+        loss, parts = photometric_loss(result.colors, gts, cfg.ssim_lambda, ssim_padding="valid")
         # The loss of the global batch is the mean over every rank's images, and a regularizer is
         # a mean over every rank's Gaussians; this rank contributes its share of each, so that the
         # gradients summed at the owners equal those of one process holding everything.
@@ -125,7 +126,8 @@ class Trainer:
         else:
             self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state, step, info,
                                              packed=cfg.packed)
-        return dict(loss=float(loss.detach()), l1=float(parts["l1"]), ssim=float(parts["ssim"]),
+        # tensors stay on the device: converting them here would synchronize every step
+        return dict(loss=loss.detach(), l1=parts["l1"], ssim=parts["ssim"],
                     num_gaussians=int(self.params["means"].shape[0]), num_isects=result.info["num_isects"])
 
     # ------------------------------------------------------------------ the run
@@ -152,6 +154,7 @@ class Trainer:
                     torch.cuda.synchronize(self.device)
                 ms = (time.perf_counter() - window_start) * 1000.0 / window_steps
                 window_start, window_steps = time.perf_counter(), 0
+                out = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
                 out["ms_per_step"] = ms
                 self.last_stats = out
                 bar.set_postfix(loss=f"{out['loss']:.4f}", gs=out["num_gaussians"], its=f"{1000.0 / ms:.1f}")
@@ -162,6 +165,7 @@ class Trainer:
                 self.save_checkpoint()
             if done in s.eval_steps or done == s.max_steps:
                 evaluate.run_eval(self, done)
+                evaluate.render_trajectory(self, done)
             if done in s.ply_steps or done == s.max_steps:
                 export.export_merged(self, done)
         bar.close()
@@ -207,6 +211,7 @@ def evaluate_only(trainer: Trainer, files: list[Path]) -> dict:
         trainer.result_dir.mkdir(parents=True, exist_ok=True)
         trainer.writer = evaluate.make_writer(trainer.result_dir)
     metrics = evaluate.run_eval(trainer, trainer.step)
+    evaluate.render_trajectory(trainer, trainer.step)
     export.export_merged(trainer, trainer.step)
     return metrics
 

@@ -67,27 +67,17 @@ class RenderResult:
 
 
 def _project(ops, gaussians, viewmats, Ks, width, height, near, far, packed):
-    is_gsplat = ops.__name__.startswith("gsplat")
-    kwargs = dict(near_plane=near, far_plane=far, opacities=gaussians["opacities"])
-    if is_gsplat:
-        out = ops.fully_fused_projection(
-            gaussians["means"], None, gaussians["quats"], gaussians["scales"], viewmats, Ks,
-            width, height, packed=packed, **kwargs)
-        if packed:
-            _, camera_ids, gaussian_ids, radii, means2d, depths, conics, _ = out
-            return dict(camera_ids=camera_ids.long(), gaussian_ids=gaussian_ids.long(), radii=radii,
-                        means2d=means2d, depths=depths, conics=conics)
-        radii, means2d, depths, conics, _ = out
-    else:
-        radii, means2d, depths, conics = ops.fully_fused_projection(
-            gaussians["means"], gaussians["quats"], gaussians["scales"], viewmats, Ks, width, height,
-            **kwargs)
-    if not packed:
-        return dict(radii=radii, means2d=means2d, depths=depths, conics=conics)
-    camera_ids, gaussian_ids = torch.nonzero((radii > 0).all(dim=-1), as_tuple=True)
-    return dict(camera_ids=camera_ids, gaussian_ids=gaussian_ids, radii=radii[camera_ids, gaussian_ids],
-                means2d=means2d[camera_ids, gaussian_ids], depths=depths[camera_ids, gaussian_ids],
-                conics=conics[camera_ids, gaussian_ids])
+    """Both backends share gsplat's fully_fused_projection signature (covars=None: from quats,
+    scales); opacities tighten the bounding box (arXiv 2402.00525, as gsplat's rasterization)."""
+    out = ops.fully_fused_projection(
+        gaussians["means"], None, gaussians["quats"], gaussians["scales"], viewmats, Ks, width, height,
+        near_plane=near, far_plane=far, packed=packed, opacities=gaussians["opacities"])
+    if packed:
+        _, camera_ids, gaussian_ids, radii, means2d, depths, conics, _ = out
+        return dict(camera_ids=camera_ids.long(), gaussian_ids=gaussian_ids.long(), radii=radii,
+                    means2d=means2d, depths=depths, conics=conics)
+    radii, means2d, depths, conics, _ = out
+    return dict(radii=radii, means2d=means2d, depths=depths, conics=conics)
 
 
 def project_all(ops, gaussians, viewmats, Ks, sizes: list[tuple[int, int]], near, far, packed):

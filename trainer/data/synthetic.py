@@ -73,8 +73,8 @@ def make_synthetic_scene(num_gaussians: int = 600, num_cameras: int = 40, image_
         viewmat = torch.from_numpy(np.linalg.inv(c2w)).float()[None]
         Kt = torch.from_numpy(K)[None]
         with torch.no_grad():
-            radii, means2d, depths, conics = reference.fully_fused_projection(
-                means, quats, scales, viewmat, Kt, image_size, image_size, opacities=opacities)
+            radii, means2d, depths, conics, _ = reference.fully_fused_projection(
+                means, None, quats, scales, viewmat, Kt, image_size, image_size, opacities=opacities)
             tiles = math.ceil(image_size / 16)
             _, isect_ids, flatten_ids = reference.isect_tiles(means2d, radii, depths, 16, tiles, tiles)
             offsets = reference.isect_offset_encode(isect_ids, 1, tiles, tiles)

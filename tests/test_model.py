@@ -1,0 +1,110 @@
+"""Shard initialization, the optimizer batch rule, and densification."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from splat_train.trainer.config import Config, Schedule, StrategyConfig
+from splat_train.trainer.data import DataError, Scene
+from splat_train.trainer.densify import DefaultStrategy, make_strategy, strategy_info
+from splat_train.trainer.model import (InitPoints, batch_rule, bytes_per_gaussian, create_optimizers,
+                                       create_shard, initial_points, knn_mean_distance)
+
+
+def _points(n=50, seed=0):
+    rng = np.random.default_rng(seed)
+    return InitPoints(rng.random((n, 3)).astype(np.float32), rng.random((n, 3)).astype(np.float32))
+
+
+def test_shards_partition_the_points_round_robin():
+    pts, cfg = _points(53), Config(sh_degree=2)
+    shards = [create_shard(pts, cfg, r, 3, torch.device("cpu")) for r in range(3)]
+    assert [s["means"].shape[0] for s in shards] == [18, 18, 17]
+    merged = torch.cat([s["means"] for s in shards])
+    expected = np.concatenate([pts.means[r::3] for r in range(3)])
+    assert torch.equal(merged, torch.from_numpy(expected))
+    s = shards[0]
+    assert s["shN"].shape == (18, 8, 3) and s["sh0"].shape == (18, 1, 3)
+    assert torch.allclose(torch.sigmoid(s["opacities"]), torch.full((18,), cfg.init_opa))
+    assert torch.equal(s["quats"][:, 0], torch.ones(18))
+    # scales come from the neighbours in the whole set, not the shard
+    d = knn_mean_distance(pts.means, pts.means[0::3])
+    assert torch.allclose(torch.exp(s["scales"][:, 0]), torch.from_numpy(d))
+
+
+def test_knn_mean_distance_matches_brute_force():
+    pts = np.random.default_rng(1).random((40, 3)).astype(np.float32)
+    d = np.linalg.norm(pts[:, None] - pts[None], axis=-1)
+    np.fill_diagonal(d, np.inf)
+    nearest = np.sort(d, axis=1)[:, :3]
+    assert np.allclose(knn_mean_distance(pts, pts), np.sqrt((nearest**2).mean(1)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("bs", [1, 2, 4, 10, 64, 1000])
+def test_batch_rule_betas_stay_in_open_interval(bs):
+    lr_mult, eps, (b1, b2) = batch_rule(bs, 1)
+    assert lr_mult == pytest.approx(math.sqrt(bs))
+    assert eps == pytest.approx(1e-15 / math.sqrt(bs))
+    assert 0 < b1 < 1 and 0 < b2 < 1
+    assert batch_rule(1, bs) == batch_rule(bs, 1)  # only BS = batch_size x world_size matters
+
+
+def test_optimizers_one_per_parameter_with_scaled_lr():
+    cfg = Config(batch_size=2)
+    params = create_shard(_points(), cfg, 0, 2, torch.device("cpu"))
+    opts = create_optimizers(params, cfg, world_size=2, scene_scale=3.0)
+    assert set(opts) == set(params)
+    means_lr = opts["means"].param_groups[0]["lr"]
+    assert means_lr == pytest.approx(cfg.optim.means_lr * 3.0 * 2.0)  # sqrt(2 x 2) = 2
+    assert opts["means"].param_groups[0]["betas"] == pytest.approx((0.9**4, 0.999**4))
+
+
+def test_bytes_per_gaussian_matches_write_up():
+    assert bytes_per_gaussian(3) == 708  # the reference write-up's figure at SH degree 3
+
+
+def test_sfm_init_without_points_suggests_random():
+    scene = Scene(cameras=[], points=np.zeros((0, 3), np.float32), points_rgb=np.zeros((0, 3), np.uint8),
+                  scene_scale=1.0, transform=np.eye(4), source="colmap")
+    with pytest.raises(DataError, match="--init_type random"):
+        initial_points(scene, Config(init_type="sfm"), 1.0)
+
+
+def _toy_strategy_run(steps, reset_every):
+    cfg = Config(schedule=Schedule(refine_start_iter=10_000, refine_stop_iter=100, reset_every=reset_every,
+                                   refine_every=1000), densify=StrategyConfig())
+    strategy = make_strategy(cfg)
+    params = create_shard(_points(20), Config(init_opa=0.9), 0, 1, torch.device("cpu"))
+    opts = create_optimizers(params, Config(), 1, 1.0)
+    state = strategy.initialize_state(scene_scale=1.0)
+    history = []
+    for step in range(steps):
+        means2d = torch.zeros(1, 20, 2)
+        info = dict(means2d=means2d, radii=torch.ones(1, 20, 2, dtype=torch.int32), packed=False,
+                    n_cameras=1, gaussian_ids=None, camera_ids=None,
+                    widths=torch.tensor([32.0]), heights=torch.tensor([32.0]))
+        means2d.grad = torch.full_like(means2d, 1e-3)
+        strategy.step_post_backward(params, opts, state, step, strategy_info(info), packed=False)
+        history.append(float(torch.sigmoid(params["opacities"].detach()).max()))
+    return history
+
+
+def test_opacity_reset_happens_at_reset_every():
+    """gsplat 1.5.3's condition never fires; ours resets at every reset_every steps."""
+    assert isinstance(make_strategy(Config()), DefaultStrategy)
+    history = _toy_strategy_run(steps=12, reset_every=5)
+    assert history[4] == pytest.approx(0.9, abs=1e-6)  # before the reset
+    assert history[5] == pytest.approx(0.01, abs=1e-5)  # reset to 2 x prune_opa at step 5
+
+
+def test_strategy_info_normalizes_per_camera_size():
+    means2d = torch.zeros(2, 3, 2)
+    means2d.grad = torch.ones(2, 3, 2)
+    info = dict(means2d=means2d, radii=torch.ones(2, 3, 2, dtype=torch.int32), packed=False, n_cameras=2,
+                gaussian_ids=None, camera_ids=None, widths=torch.tensor([40.0, 20.0]),
+                heights=torch.tensor([30.0, 60.0]))
+    grads = strategy_info(info)["means2d"].grad
+    assert torch.equal(grads[0, 0], torch.tensor([40.0, 30.0]))  # w/2 * n_cameras, h/2 * n_cameras
+    assert torch.equal(grads[1, 0], torch.tensor([20.0, 60.0]))
