@@ -1,0 +1,291 @@
+"""Scene types and image access: decoding, the downscale cache, undistortion.
+
+Pixel convention: intrinsics K are in COLMAP's convention (pixel (0, 0) covers [0, 1) x [0, 1), so
+its centre is at 0.5), which is also gsplat's rasterizer convention and instant-ngp's (cx = w / 2 is
+the image centre). OpenCV puts pixel centres at integers, so K is shifted by 0.5 px around every
+cv2 call here. Downscaling by s maps a corner-convention coordinate u to s * u exactly, so K scales
+by the per-axis size ratio with no offset.
+
+Errors: every user-facing problem (missing, unreadable or wrongly sized file) raises `DataError`
+naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Optional
+
+import cv2
+import numpy as np
+from PIL import Image
+
+CACHE_ENV = "SPLAT_TRAIN_CACHE"
+
+
+class DataError(ValueError):
+    """A user error in the input data; the message names the file, folder or flag at fault."""
+
+
+@dataclass
+class Undistortion:
+    """How to undistort one camera's (downscaled) image with OpenCV, and the result's pinhole.
+
+    Built by `make_undistortion`; the output image is the undistorted image cropped to the valid
+    region that cv2.getOptimalNewCameraMatrix(alpha=0) reports (as gsplat's COLMAP parser does).
+    """
+
+    K_distorted: np.ndarray  # [3, 3] float64 pixels, of the distorted file as read
+    coeffs: np.ndarray  # [4] or [5] float64: OpenCV k1, k2, p1, p2[, k3]
+    src_width: int  # pixels of the distorted file as read
+    src_height: int
+    K: np.ndarray  # [3, 3] float64 pixels, of the undistorted, cropped output
+    width: int  # pixels of the output
+    height: int
+    cache_maps: bool = False  # keep the remap tables (worth it when several images share the camera)
+    _maps: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
+
+    def maps(self) -> tuple[np.ndarray, np.ndarray]:
+        """cv2.remap tables (fixed point, CV_16SC2) from output pixels to source pixels."""
+        if self._maps is not None:
+            return self._maps
+        maps = cv2.initUndistortRectifyMap(
+            _to_opencv(self.K_distorted), self.coeffs, None, _to_opencv(self.K),
+            (self.width, self.height), cv2.CV_16SC2,
+        )
+        if self.cache_maps:
+            self._maps = maps
+        return maps
+
+    def apply(self, image: np.ndarray) -> np.ndarray:
+        """[src_height, src_width, 3] uint8 -> [height, width, 3] uint8 undistorted, cropped."""
+        assert image.shape[:2] == (self.src_height, self.src_width), image.shape
+        map1, map2 = self.maps()
+        return cv2.remap(image, map1, map2, interpolation=cv2.INTER_LINEAR,
+                         borderMode=cv2.BORDER_REPLICATE)
+
+
+@dataclass
+class Camera:
+    name: str  # image file name (relative path under the images folder); the sort key
+    image_path: Path  # the file actually read (images_<f>/..., or the downscale cache)
+    camtoworld: np.ndarray  # [4, 4] float32, OpenCV axes (x right, y down, z forward), normalized world
+    K: np.ndarray  # [3, 3] float32 pinhole intrinsics in pixels at (width, height), after undistortion
+    width: int  # pixels of the loaded (downscaled, undistorted) image
+    height: int
+    dist: Optional[Undistortion] = None  # None when the camera is a pinhole
+
+
+@dataclass
+class Scene:
+    cameras: list[Camera]  # sorted by name
+    points: Optional[np.ndarray]  # [P, 3] float32 normalized-world SfM points; None when the format has none
+    points_rgb: Optional[np.ndarray]  # [P, 3] uint8
+    scene_scale: float  # max distance of camera centres from their mean, normalized world units
+    transform: np.ndarray  # [4, 4] float32 world normalization applied (identity if none)
+    source: str  # "colmap" | "nerf" | "synthetic"
+    images: Optional[list] = None  # synthetic: uint8 [H, W, 3] per camera; None when read from files
+
+
+# ----------------------------------------------------------------------------------------------
+# Undistortion
+
+
+def _to_opencv(K: np.ndarray) -> np.ndarray:
+    """Corner-convention K -> OpenCV (pixel centres at integers) K, float64 [3, 3]."""
+    K = np.asarray(K, dtype=np.float64).copy()
+    K[:2, 2] -= 0.5
+    return K
+
+
+def _from_opencv(K: np.ndarray) -> np.ndarray:
+    K = np.asarray(K, dtype=np.float64).copy()
+    K[:2, 2] += 0.5
+    return K
+
+
+def make_undistortion(K: np.ndarray, coeffs, width: int, height: int, what: str,
+                      cache_maps: bool = False) -> Undistortion:
+    """Plan undistortion of a [height, width] image with pinhole K [3, 3] and OpenCV coeffs.
+
+    The new pinhole is cv2.getOptimalNewCameraMatrix(alpha=0) (every output pixel sees the source),
+    cropped to its valid ROI, as in gsplat examples/datasets/colmap.py; zero distortion gives
+    back K and the same size. `what` names the camera in
+    the DataError raised when the distortion is so strong that no valid region remains.
+    """
+    coeffs = np.asarray(coeffs, dtype=np.float64)
+    K_cv = _to_opencv(K)
+    K_new, (x, y, w, h) = cv2.getOptimalNewCameraMatrix(K_cv, coeffs, (width, height), 0.0)
+    # OpenCV measures the ROI between pixel centres (a full row spans width - 1), so it holds
+    # w + 1 pixels; with alpha 0 that is the whole image. (gsplat crops to w: one row and column
+    # fewer, even for zero distortion.)
+    w, h = min(w + 1, width - x), min(h + 1, height - y)
+    if w <= 1 or h <= 1:
+        raise DataError(f"{what}: distortion {coeffs.tolist()} leaves no valid image region "
+                        f"after undistortion of a {width}x{height} image")
+    K_new = np.array(K_new, dtype=np.float64)
+    K_new[0, 2] -= x
+    K_new[1, 2] -= y
+    return Undistortion(K_distorted=np.asarray(K, dtype=np.float64), coeffs=coeffs,
+                        src_width=width, src_height=height, K=_from_opencv(K_new),
+                        width=int(w), height=int(h), cache_maps=cache_maps)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading files
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    """(width, height) in pixels from the file header (no decode); DataError if unreadable."""
+    try:
+        with Image.open(path) as im:
+            return int(im.size[0]), int(im.size[1])
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read image header of {path}: {exc}") from exc
+
+
+def read_rgb(path: Path) -> np.ndarray:
+    """Decode an image file to uint8 [H, W, 3] RGB.
+
+    EXIF orientation is ignored (COLMAP's pixels are the stored pixels). Grey is expanded to RGB,
+    16-bit is scaled to 8-bit, and an alpha channel is composited onto black (RGB * alpha).
+    Raises DataError naming the file when it is missing or cannot be decoded.
+    """
+    try:
+        data = np.fromfile(path, dtype=np.uint8)
+    except OSError as exc:
+        raise DataError(f"cannot read image {path}: {exc}") from exc
+    image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED) if data.size else None
+    if image is None:
+        raise DataError(f"cannot decode image {path} (corrupt or not an image)")
+    if image.dtype == np.uint16:
+        image = (image.astype(np.float32) / 257.0).round().astype(np.uint8)
+    elif image.dtype != np.uint8:
+        raise DataError(f"image {path} has unsupported pixel type {image.dtype} (need 8 or 16 bit)")
+    if image.ndim == 2:
+        return cv2.cvtColor(image, cv2.COLOR_GRAY2RGB)
+    if image.shape[2] == 4:
+        alpha = image[:, :, 3:4].astype(np.float32) / 255.0
+        image = (image[:, :, :3].astype(np.float32) * alpha).round().astype(np.uint8)
+    return cv2.cvtColor(image[:, :, :3], cv2.COLOR_BGR2RGB)
+
+
+def load_image(scene: Scene, index: int) -> np.ndarray:
+    """Camera `index`'s image: uint8 [height, width, 3] RGB, downscaled and undistorted.
+
+    Raises DataError naming the file when it is unreadable or not of the size the scene expects.
+    """
+    camera = scene.cameras[index]
+    if scene.images is not None:
+        image = np.asarray(scene.images[index])
+        if image.shape != (camera.height, camera.width, 3) or image.dtype != np.uint8:
+            raise DataError(f"in-memory image {index} ({camera.name}) is {image.dtype} {image.shape}, "
+                            f"expected uint8 {(camera.height, camera.width, 3)}")
+        return image
+    image = read_rgb(camera.image_path)
+    dist = camera.dist
+    expected = (dist.src_width, dist.src_height) if dist is not None else (camera.width, camera.height)
+    if (image.shape[1], image.shape[0]) != expected:
+        raise DataError(f"image {camera.image_path} is {image.shape[1]}x{image.shape[0]}, "
+                        f"expected {expected[0]}x{expected[1]}")
+    return dist.apply(image) if dist is not None else image
+
+
+# ----------------------------------------------------------------------------------------------
+# Downscaling: an existing <folder>_<f>/ in the data dir, else a cache outside it
+
+
+def cache_root() -> Path:
+    """$SPLAT_TRAIN_CACHE if set, else ~/.cache/splat_train."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "splat_train"
+
+
+def cache_dir(data_dir: Path) -> Path:
+    """This data dir's cache folder: cache_root() / first 16 hex of sha1(absolute data dir)."""
+    key = hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:16]
+    return cache_root() / key
+
+
+def downscaled_size(width: int, height: int, factor: int) -> tuple[int, int]:
+    """round(w / f) x round(h / f), halves rounded up, at least 1 pixel."""
+    return max(1, int(width / factor + 0.5)), max(1, int(height / factor + 0.5))
+
+
+def _cache_folder_name(folder: str, factor: int) -> str:
+    parts = PurePosixPath(folder).parts
+    if folder in ("", ".") or ".." in parts or PurePosixPath(folder).is_absolute():
+        return f"folder-{hashlib.sha1(folder.encode()).hexdigest()[:8]}_{factor}"
+    return f"{PurePosixPath(folder).as_posix()}_{factor}"
+
+
+def _write_atomic_png(path: Path, rgb: np.ndarray) -> None:
+    ok, encoded = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    assert ok, path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(encoded.tobytes())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def locate_images(data_dir: Path, folder: str, names: list[str], sizes: list[tuple[int, int]],
+                  factor: int) -> list[tuple[Path, int, int]]:
+    """The file to read for each image, and its (width, height) in pixels.
+
+    data_dir / folder / name must exist (callers check, to word the error for their format);
+    sizes[i] is its full-resolution (width, height) as the camera model states it.
+    - factor 1: the original; its header must match sizes[i].
+    - data_dir / f"{folder}_{factor}" exists: read from it; each file must exist and be within
+      1 px of sizes[i] / factor (callers scale K by the actual ratio).
+    - else: cv2.INTER_AREA downscale to downscaled_size() into
+      cache_dir(data_dir) / f"{folder}_{factor}" / (name + ".png"), written once atomically,
+      remade only when the original is newer. The data dir itself is never written.
+    Raises DataError naming the offending file or folder.
+    """
+    located = []
+    if factor == 1:
+        for name, (w, h) in zip(names, sizes):
+            path = data_dir / folder / name
+            fw, fh = image_size(path)
+            if (fw, fh) != (w, h):
+                raise DataError(f"image {path} is {fw}x{fh}, but the camera model says {w}x{h}")
+            located.append((path, w, h))
+        return located
+
+    prebuilt = data_dir / f"{folder}_{factor}"
+    if folder not in ("", ".") and prebuilt.is_dir():
+        missing = [n for n in names if not (prebuilt / n).is_file()]
+        if missing:
+            raise DataError(f"{prebuilt} lacks {len(missing)} of the {len(names)} images "
+                            f"(e.g. {', '.join(missing[:3])}); complete it or remove the folder")
+        for name, (w, h) in zip(names, sizes):
+            path = prebuilt / name
+            fw, fh = image_size(path)
+            if abs(fw - w / factor) > 1 or abs(fh - h / factor) > 1:
+                raise DataError(f"{path} is {fw}x{fh}, but a 1/{factor} downscale of the "
+                                f"{w}x{h} original should be about {w / factor:g}x{h / factor:g}")
+            located.append((path, fw, fh))
+        return located
+
+    target = cache_dir(data_dir) / _cache_folder_name(folder, factor)
+    for name, (w, h) in zip(names, sizes):
+        source = data_dir / folder / name
+        path = target / (name + ".png")
+        fw, fh = downscaled_size(w, h, factor)
+        if not path.is_file() or path.stat().st_mtime < source.stat().st_mtime:
+            image = read_rgb(source)
+            if (image.shape[1], image.shape[0]) != (w, h):
+                raise DataError(f"image {source} is {image.shape[1]}x{image.shape[0]}, "
+                                f"but the camera model says {w}x{h}")
+            _write_atomic_png(path, cv2.resize(image, (fw, fh), interpolation=cv2.INTER_AREA))
+        located.append((path, fw, fh))
+    return located

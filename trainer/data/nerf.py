@@ -1,0 +1,164 @@
+"""NeRF / instant-ngp / nerfstudio `transforms.json` -> Scene.
+
+Keys read (per frame, falling back to the top level): `file_path`, `transform_matrix`
+(camera-to-world, OpenGL axes: x right, y up, z back), `w`, `h`, `fl_x`, `fl_y`, `cx`, `cy`,
+`camera_angle_x`, `camera_angle_y`, `k1`, `k2`, `k3`, `p1`, `p2`, `camera_model`.
+Focal from an angle: f = 0.5 * w / tan(0.5 * camera_angle_x) (the Blender/NeRF convention);
+fy defaults to fx, cx/cy to w/2, h/2 (image centre, pixel-corner convention).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+from .images import Camera, DataError, Scene, image_size, locate_images, make_undistortion
+from .normalize import normalize_world, scene_scale
+
+SUFFIXES = ("", ".png", ".jpg", ".jpeg", ".PNG", ".JPG", ".JPEG")  # Blender paths lack one
+OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips the camera's y and z axes
+PINHOLE_MODELS = ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE")
+
+
+def _find_file(base: Path, file_path: str) -> Path | None:
+    for suffix in SUFFIXES:
+        candidate = base / (file_path + suffix)
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _relative_name(path: Path, data_dir: Path) -> str:
+    try:
+        return path.relative_to(data_dir).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def _pinhole(meta: dict, frame: dict, width: int, height: int, where: str) -> np.ndarray:
+    """[3, 3] float64 K in pixels at (width, height) from fl_*/c* or camera_angle_*."""
+    get = lambda key: frame.get(key, meta.get(key))  # noqa: E731
+    if get("fl_x") is not None:
+        fx = float(get("fl_x"))
+    elif get("camera_angle_x") is not None:
+        fx = 0.5 * width / math.tan(0.5 * float(get("camera_angle_x")))
+    else:
+        raise DataError(f"{where}: no focal length (need fl_x or camera_angle_x)")
+    if get("fl_y") is not None:
+        fy = float(get("fl_y"))
+    elif get("camera_angle_y") is not None:
+        fy = 0.5 * height / math.tan(0.5 * float(get("camera_angle_y")))
+    else:
+        fy = fx
+    cx = float(get("cx")) if get("cx") is not None else width / 2.0
+    cy = float(get("cy")) if get("cy") is not None else height / 2.0
+    return np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
+
+
+def _distortion(meta: dict, frame: dict, where: str) -> np.ndarray | None:
+    """OpenCV coeffs [5] (k1, k2, p1, p2, k3), or None when all are zero or absent."""
+    model = frame.get("camera_model", meta.get("camera_model"))
+    if model is not None and model not in PINHOLE_MODELS:
+        raise DataError(f"{where}: camera_model {model} is not supported; supported: "
+                        f"{', '.join(PINHOLE_MODELS)} (with optional k1, k2, k3, p1, p2)")
+    coeffs = np.array([float(frame.get(k, meta.get(k, 0.0)) or 0.0) for k in ("k1", "k2", "p1", "p2", "k3")])
+    return coeffs if np.any(coeffs) else None
+
+
+def _camtoworld(frame: dict, where: str) -> np.ndarray:
+    """[4, 4] float64 OpenCV camtoworld from the frame's OpenGL transform_matrix."""
+    try:
+        matrix = np.asarray(frame["transform_matrix"], dtype=np.float64)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{where}: missing or malformed transform_matrix") from exc
+    if matrix.shape == (3, 4):
+        matrix = np.vstack([matrix, [0.0, 0.0, 0.0, 1.0]])
+    if matrix.shape != (4, 4) or not np.all(np.isfinite(matrix)):
+        raise DataError(f"{where}: transform_matrix must be a finite 4x4 (or 3x4) matrix")
+    return matrix @ OPENGL_TO_OPENCV
+
+
+def load_nerf(json_path: Path, data_factor: int, normalize: bool) -> Scene:
+    """Read json_path (frames' file_path relative to its folder) -> Scene (source "nerf").
+
+    Camera names are the image paths relative to the json's folder (posix), sorted.
+
+    Frames whose image is missing are skipped with a warning naming them. Raises DataError on
+    malformed json, no usable frame, missing intrinsics, or an unsupported camera_model.
+    points / points_rgb are None (the format has none).
+    """
+    try:
+        meta = json.loads(json_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot parse {json_path}: {exc}") from exc
+    frames = meta.get("frames") if isinstance(meta, dict) else None
+    if not frames:
+        raise DataError(f"{json_path} has no frames")
+
+    base = json_path.parent
+    found, missing = [], []
+    for i, frame in enumerate(frames):
+        if not isinstance(frame, dict) or "file_path" not in frame:
+            raise DataError(f"{json_path}: frame {i} has no file_path")
+        path = _find_file(base, str(frame["file_path"]))
+        if path is None:
+            missing.append(str(frame["file_path"]))
+        else:
+            found.append((frame, path))
+    if missing:
+        warnings.warn(f"{json_path}: skipping {len(missing)} of {len(frames)} frames whose image is "
+                      f"missing: {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+    if not found:
+        raise DataError(f"{json_path}: none of the {len(frames)} frames' images exist under {base}")
+    found.sort(key=lambda item: _relative_name(item[1], base))
+
+    # Full-resolution size, pinhole and distortion per frame.
+    records = []
+    for frame, path in found:
+        where = f"{json_path} frame {frame['file_path']}"
+        w, h = frame.get("w", meta.get("w")), frame.get("h", meta.get("h"))
+        size = (int(w), int(h)) if w is not None and h is not None else image_size(path)
+        records.append((path, size, _pinhole(meta, frame, *size, where), _distortion(meta, frame, where),
+                        _camtoworld(frame, where)))
+
+    # Downscaled files, one images_<f> / cache lookup per folder.
+    located = {}
+    folders = sorted({_relative_name(path.parent, base) for path, *_ in records})
+    for folder in folders:
+        group = [(path, size) for path, size, *_ in records if _relative_name(path.parent, base) == folder]
+        files = locate_images(base, folder, [p.name for p, _ in group], [s for _, s in group], data_factor)
+        located.update({path: file for (path, _), file in zip(group, files)})
+
+    camtoworlds = np.stack([record[4] for record in records])  # [C, 4, 4]
+    transform = np.eye(4)
+    if normalize:
+        camtoworlds, _, transform = normalize_world(camtoworlds, None)
+
+    # Frames with identical intrinsics share one Undistortion (and its remap tables).
+    scaled = []
+    for path, (w, h), K, coeffs, _ in records:
+        image_path, file_w, file_h = located[path]
+        K = np.diag([file_w / w, file_h / h, 1.0]) @ K
+        key = None if coeffs is None else (K.tobytes(), coeffs.tobytes(), file_w, file_h)
+        scaled.append((path, image_path, file_w, file_h, K, coeffs, key))
+    keys = [item[-1] for item in scaled]
+    undistortions = {}
+    cameras = []
+    for (path, image_path, file_w, file_h, K, coeffs, key), camtoworld in zip(scaled, camtoworlds):
+        dist = None
+        if key is not None:
+            if key not in undistortions:
+                undistortions[key] = make_undistortion(
+                    K, coeffs, file_w, file_h, what=f"{json_path} frame {path.name}",
+                    cache_maps=keys.count(key) > 1)
+            dist = undistortions[key]
+            K, file_w, file_h = dist.K, dist.width, dist.height
+        cameras.append(Camera(name=_relative_name(path, base), image_path=image_path,
+                              camtoworld=camtoworld.astype(np.float32), K=K.astype(np.float32),
+                              width=int(file_w), height=int(file_h), dist=dist))
+    return Scene(cameras=cameras, points=None, points_rgb=None, scene_scale=scene_scale(camtoworlds),
+                 transform=transform.astype(np.float32), source="nerf")

@@ -1,0 +1,138 @@
+"""Train/test split, the image Dataset, and the per-rank camera sampler."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from .images import DataError, Scene, load_image
+
+
+def split_indices(num_cameras: int, test_every: int) -> tuple[list[int], list[int]]:
+    """(train, test) indices into the name-sorted cameras; test = i % test_every == 0 (gsplat).
+
+    test_every = 0 means no test views (every camera trains). Raises DataError (naming
+    test_every) when it is negative, or when the rule would leave no training view (test_every
+    of 1, or fewer cameras than it takes to get one past index 0).
+    """
+    if test_every < 0:
+        raise DataError(f"test_every={test_every} must be >= 0 (0 = no test views)")
+    if test_every == 0:
+        return list(range(num_cameras)), []
+    test = [i for i in range(num_cameras) if i % test_every == 0]
+    train = [i for i in range(num_cameras) if i % test_every != 0]
+    if num_cameras > 0 and not train:
+        raise DataError(f"test_every={test_every} makes all {num_cameras} cameras test views; "
+                        "use test_every=0 for no test views, or a larger value")
+    return train, test
+
+
+class Dataset:
+    """Training (or test) views of a scene: `indices` are indices into scene.cameras.
+
+    Images are kept as uint8 and turned into float32 [0, 1] tensors per item. With preload, every
+    image is read (in a few threads) in the constructor, so a bad file raises DataError at
+    start-up rather than mid-training.
+    """
+
+    def __init__(self, scene: Scene, indices: list[int], preload: bool = True):
+        self.scene = scene
+        self.indices = [int(i) for i in indices]
+        assert all(0 <= i < len(scene.cameras) for i in self.indices), "camera index out of range"
+        self._images = None
+        if preload:
+            with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+                self._images = list(pool.map(lambda i: load_image(scene, i), self.indices))
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def size(self, i: int) -> tuple[int, int]:
+        """(width, height) in pixels of item i."""
+        camera = self.scene.cameras[self.indices[i]]
+        return camera.width, camera.height
+
+    def image(self, i: int) -> np.ndarray:
+        """uint8 [H, W, 3] RGB of item i."""
+        if self._images is not None:
+            return self._images[i]
+        return load_image(self.scene, self.indices[i])
+
+    def __getitem__(self, i: int) -> dict:
+        camera = self.scene.cameras[self.indices[i]]
+        return {
+            "image": torch.from_numpy(self.image(i)).float() / 255.0,  # [H, W, 3]
+            "K": torch.from_numpy(camera.K).float(),  # [3, 3]
+            "camtoworld": torch.from_numpy(camera.camtoworld).float(),  # [4, 4]
+            "image_id": self.indices[i],
+            "width": camera.width,
+            "height": camera.height,
+        }
+
+    def batch(self, items: list[int]) -> dict:
+        """Stack items (indices into this dataset) that share one image size.
+
+        -> image [B, H, W, 3] float32, K [B, 3, 3], camtoworld [B, 4, 4], image_id int64 [B],
+        width, height ints.
+        """
+        samples = [self[i] for i in items]
+        assert samples, "empty batch"
+        width, height = samples[0]["width"], samples[0]["height"]
+        assert all((s["width"], s["height"]) == (width, height) for s in samples), "mixed image sizes"
+        return {
+            "image": torch.stack([s["image"] for s in samples]),
+            "K": torch.stack([s["K"] for s in samples]),
+            "camtoworld": torch.stack([s["camtoworld"] for s in samples]),
+            "image_id": torch.tensor([s["image_id"] for s in samples], dtype=torch.int64),
+            "width": width,
+            "height": height,
+        }
+
+
+class CameraSampler:
+    """Which dataset items each step trains on: a pure function of (seed, rank, step).
+
+    Items are grouped by image size (batches never mix sizes). Epoch e draws from
+    numpy.random.default_rng([seed, rank, e]): each size group is shuffled and cut into batches of
+    batch_size (a group's last batch may be smaller), then all batches are shuffled together.
+    Every epoch has the same number of batches, so step -> (epoch, position) needs no history and
+    a resumed run draws exactly what an uninterrupted one draws.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, seed: int, rank: int = 0):
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        if len(dataset) == 0:
+            raise ValueError("CameraSampler needs a non-empty dataset")
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i in range(len(dataset)):
+            groups.setdefault(dataset.size(i), []).append(i)
+        self.groups = [np.array(groups[size]) for size in sorted(groups)]  # deterministic order
+        self.batch_size = int(batch_size)
+        self.seed = int(seed) % 2**64  # SeedSequence wants non-negative entropy
+        self.rank = int(rank)
+        self.num_batches_per_epoch = sum(-(-len(g) // self.batch_size) for g in self.groups)
+        self._last_epoch = (-1, [])  # memo of the most recent epoch's batches
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """All batches of one epoch, in draw order."""
+        if self._last_epoch[0] == epoch:
+            return self._last_epoch[1]
+        rng = np.random.default_rng([self.seed, self.rank, epoch])
+        batches = []
+        for group in self.groups:
+            order = rng.permutation(group)
+            batches += [order[s:s + self.batch_size].tolist() for s in range(0, len(order), self.batch_size)]
+        batches = [batches[j] for j in rng.permutation(len(batches))]
+        self._last_epoch = (epoch, batches)
+        return batches
+
+    def batch_at(self, step: int) -> list[int]:
+        """Indices into the dataset for training step `step` (>= 0)."""
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        epoch, position = divmod(int(step), self.num_batches_per_epoch)
+        return self.epoch_batches(epoch)[position]
