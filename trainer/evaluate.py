@@ -90,7 +90,7 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
         p = torch.from_numpy(pred)[None]
         g = torch.from_numpy(gt)[None]
         row = dict(name=trainer.scene.cameras[testset.indices[i]].name,
-                   psnr=float(metrics.psnr(p, g).mean()), ssim=float(metrics.ssim_metric(p, g)))
+                   psnr=float(metrics.psnr(p, g).mean()), ssim=float(metrics.ssim(p, g).mean()))
         if lpips.available:
             row["lpips"] = float(lpips(p, g))
         per_view.append(row)
@@ -115,7 +115,7 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
             if summary[k] is not None:
                 trainer.writer.add_scalar(f"val/{k}", summary[k], step)
     print(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f} "
-          f"({len(per_view)} views){'' if lpips.available else ' (LPIPS unavailable: ' + lpips.reason + ')'}",
+          f"({len(per_view)} views){'' if lpips.available else ' (' + lpips.reason + ')'}",
           flush=True)
     return summary
 

@@ -1,0 +1,98 @@
+"""Launch environments: torchrun, OpenMPI, SLURM detection, errors, and failure propagation."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from splat_train.trainer.launch import DistContext, LaunchError, detect_external, launch, num_local_processes
+
+
+def test_no_launcher_means_spawn():
+    assert detect_external({}) is None
+    assert detect_external({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # a lone srun task
+
+
+def test_torchrun_environment():
+    env = dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", MASTER_ADDR="h0", MASTER_PORT="1234")
+    assert detect_external(env) == dict(rank=3, world_size=4, local_rank=1, launcher="torchrun",
+                                        master_addr="h0", master_port=1234)
+
+
+def test_openmpi_environment():
+    env = dict(OMPI_COMM_WORLD_SIZE="16", OMPI_COMM_WORLD_RANK="9", OMPI_COMM_WORLD_LOCAL_RANK="1",
+               MASTER_ADDR="node0", MASTER_PORT="29500")
+    layout = detect_external(env)
+    assert (layout["rank"], layout["world_size"], layout["local_rank"], layout["launcher"]) == (9, 16, 1, "mpirun")
+
+
+def test_slurm_environment():
+    env = dict(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", MASTER_ADDR="n", MASTER_PORT="1")
+    assert detect_external(env)["rank"] == 5 and detect_external(env)["launcher"] == "srun"
+
+
+def test_mpirun_without_rendezvous_names_what_is_missing():
+    env = dict(OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0", MASTER_ADDR="node0")
+    with pytest.raises(LaunchError, match="MASTER_PORT") as e:
+        detect_external(env)
+    assert "MASTER_ADDR" not in str(e.value).split("but")[1].split("not set")[0]
+
+
+def test_cpu_process_count():
+    assert num_local_processes(3, "cpu") == 3
+    assert num_local_processes(0, "cpu") == 1
+
+
+def _fail_on_rank_one(ctx: DistContext):
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 1:
+        raise RuntimeError("boom on rank one")
+    dist.all_reduce(torch.ones(1))  # rank 0 would wait here forever without the launcher's cleanup
+
+
+def test_failure_on_one_rank_ends_all_ranks(capfd):
+    start = time.monotonic()
+    rc = launch(_fail_on_rank_one, (), nproc_per_node=2, device="cpu")
+    assert rc != 0
+    assert time.monotonic() - start < 120
+    assert "boom on rank one" in capfd.readouterr().err
+
+
+MPI_SCRIPT = """
+import json, os, sys, torch
+from splat_train.trainer.launch import launch
+def main(ctx):
+    import torch.distributed as dist
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as f:
+        json.dump(dict(rank=ctx.rank, world=ctx.world_size, total=float(t)), f)
+sys.exit(launch(main, (), device="cpu"))
+"""
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (.ci/run installs openmpi-bin)")
+def test_mpirun_launch(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(MPI_SCRIPT)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "MASTER_ADDR", "-x",
+           "MASTER_PORT", "-x", "PYTHONPATH", sys.executable, str(script), str(tmp_path)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["world"] == 2 and r["total"] == 3.0 for r in results)
+
+
+def _free_port():
+    from splat_train.trainer.launch import free_port
+
+    return free_port()

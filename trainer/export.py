@@ -1,0 +1,205 @@
+"""Gaussian scene <-> PLY in the layout of the original 3DGS code (Inria), which viewers open.
+
+One vertex element, one float32 property per value, in this order:
+    x y z nx ny nz f_dc_0..2 f_rest_0..(3*(K-1)-1) opacity scale_0..2 rot_0..3
+with values stored PRE-activation, exactly as trained: log scales, opacity logits, raw
+(unnormalized) quaternions wxyz, SH coefficients. Normals are written as zeros (the Inria code
+does the same). f_rest is channel-major: the K-1 coefficients of red, then green, then blue
+(gaussian_model.py in graphdeco-inria/gaussian-splatting stores features_rest as [N, 3, K-1]).
+
+These functions handle one set of tensors; gathering shards onto one rank (and deciding which
+rank writes) is the caller's job.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import torch
+from plyfile import PlyData, PlyElement
+
+
+def ply_property_names(num_rest_coeffs: int) -> list[str]:
+    """Inria's property names, in file order, for K-1 = ``num_rest_coeffs`` SH coefficients per channel."""
+    return (
+        ["x", "y", "z", "nx", "ny", "nz"]
+        + [f"f_dc_{i}" for i in range(3)]
+        + [f"f_rest_{i}" for i in range(3 * num_rest_coeffs)]
+        + ["opacity"]
+        + [f"scale_{i}" for i in range(3)]
+        + [f"rot_{i}" for i in range(4)]
+    )
+
+
+def _as_float32_rows(tensor: torch.Tensor, num: int, name: str, shape: tuple) -> np.ndarray:
+    if tuple(tensor.shape) != shape:
+        raise ValueError(f"save_ply: {name} must have shape {shape}, got {tuple(tensor.shape)}")
+    num_columns = int(np.prod(shape[1:]))  # explicit: K-1 = 0 or N = 0 leave -1 ambiguous
+    return tensor.detach().to("cpu", torch.float32).reshape(num, num_columns).numpy()
+
+
+def save_ply(
+    path: str | os.PathLike,
+    means: torch.Tensor,
+    scales: torch.Tensor,
+    quats: torch.Tensor,
+    opacities: torch.Tensor,
+    sh0: torch.Tensor,
+    shN: torch.Tensor,
+) -> None:
+    """Write Gaussians to ``path`` as a binary little-endian 3DGS PLY, atomically.
+
+    Args (any device, cast to float32; pre-activation values):
+        means: [N, 3] centers, scene units. scales: [N, 3] log scales. quats: [N, 4] raw wxyz.
+        opacities: [N] logits. sh0: [N, 1, 3] DC coefficients. shN: [N, K-1, 3] higher bands,
+        K-1 may be 0.
+
+    The file is written to a temporary file in the destination directory, flushed, fsynced
+    and moved over ``path`` with os.replace: a reader sees the old file or the new one, never
+    a partial one, and a failure leaves any previous file intact (and no temporary file).
+
+    Raises ValueError on inconsistent shapes; OSError from the file system.
+    """
+    if means.dim() != 2 or means.shape[1] != 3:
+        raise ValueError(f"save_ply: means must have shape [N, 3], got {tuple(means.shape)}")
+    num = means.shape[0]
+    if shN.dim() != 3 or shN.shape[0] != num or shN.shape[2] != 3:
+        raise ValueError(f"save_ply: shN must have shape [N, K-1, 3], got {tuple(shN.shape)}")
+    num_rest = shN.shape[1]
+    columns = [
+        _as_float32_rows(means, num, "means", (num, 3)),
+        np.zeros((num, 3), dtype=np.float32),  # normals
+        _as_float32_rows(sh0, num, "sh0", (num, 1, 3)),
+        _as_float32_rows(shN.transpose(1, 2), num, "shN", (num, 3, num_rest)),  # channel-major
+        _as_float32_rows(opacities, num, "opacities", (num,)),
+        _as_float32_rows(scales, num, "scales", (num, 3)),
+        _as_float32_rows(quats, num, "quats", (num, 4)),
+    ]
+    names = ply_property_names(num_rest)
+    table = np.ascontiguousarray(np.concatenate(columns, axis=1))  # [N, P] float32
+    assert table.shape == (num, len(names)), (table.shape, len(names))
+    vertex_dtype = np.dtype([(name, "<f4") for name in names])
+    vertices = table.astype("<f4", copy=False).view(vertex_dtype).reshape(num)  # [N] records
+    ply = PlyData([PlyElement.describe(vertices, "vertex")], text=False, byte_order="<")
+    _write_atomically(os.fspath(path), ply)
+
+
+def _write_atomically(path: str, ply: PlyData) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, tmp_path = tempfile.mkstemp(
+        dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp"
+    )
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            ply.write(stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(tmp_path, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_path)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: str) -> None:
+    """Persist the rename itself (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_ply(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a 3DGS PLY written by :func:`save_ply` or by the Inria code; inverse of save_ply.
+
+    Returns CPU float32 tensors, pre-activation: "means" [N, 3], "scales" [N, 3], "quats"
+    [N, 4], "opacities" [N], "sh0" [N, 1, 3], "shN" [N, K-1, 3], with K-1 inferred from the
+    number of f_rest_* properties. Normals are ignored (and optional).
+
+    Raises ValueError naming the file when the vertex element or a property is missing, or the
+    f_rest count is not a multiple of 3; FileNotFoundError when the file does not exist.
+    """
+    path = os.fspath(path)
+    ply = PlyData.read(path)
+    if "vertex" not in ply:
+        raise ValueError(f"{path}: no 'vertex' element; not a 3DGS PLY")
+    vertex = ply["vertex"]
+    present = {prop.name for prop in vertex.properties}
+    num_rest_values = sum(1 for name in present if name.startswith("f_rest_"))
+    if num_rest_values % 3 != 0:
+        raise ValueError(f"{path}: {num_rest_values} f_rest_* properties, not a multiple of 3")
+    num_rest = num_rest_values // 3
+    required = [n for n in ply_property_names(num_rest) if n not in ("nx", "ny", "nz")]
+    missing = [name for name in required if name not in present]
+    if missing:
+        raise ValueError(f"{path}: missing PLY vertex properties {missing}")
+
+    def stack(names: list[str]) -> torch.Tensor:
+        columns = [np.asarray(vertex[name], dtype=np.float32) for name in names]
+        return torch.from_numpy(np.stack(columns, axis=1))  # [N, len(names)]
+
+    num = vertex.count
+    rest = stack([f"f_rest_{i}" for i in range(3 * num_rest)]) if num_rest else None
+    return {
+        "means": stack(["x", "y", "z"]),
+        "scales": stack([f"scale_{i}" for i in range(3)]),
+        "quats": stack([f"rot_{i}" for i in range(4)]),
+        "opacities": stack(["opacity"]).reshape(num),
+        "sh0": stack([f"f_dc_{i}" for i in range(3)]).reshape(num, 1, 3),
+        "shN": (
+            rest.reshape(num, 3, num_rest).transpose(1, 2).contiguous()
+            if rest is not None
+            else torch.zeros((num, 0, 3), dtype=torch.float32)
+        ),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Merging a distributed run's shards (rank 0 writes)
+
+
+def merge_shards(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Concatenate per-rank parameter dicts in rank order (deterministic: rank 0's Gaussians
+    first). Keys: means, scales, quats, opacities, sh0, shN."""
+    return {k: torch.cat([s[k].detach().cpu() for s in shards], dim=0) for k in shards[0]}
+
+
+def gather_params(ctx, params) -> "dict[str, torch.Tensor] | None":
+    """Every rank's shard, merged on rank 0 (None on the other ranks). One gather per export."""
+    local = {k: v.detach().cpu() for k, v in params.items()}
+    if ctx.world_size == 1:
+        return local
+    import torch.distributed as dist
+
+    shards = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object(local, shards, dst=0, group=ctx.group)
+    return merge_shards(shards) if ctx.is_main else None
+
+
+def ply_name(step: int, world_size: int) -> str:
+    """``point_cloud_<step>.ply``, or ``..._distributed_merged.ply`` for a multi-rank run (gsplat's names)."""
+    return f"point_cloud_{step}_distributed_merged.ply" if world_size > 1 else f"point_cloud_{step}.ply"
+
+
+def export_merged(trainer, step: int):
+    """Rank 0 writes ``ply/<ply_name>`` of the whole scene after ``step`` steps; returns its path
+    there (None on other ranks). Every rank must call this."""
+    merged = gather_params(trainer.ctx, trainer.params)
+    if merged is None:
+        return None
+    path = trainer.result_dir / "ply" / ply_name(step, trainer.ctx.world_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_ply(path, merged["means"], merged["scales"], merged["quats"], merged["opacities"], merged["sh0"],
+             merged["shN"])
+    return path

@@ -1,0 +1,146 @@
+"""Evaluation metrics: PSNR, SSIM and (when its weights are on disk) LPIPS, each per image.
+
+Images are channels-last [B, H, W, 3] floats in [0, 1]; clamp renders to [0, 1] before calling
+(gsplat's evaluation does). Every function returns one value per image, [B]; the caller reports
+the mean over the test images. These functions are pure: the rank-0 decision (who evaluates,
+who logs) belongs to the caller.
+
+LPIPS (Zhang et al., "The Unreasonable Effectiveness of Deep Features as a Perceptual Metric",
+CVPR 2018) needs torchmetrics or the lpips package, torchvision, and the ImageNet backbone
+weights already in the torch hub cache; :class:`LPIPSMetric` never downloads anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+from splat_train.trainer import losses
+
+# torchvision's file names for the ImageNet backbones LPIPS uses, in <hub>/checkpoints/.
+LPIPS_BACKBONE_FILES = {
+    "alex": "alexnet-owt-7be5be79.pth",
+    "vgg": "vgg16-397923af.pth",
+    "squeeze": "squeezenet1_1-b8a52dc0.pth",
+}
+
+
+def psnr(pred: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+    """Peak signal-to-noise ratio per image, in dB, for data range 1: -10 log10(MSE).
+
+    Args:
+        pred, gt: [B, H, W, C] float images in [0, 1].
+    Returns [B]; +inf for an image identical to its ground truth.
+    Raises ValueError when shapes differ or an image has no pixels.
+    """
+    if pred.shape != gt.shape or pred.dim() < 2 or pred[0].numel() == 0:
+        raise ValueError(f"psnr: expected equal, non-empty [B, ...] shapes, got "
+                         f"{tuple(pred.shape)} and {tuple(gt.shape)}")
+    mse = (pred - gt).square().flatten(1).mean(dim=1)  # [B]
+    return -10.0 * torch.log10(mse)
+
+
+def ssim(pred: torch.Tensor, gt: torch.Tensor, padding: str = "valid") -> torch.Tensor:
+    """SSIM per image, [B], through :func:`splat_train.trainer.losses.ssim` (11x11, sigma 1.5).
+
+    Default padding "valid" averages only windows fully inside the image, which is what
+    torchmetrics' StructuralSimilarityIndexMeasure (gsplat's evaluation metric) computes after
+    cropping its reflect padding; pass "same" for the 3DGS reference's metrics.py convention.
+    Raises ValueError as losses.ssim does.
+    """
+    if pred.shape != gt.shape or pred.dim() != 4:
+        raise ValueError(f"ssim: expected equal [B, H, W, 3] shapes, got "
+                         f"{tuple(pred.shape)} and {tuple(gt.shape)}")
+    values = [losses.ssim(pred[i : i + 1], gt[i : i + 1], padding=padding)
+              for i in range(pred.shape[0])]
+    return torch.stack(values)
+
+
+class LPIPSMetric:
+    """LPIPS distance per image, built only from weights already on this machine.
+
+    Construction never raises for a missing dependency or missing weights (nor for a failure
+    while building the network): it sets ``available = False`` and ``reason`` to a sentence
+    saying what is missing and where it was looked for. It raises ValueError only for an
+    unknown ``net``. Before building, it checks that the backbone file
+    ``<torch.hub.get_dir()>/checkpoints/<LPIPS_BACKBONE_FILES[net]>`` exists, so torchvision
+    never reaches for the network.
+
+    Backends, first found wins: torchmetrics' LearnedPerceptualImagePatchSimilarity, then the
+    lpips package (its linear-layer weights ship inside the package).
+
+    Attributes:
+        available: whether ``__call__`` works.
+        reason: why it is unavailable ("" when available).
+        backend: "torchmetrics", "lpips", or None.
+    """
+
+    def __init__(self, net: str = "alex", device: torch.device | str = "cpu") -> None:
+        if net not in LPIPS_BACKBONE_FILES:
+            raise ValueError(f"LPIPS net must be one of {sorted(LPIPS_BACKBONE_FILES)}, got {net!r}")
+        self.net = net
+        self.device = torch.device(device)
+        self.available = False
+        self.reason = ""
+        self.backend: str | None = None
+        self._model = None
+        try:
+            self._build()
+        except Exception as error:  # never crash an evaluation over an optional metric
+            self._model, self.backend = None, None
+            self.reason = f"building LPIPS ({self.net}) failed: {type(error).__name__}: {error}"
+        self.available = self._model is not None
+
+    def _build(self) -> None:
+        backend = _first_importable(("torchmetrics", "lpips"))
+        if backend is None:
+            self.reason = ("LPIPS unavailable: neither torchmetrics nor lpips is installed "
+                           "(splat-train does not depend on them)")
+            return
+        if _first_importable(("torchvision",)) is None:
+            self.reason = f"LPIPS unavailable: {backend} is installed but torchvision is not"
+            return
+        weights = os.path.join(torch.hub.get_dir(), "checkpoints", LPIPS_BACKBONE_FILES[self.net])
+        if not os.path.isfile(weights):
+            self.reason = (f"LPIPS unavailable: backbone weights {weights} are not on disk and "
+                           "splat-train never downloads them; copy the file there to enable LPIPS")
+            return
+        if backend == "torchmetrics":
+            module = importlib.import_module("torchmetrics.image.lpip")
+            model = module.LearnedPerceptualImagePatchSimilarity(net_type=self.net, normalize=True)
+        else:
+            model = importlib.import_module("lpips").LPIPS(net=self.net, verbose=False)
+        self._model = model.to(self.device).eval()
+        self.backend = backend
+
+    @torch.no_grad()
+    def __call__(self, pred: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+        """LPIPS per image, [B] (lower is more similar), for [B, H, W, 3] images in [0, 1].
+
+        Raises RuntimeError (with ``reason``) when unavailable; ValueError on shape mismatch.
+        """
+        if not self.available:
+            raise RuntimeError(self.reason)
+        if pred.shape != gt.shape or pred.dim() != 4 or pred.shape[-1] != 3:
+            raise ValueError(f"LPIPS: expected equal [B, H, W, 3] shapes, got "
+                             f"{tuple(pred.shape)} and {tuple(gt.shape)}")
+        x = pred.permute(0, 3, 1, 2).to(self.device)  # [B, 3, H, W]
+        y = gt.permute(0, 3, 1, 2).to(self.device)
+        if self.backend == "lpips":
+            return self._model(x, y, normalize=True).reshape(-1)
+        values = [self._model(x[i : i + 1], y[i : i + 1]).reshape(()) for i in range(x.shape[0])]
+        self._model.reset()  # torchmetrics accumulates running state; per-image values suffice
+        return torch.stack(values)
+
+
+def _first_importable(names: tuple[str, ...]) -> str | None:
+    """The first module in ``names`` that imports, or None."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+        return name
+    return None
