@@ -1,0 +1,133 @@
+"""End to end through the ``splat-train`` entry point on the embedded synthetic scene (CPU)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from splat_train.trainer.cli import main
+from splat_train.trainer.export import load_ply
+
+TINY = ["--synthetic_image_size", "32", "--synthetic_num_cameras", "8", "--synthetic_num_gaussians", "150",
+        "--num_traj_frames", "3", "--sh_degree", "1", "--sh_degree_interval", "10"]
+DENSIFY = ["--refine_start_iter", "4", "--refine_every", "5", "--reset_every", "12", "--refine_stop_iter", "100",
+           "--grow_grad2d", "0.00005"]
+
+
+def run(*args) -> int:
+    return main(["default", *TINY, *args])
+
+
+def test_main_job_writes_every_output(tmp_path):
+    out = tmp_path / "run"
+    assert run("--max_steps", "20", "--eval_steps", "10", "--result_dir", str(out)) == 0
+    for rel in ["cfg.yml", "ckpts/ckpt_20_rank0.pt", "ply/point_cloud_20.ply", "stats/val_step10.json",
+                "stats/val_step20.json", "stats/train_step20_rank0.json", "videos/traj_20.mp4"]:
+        assert (out / rel).is_file(), rel
+    assert list((out / "renders").glob("val_step20_*.png"))
+    val = json.loads((out / "stats/val_step20.json").read_text())
+    assert np.isfinite(val["psnr"]) and 0 < val["ssim"] <= 1 and val["num_views"] == 1
+    assert val["lpips"] is None and val["lpips_unavailable_reason"]
+    # the PLY round-trips to the model's tensors exactly
+    ply = load_ply(out / "ply/point_cloud_20.ply")
+    params = torch.load(out / "ckpts/ckpt_20_rank0.pt", weights_only=False)["params"]
+    for k in ("means", "scales", "quats", "opacities", "sh0", "shN"):
+        assert torch.equal(ply[k], params[k]), k
+
+
+def _final_params(result_dir, step):
+    return torch.load(result_dir / "ckpts" / f"ckpt_{step}_rank0.pt", weights_only=False)
+
+
+def test_resume_continues_exactly(tmp_path):
+    """N steps straight == N/2 steps + --resume + N/2 steps (densification and random
+    backgrounds in between, so parameters, Adam, strategy state and RNG must all round-trip)."""
+    common = [*DENSIFY, "--random_bkgd", "--max_steps", "24", "--eval_steps", "24", "--ply_steps", "24"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert run(*common, "--save_steps", "24", "--result_dir", str(straight)) == 0
+    # the interrupted run: the same schedule, with a checkpoint at 12; deleting the later one
+    # leaves what an interruption after step 12 leaves
+    assert run(*common, "--save_steps", "12", "24", "--result_dir", str(resumed)) == 0
+    (resumed / "ckpts" / "ckpt_24_rank0.pt").unlink()  # keep only the half-way checkpoint
+    assert run(*common, "--save_steps", "12", "24", "--result_dir", str(resumed), "--resume") == 0
+    a, b = _final_params(straight, 24), _final_params(resumed, 24)
+    assert a["params"]["means"].shape[0] != 150  # densification really happened
+    for k in a["params"]:
+        assert torch.allclose(a["params"][k], b["params"][k], rtol=1e-6, atol=1e-7), k
+    for k in ("grad2d", "count"):
+        assert torch.allclose(a["strategy_state"][k], b["strategy_state"][k], rtol=1e-6, atol=1e-7)
+
+
+def test_ckpt_evaluates_without_training(tmp_path):
+    out = tmp_path / "run"
+    assert run("--max_steps", "6", "--result_dir", str(out)) == 0
+    ev = tmp_path / "eval"
+    assert run("--ckpt", str(out / "ckpts/ckpt_6_rank0.pt"), "--result_dir", str(ev)) == 0
+    assert (ev / "stats/val_step6.json").is_file() and (ev / "ply/point_cloud_6.ply").is_file()
+    assert not (ev / "ckpts").exists()
+    a = json.loads((out / "stats/val_step6.json").read_text())
+    b = json.loads((ev / "stats/val_step6.json").read_text())
+    assert a["psnr"] == pytest.approx(b["psnr"], rel=1e-6)
+
+
+def test_config_file_reruns_exactly(tmp_path):
+    out = tmp_path / "a"
+    assert run("--max_steps", "5", "--steps_scaler", "2", "--result_dir", str(out)) == 0
+    assert (out / "ckpts/ckpt_10_rank0.pt").is_file()  # 5 x 2 steps
+    again = tmp_path / "b"
+    assert main(["--config", str(out / "cfg.yml"), "--result_dir", str(again)]) == 0
+    a, b = _final_params(out, 10), _final_params(again, 10)
+    for k in a["params"]:
+        assert torch.equal(a["params"][k], b["params"][k]), k
+
+
+def test_occupied_result_dir_is_refused_and_untouched(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run("--max_steps", "3", "--result_dir", str(out)) == 0
+    ckpt = out / "ckpts/ckpt_3_rank0.pt"
+    before = ckpt.read_bytes()
+    assert run("--max_steps", "3", "--result_dir", str(out)) == 2
+    assert "already holds another run's checkpoints" in capsys.readouterr().err
+    assert ckpt.read_bytes() == before
+    # --overwrite starts afresh, moving the old run aside (nothing deleted)
+    assert run("--max_steps", "3", "--result_dir", str(out), "--overwrite") == 0
+    aside = list(out.glob("superseded_*/ckpts/ckpt_3_rank0.pt"))
+    assert len(aside) == 1 and aside[0].read_bytes() == before
+
+
+def test_missing_data_dir_is_one_clear_error(tmp_path, capsys):
+    missing = tmp_path / "nope"
+    assert main(["default", "--data_dir", str(missing), "--result_dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(missing) in err[0] and err[0].startswith("error:")
+    assert not (tmp_path / "r").exists()
+
+
+def test_colmap_without_points_suggests_random_init(tmp_path, capsys):
+    pycolmap = pytest.importorskip("pycolmap")
+    import imageio.v3 as iio
+
+    data = tmp_path / "scene"
+    (data / "images").mkdir(parents=True)
+    (data / "sparse" / "0").mkdir(parents=True)
+    rec = pycolmap.Reconstruction()
+    for i in range(3):
+        rec.add_camera_with_trivial_rig(pycolmap.Camera(model="PINHOLE", width=32, height=24,
+                                                        params=[30.0, 30.0, 16.0, 12.0], camera_id=i + 1))
+        name = f"im{i}.png"
+        iio.imwrite(data / "images" / name, np.full((24, 32, 3), 100, np.uint8))
+        w2c = np.eye(4)[:3, :4]
+        w2c[:, 3] = [0.1 * i, 0.0, 2.0]
+        rec.add_image_with_trivial_frame(pycolmap.Image(name=name, camera_id=i + 1, image_id=i + 1),
+                                         pycolmap.Rigid3d(w2c))
+    rec.write(str(data / "sparse" / "0"))
+    rc = main(["default", "--data_dir", str(data), "--data_factor", "1", "--max_steps", "2",
+               "--result_dir", str(tmp_path / "r")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--init_type random" in err and str(data) in err
+    rc = main(["default", "--data_dir", str(data), "--data_factor", "1", "--max_steps", "2", "--init_type",
+               "random", "--init_num_pts", "50", "--test_every", "0", "--num_traj_frames", "0",
+               "--result_dir", str(tmp_path / "r2")])
+    assert rc == 0
