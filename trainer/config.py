@@ -55,6 +55,10 @@ class Schedule:
     """Default strategy: no densification for this many steps after an opacity reset."""
     log_every: int = 100
     """Write TensorBoard scalars and refresh the progress bar's loss every this many steps."""
+    profile_start_step: int = 100
+    """--profile: the first profiled step (earlier steps are warm-up: NCCL set-up, compilation)."""
+    profile_num_steps: int = 10
+    """--profile: how many steps the trace and the per-phase table cover."""
 
 
 @dataclass
@@ -135,6 +139,10 @@ class Config:
     """Packed exchange and rasterization: only visible (camera, Gaussian) records travel."""
     backend: Literal["auto", "gsplat", "reference"] = "auto"
     """Projection/rasterization ops: gsplat's CUDA ops, or the plain-PyTorch reference (auto: gsplat on CUDA)."""
+    pipeline: Literal["ours", "gsplat-dist"] = "ours"
+    """Rendering pass: ours (explicit exchange, dense or --packed), or gsplat-dist (gsplat's own rasterization(distributed=True), dense; the benchmark's baseline, CUDA only)."""
+    profile: bool = False
+    """Write a torch-profiler trace (Chrome/Perfetto JSON, NVTX/roctx phase ranges) and a per-phase table for a window of steps, under result_dir/profile."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train (auto: CUDA when visible)."""
     nproc_per_node: int = 0
@@ -229,6 +237,8 @@ def validate(cfg: Config) -> None:
         (cfg.near_plane > 0 and cfg.far_plane > cfg.near_plane, "--near_plane/--far_plane must satisfy 0 < near < far"),
         (cfg.synthetic_image_size >= 16, "--synthetic_image_size must be >= 16"),
         (cfg.synthetic_num_cameras >= 2, "--synthetic_num_cameras must be >= 2"),
+        (not (cfg.pipeline == "gsplat-dist" and cfg.packed),
+         "--pipeline gsplat-dist is dense only (gsplat's packed distributed path crashes); drop --packed"),
     ]
     for ok, message in checks:
         if not ok:

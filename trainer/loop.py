@@ -21,8 +21,9 @@ from .data import CameraSampler, Dataset, Scene, split_indices
 from .densify import make_strategy, strategy_info
 from .launch import DistContext
 from .losses import opacity_reg, photometric_loss, scale_reg
-from .model import (activated, bytes_per_gaussian, create_optimizers, create_shard, initial_points,
+from .model import (activated, create_optimizers, create_shard, initial_points,
                     means_lr_scheduler)
+from .profiling import PhaseTimer
 from .render import CameraBatch, ops_for, render, resolve_backend
 
 
@@ -52,6 +53,8 @@ class Trainer:
         self.step = 0  # completed steps
         self.writer = None
         self.last_stats: dict = {}
+        self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
+        self.last_phases: dict = {}
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -98,9 +101,14 @@ class Trainer:
         C = gts.shape[0]
         backgrounds = torch.rand(C, 3, device=self.device) if cfg.random_bkgd else None
         self.ctx.stats.phase = "forward"
-        result = render(activated(self.params), cams, self.ctx, self.ops, self.sh_degree_at(step),
-                        packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
-                        backgrounds=backgrounds, keep_means2d_grad=True)
+        timer = self.timer
+        if cfg.pipeline == "gsplat-dist":
+            result = self._render_gsplat_dist(cams, self.sh_degree_at(step), backgrounds)
+        else:
+            result = render(activated(self.params), cams, self.ctx, self.ops, self.sh_degree_at(step),
+                            packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
+                            backgrounds=backgrounds, keep_means2d_grad=True, timer=timer)
+        timer.begin("loss")
         # valid-padded SSIM, as gsplat simple_trainer's fused_ssim call
         loss, parts = photometric_loss(result.colors, gts, cfg.ssim_lambda, ssim_padding="valid")
         # The loss of the global batch is the mean over every rank's images, and a regularizer is
@@ -114,11 +122,14 @@ class Trainer:
         if cfg.scale_reg > 0:
             reg = reg + scale_reg(torch.exp(self.params["scales"]), cfg.scale_reg) * shard_share
         self.ctx.stats.phase = "backward"
+        timer.begin("backward_raster")
         (loss * weight + reg).backward()
+        timer.begin("optimizer")
         for opt in self.optimizers.values():
             opt.step()
             opt.zero_grad(set_to_none=True)
         self.scheduler.step()
+        timer.begin("densification")
         info = strategy_info(result.info)
         if self.cfg.densify.strategy == "mcmc":
             self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state, step, info,
@@ -126,9 +137,36 @@ class Trainer:
         else:
             self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state, step, info,
                                              packed=cfg.packed)
+        self.last_phases = timer.end_step()
         # tensors stay on the device: converting them here would synchronize every step
         return dict(loss=loss.detach(), l1=parts["l1"], ssim=parts["ssim"],
                     num_gaussians=int(self.params["means"].shape[0]), num_isects=result.info["num_isects"])
+
+    def _render_gsplat_dist(self, cams: CameraBatch, sh_degree: int, backgrounds):
+        """The baseline pass: gsplat's ``rasterization(distributed=True)`` (dense), whose info is
+        translated for the densification strategy. Needs CUDA, equal camera counts and sizes."""
+        from gsplat.rendering import rasterization
+
+        from .exchange import gather_metadata
+        from .render import RenderResult
+
+        self.timer.begin("projection")  # gsplat's pass is one opaque forward
+        g = activated(self.params)
+        colors, alphas, meta = rasterization(
+            g["means"], g["quats"], g["scales"], g["opacities"], g["colors"], cams.viewmats, cams.Ks,
+            cams.width, cams.height, sh_degree=sh_degree, packed=False, near_plane=self.cfg.near_plane,
+            far_plane=self.cfg.far_plane, backgrounds=backgrounds, distributed=self.ctx.world_size > 1)
+        means2d = meta["means2d"]  # the local, pre-exchange [C_all, N, 2]
+        means2d.retain_grad()
+        C_all, n = means2d.shape[0], means2d.shape[1]
+        C = cams.viewmats.shape[0]
+        N_world = ([n] * self.ctx.world_size if not (self.cfg.opacity_reg or self.cfg.scale_reg)
+                   else gather_metadata(self.ctx, [n])[:, 0].tolist())
+        info = dict(means2d=means2d, radii=meta["radii"], packed=False, n_cameras=C_all, gaussian_ids=None,
+                    camera_ids=None, widths=torch.full((C_all,), float(cams.width), device=self.device),
+                    heights=torch.full((C_all,), float(cams.height), device=self.device),
+                    num_isects=int(meta["isect_ids"].numel()), N_world=N_world, C_world=[C] * self.ctx.world_size)
+        return RenderResult(colors, alphas, info)
 
     # ------------------------------------------------------------------ the run
     def train(self) -> dict:
@@ -145,8 +183,16 @@ class Trainer:
                    disable=not self.ctx.is_main, dynamic_ncols=True)
         window_start, window_steps = time.perf_counter(), 0
         out = {}
+        profiler = self._start_profiler() if cfg.profile else None
         for step in bar:
+            if profiler is not None:
+                self.timer.enabled = s.profile_start_step <= step < s.profile_start_step + s.profile_num_steps
+                self.timer.cuda = self.timer.enabled and self.device.type == "cuda"
             out = self.train_step(step)
+            if profiler is not None:
+                profiler.step()
+                if self.timer.enabled:
+                    self._phase_log.append(self.last_phases)
             self.step = done = step + 1
             window_steps += 1
             if done % s.log_every == 0 or done == s.max_steps:
@@ -169,9 +215,52 @@ class Trainer:
             if done in s.ply_steps or done == s.max_steps:
                 export.export_merged(self, done)
         bar.close()
+        if profiler is not None:
+            profiler.stop()
+            self._write_phase_table()
         if self.writer is not None:
             self.writer.close()
         return out
+
+    def _start_profiler(self):
+        """torch profiler over the --profile window; the trace goes to profile/trace_rank<r>.json."""
+        s = self.cfg.schedule
+        out_dir = self.result_dir / "profile"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self._phase_log: list = []
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        rank = self.ctx.rank
+
+        def save(prof):
+            prof.export_chrome_trace(str(out_dir / f"trace_rank{rank}.json"))
+
+        wait = max(s.profile_start_step - self.step - 1, 0)
+        prof = torch.profiler.profile(
+            activities=activities, on_trace_ready=save,
+            schedule=torch.profiler.schedule(wait=wait, warmup=1 if wait or self.step < s.profile_start_step else 0,
+                                             active=s.profile_num_steps, repeat=1))
+        prof.start()
+        return prof
+
+    def _write_phase_table(self) -> None:
+        """profile/phases_rank<r>.json and a printed table: median ms of each phase over the window."""
+        from .profiling import PHASES
+
+        log = self._phase_log
+        if not log:
+            return
+        table = {p: float(np.median([row.get(p, 0.0) for row in log])) for p in (*PHASES, "total")}
+        path = self.result_dir / "profile" / f"phases_rank{self.ctx.rank}.json"
+        checkpoint.atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(
+            dict(steps=len(log), median_ms=table, per_step=log), indent=2)))
+        if self.ctx.is_main:
+            total = table["total"] or 1.0
+            lines = [f"{'phase':<22}{'ms':>9}{'share':>8}"]
+            lines += [f"{p:<22}{table[p]:>9.3f}{100 * table[p] / total:>7.1f}%" for p in PHASES]
+            lines.append(f"{'total':<22}{table['total']:>9.3f}")
+            print("\n".join(lines), flush=True)
 
     def save_checkpoint(self) -> Path:
         path = checkpoint.save(self.result_dir / "ckpts", self.step, self.ctx.rank, self.ctx.world_size,
@@ -190,11 +279,18 @@ class Trainer:
         checkpoint.atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
 
     def _print_memory_model(self) -> None:
-        n = sum(self.ctx.world_size * [int(self.params["means"].shape[0])])
-        per = bytes_per_gaussian(self.cfg.sh_degree)
-        print(f"splat-train: {self.backend} backend on {self.device}, world size {self.ctx.world_size}, "
-              f"~{n:,} Gaussians ({per} bytes each with Adam state at SH degree {self.cfg.sh_degree})",
-              flush=True)
+        """Print the memory model at start (profiling.memory_model); the benchmark checks it
+        against the measured peak."""
+        from .profiling import memory_model
+
+        m = memory_model(self.cfg.sh_degree, self.ctx.world_size, self.device)
+        line = (f"splat-train: {self.backend} backend on {self.device}, world size {self.ctx.world_size}, "
+                f"{int(self.params['means'].shape[0]):,} Gaussians on rank 0; {m['bytes_per_gaussian']} bytes "
+                f"per Gaussian (params + grad + Adam, SH degree {self.cfg.sh_degree})")
+        if m["predicted_capacity_per_gpu"]:
+            line += (f"; predicted capacity {m['predicted_capacity_per_gpu'] / 1e6:.0f} M per GPU, "
+                     f"{m['predicted_capacity_per_job'] / 1e6:.0f} M per job (before per-step buffers)")
+        print(line, flush=True)
 
 
 def _plain(obj):

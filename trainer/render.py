@@ -27,6 +27,7 @@ import torch
 
 from . import exchange
 from .launch import DistContext
+from .profiling import PhaseTimer, boundary
 
 TILE_SIZE = 16
 RECORD_LANES = 12
@@ -122,6 +123,7 @@ def render(
     far: float = 1e10,
     backgrounds: Optional[torch.Tensor] = None,
     keep_means2d_grad: bool = False,
+    timer: Optional[PhaseTimer] = None,
 ) -> RenderResult:
     """Render this rank's cameras from every rank's Gaussians.
 
@@ -129,7 +131,10 @@ def render(
     scales [N,3], opacities [N], colors (SH coefficients) [N,K,3]. backgrounds [C,3] or None.
     Every rank must call this collectively. ``keep_means2d_grad`` keeps the gradient of the local
     (pre-exchange) 2D means for densification (``info["means2d"].grad`` after backward).
+    ``timer`` (profiling.PhaseTimer) is told where each phase begins, forward and backward.
     """
+    timer = timer or PhaseTimer(gaussians["means"].device)
+    timer.begin("forward_exchange")  # shard sizes and cameras
     device = gaussians["means"].device
     N, C = gaussians["means"].shape[0], cams.viewmats.shape[0]
     meta = exchange.gather_metadata(ctx, [N, C, cams.width, cams.height])  # [W, 4]
@@ -138,6 +143,7 @@ def render(
     viewmats, Ks = exchange.all_gather_cameras(ctx, cams.viewmats, cams.Ks, C_world)
     C_all = viewmats.shape[0]
 
+    timer.begin("projection")
     proj = project_all(ops, gaussians, viewmats, Ks, sizes, near, far, packed)
     campos = torch.linalg.inv(viewmats)[:, :3, 3]  # [C_all, 3]
     coeffs = gaussians["colors"][:, : (sh_degree + 1) ** 2]
@@ -157,10 +163,12 @@ def render(
         means2d.retain_grad()
 
     fields = [proj["radii"].float(), means2d, proj["depths"][..., None], proj["conics"], opacities[..., None], colors]
+    timer.begin("forward_exchange")
     if packed:
-        recv = _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world)
+        recv = _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer)
     else:
-        recv = _exchange_dense(ctx, fields, N, N_world, C_world)
+        recv = _exchange_dense(ctx, fields, N, N_world, C_world, timer)
+    timer.begin("rasterization")
 
     tile_w, tile_h = math.ceil(cams.width / TILE_SIZE), math.ceil(cams.height / TILE_SIZE)
     radii_r = recv["radii"]
@@ -196,10 +204,12 @@ def _split_fields(rows: torch.Tensor, lead_shape) -> dict:
     )
 
 
-def _exchange_dense(ctx, fields, N, N_world, C_world) -> dict:
+def _exchange_dense(ctx, fields, N, N_world, C_world, timer) -> dict:
     """Dense all_to_all: rank r sends all N local records of every camera rank j renders."""
     if ctx.world_size == 1:
         names = ["radii", "means2d", "depths", "conics", "opacities", "colors"]
+        fields = list(fields)
+        fields[1] = boundary(boundary(fields[1], timer, "backward_projection"), timer, "backward_exchange")
         out = dict(zip(names, fields))
         out["radii"] = fields[0].to(torch.int32)
         out["depths"], out["opacities"] = fields[2][..., 0], fields[4][..., 0]
@@ -208,12 +218,18 @@ def _exchange_dense(ctx, fields, N, N_world, C_world) -> dict:
     C = C_world[ctx.rank]
     send_rows = [c * N for c in C_world]
     recv_rows = [C * n for n in N_world]
-    recv = exchange.all_to_all(ctx, payload, send_rows, recv_rows)
+    recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer)
     chunks = [chunk.reshape(C, n, RECORD_LANES) for chunk, n in zip(torch.split(recv, recv_rows), N_world)]
     return _split_fields(torch.cat(chunks, dim=1), (C, sum(N_world)))
 
 
-def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world) -> dict:
+def _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer):
+    """The record all_to_all, with the backward phase boundaries on both sides of it."""
+    payload = boundary(payload, timer, "backward_projection")
+    return boundary(exchange.all_to_all(ctx, payload, send_rows, recv_rows), timer, "backward_exchange")
+
+
+def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer) -> dict:
     """Packed all_to_all: only visible records travel, with the indices the receiver needs.
 
     Camera ids are rebased global -> the receiver's local ids and Gaussian ids local -> global
@@ -226,6 +242,8 @@ def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world) -> dict:
     local_cam = cam_ids - cam_offsets[dest]
     global_gs = gs_ids + sum(N_world[: ctx.rank])
     if ctx.world_size == 1:
+        fields = list(fields)
+        fields[1] = boundary(boundary(fields[1], timer, "backward_projection"), timer, "backward_exchange")
         out = _split_fields(torch.cat(fields, dim=-1), (cam_ids.shape[0],))
         out["radii"] = fields[0].to(torch.int32)
         out.update(image_ids=local_cam, gaussian_ids=global_gs)
@@ -235,7 +253,7 @@ def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world) -> dict:
     payload = torch.cat(
         [exchange.ids_to_float_lanes(local_cam), exchange.ids_to_float_lanes(global_gs)] + list(fields), dim=-1
     )  # [nnz, 14]
-    recv = exchange.all_to_all(ctx, payload, send_rows, recv_rows)
+    recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer)
     out = _split_fields(recv[:, 2:], (recv.shape[0],))
     out.update(image_ids=exchange.float_lanes_to_ids(recv[:, 0]), gaussian_ids=exchange.float_lanes_to_ids(recv[:, 1]))
     return out

@@ -1,0 +1,115 @@
+"""Per-phase timing of a training step, for the benchmark and ``--profile``.
+
+A step is cut into consecutive phases by :meth:`PhaseTimer.begin` calls, in data-flow order:
+
+    projection -> forward_exchange -> rasterization -> loss -> backward_raster
+    -> backward_exchange -> backward_projection -> optimizer -> densification
+
+Forward boundaries are calls in render.py / loop.py; backward boundaries fire inside autograd
+through :class:`PhaseBoundary`, an identity op whose backward begins the next phase (the
+gradient reaching the exchange's output ends the backward rasterization, the gradient leaving
+its input ends the backward exchange). On CUDA each boundary records a CUDA event (the GPU's own
+clock: ms between events, not host time) and an NVTX range (ROCm's PyTorch maps these to
+roctx); on the CPU, where ops run synchronously, it reads the host clock. Each phase is also a
+``torch.profiler.record_function`` range, so a ``--profile`` trace shows the phases by name.
+
+A disabled timer (the default in training) does nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+PHASES = ("projection", "forward_exchange", "rasterization", "loss", "backward_raster",
+          "backward_exchange", "backward_projection", "optimizer", "densification")
+
+
+class PhaseTimer:
+    def __init__(self, device: torch.device, enabled: bool = False):
+        self.device, self.enabled = device, enabled
+        self.cuda = enabled and device.type == "cuda"
+        self._marks: list[tuple[str, object]] = []
+        self._range = None
+
+    def _stamp(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _close_range(self) -> None:
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            if self.cuda:
+                torch.cuda.nvtx.range_pop()
+            self._range = None
+
+    def begin(self, phase: str) -> None:
+        """End the current phase and begin ``phase``."""
+        if not self.enabled:
+            return
+        self._close_range()
+        self._marks.append((phase, self._stamp()))
+        self._range = torch.profiler.record_function(phase)
+        self._range.__enter__()
+        if self.cuda:
+            torch.cuda.nvtx.range_push(phase)
+
+    def end_step(self) -> dict[str, float]:
+        """Close the step; return {phase: ms} (phases that occurred twice add up) and the total."""
+        if not self.enabled:
+            return {}
+        self._close_range()
+        self._marks.append(("end", self._stamp()))
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        out: dict[str, float] = {}
+        for (name, a), (_, b) in zip(self._marks[:-1], self._marks[1:]):
+            ms = a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
+            out[name] = out.get(name, 0.0) + ms
+        out["total"] = sum(out.values())
+        self._marks.clear()
+        return out
+
+
+class PhaseBoundary(torch.autograd.Function):
+    """Identity; in backward, begins phase ``name`` on ``timer`` (then passes the gradient on)."""
+
+    @staticmethod
+    def forward(fctx, x, timer: PhaseTimer, name: str):
+        fctx.timer, fctx.name = timer, name
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(fctx, grad):
+        fctx.timer.begin(fctx.name)
+        return grad, None, None
+
+
+def boundary(x: torch.Tensor, timer: Optional[PhaseTimer], name: str) -> torch.Tensor:
+    """Mark ``x`` so that the backward pass begins phase ``name`` when its gradient arrives."""
+    if timer is None or not timer.enabled or not x.requires_grad:
+        return x
+    return PhaseBoundary.apply(x, timer, name)
+
+
+def memory_model(sh_degree: int, world_size: int, device: torch.device) -> dict:
+    """Bytes per Gaussian and the predicted capacity.
+
+    Parameters + Adam moments + gradients in float32: (3 + 3 + 4 + 1 + 3K) floats x 4 bytes x 4
+    copies (value, grad, exp_avg, exp_avg_sq), K = (sh_degree + 1)^2 (the reference write-up's
+    708 bytes at SH degree 3 count value + Adam only; the gradient adds a fourth copy while it
+    lives). Capacity = 90% of the device's memory / bytes per Gaussian, per GPU and per job; the
+    transient per-step buffers (projected records, tile intersections) come on top of this.
+    """
+    floats = 3 + 3 + 4 + 1 + 3 * (sh_degree + 1) ** 2
+    per = floats * 4 * 4
+    total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    per_gpu = int(0.9 * total / per) if total else None
+    return dict(bytes_per_gaussian=per, bytes_per_gaussian_without_grad=floats * 4 * 3,
+                device_memory_bytes=total, predicted_capacity_per_gpu=per_gpu,
+                predicted_capacity_per_job=per_gpu * world_size if per_gpu else None)
