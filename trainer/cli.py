@@ -25,7 +25,8 @@ from .launch import DistContext, LaunchError, launch
 def _usage() -> str:
     return (
         "usage: splat-train PRESET [--config FILE] [FLAGS]\n"
-        "       splat-train --config FILE [FLAGS]\n\n"
+        "       splat-train --config FILE [FLAGS]\n"
+        "       splat-train bench [--help]     (benchmark variants side by side)\n\n"
         "Train a 3D Gaussian Splatting scene on every visible GPU (or the CPU).\n\n"
         f"presets: {', '.join(preset_names())}\n"
         "  `splat-train PRESET --help` lists every flag with its default.\n"
@@ -102,6 +103,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .checkpoint import prepare_result_dir
 
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "bench":
+        from ..scripts.bench import main as bench_main
+
+        return bench_main(list(argv[1:]))
     try:
         cfg = parse_args(argv)
         if cfg.data_dir is not None and not Path(cfg.data_dir).is_dir():

@@ -158,6 +158,9 @@ def _free_store(world_size: int, attempts: int = 5):
 
 
 def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callable, args: tuple) -> None:
+    if device == "cpu" or not torch.cuda.is_available():
+        # CPU ranks share the host's cores: oversubscribed intra-op threads slow every rank down
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     try:
         store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
                               timeout=datetime.timedelta(seconds=600))

@@ -10,6 +10,7 @@ by 2% of the scene scale with perturbed colours, as a stand-in for a structure-f
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 import torch
@@ -42,48 +43,57 @@ def _cloud(num_gaussians: int, rng: np.random.Generator) -> dict[str, np.ndarray
     means = np.concatenate([knot, sphere]).astype(np.float32)
     hue = np.concatenate([t / (2 * math.pi), 0.5 + 0.5 * sphere[:, 2] / 0.35])
     rgbs = np.stack([0.5 + 0.5 * np.cos(2 * math.pi * (hue + k / 3.0)) for k in range(3)], axis=1)
-    scales = np.full((num_gaussians, 3), 0.035, dtype=np.float32) * rng.uniform(0.7, 1.4, (num_gaussians, 1))
+    # the cloud is a set of surfaces: keep the coverage similar at any count (600 -> 0.035)
+    size = 0.035 * (600.0 / num_gaussians) ** (1.0 / 3.0)
+    scales = np.full((num_gaussians, 3), size, dtype=np.float32) * rng.uniform(0.7, 1.4, (num_gaussians, 1))
     return dict(means=means, rgbs=rgbs.astype(np.float32), scales=scales.astype(np.float32),
                 opacities=np.full(num_gaussians, 0.9, dtype=np.float32))
 
 
 def make_synthetic_scene(num_gaussians: int = 600, num_cameras: int = 40, image_size: int = 96,
-                         seed: int = 0) -> Scene:
+                         seed: int = 0, height: Optional[int] = None, device: str = "cpu") -> Scene:
     """Build the scene: cameras on a tilted orbit of radius 2.2 looking at the origin (OpenCV
-    axes, z up world), ``image_size`` square images with a 60 degree field of view, ground truth
-    rendered at SH degree 0 over a black background. Deterministic in ``seed``."""
-    from ...kernels import reference  # deferred: the renderer is only needed to build the images
+    axes, z up world), ``image_size`` x ``height`` (default square) images with a 60 degree
+    horizontal field of view, ground truth rendered at SH degree 0 over a black background.
+    Deterministic in ``seed``. ``device="cuda"`` renders the ground truth with gsplat's CUDA ops
+    (benchmark-sized scenes); the CPU uses the reference renderer."""
+    import importlib
+
+    # deferred: the renderer is only needed to build the images
+    reference = (importlib.import_module("gsplat.cuda._wrapper") if device.startswith("cuda")
+                 else importlib.import_module("splat_train.kernels.reference"))
+    width, height = image_size, height or image_size
 
     rng = np.random.default_rng(seed)
     gt = _cloud(num_gaussians, rng)
     focal = 0.5 * image_size / math.tan(math.radians(30.0))
-    K = np.array([[focal, 0, image_size / 2], [0, focal, image_size / 2], [0, 0, 1]], dtype=np.float32)
+    K = np.array([[focal, 0, width / 2], [0, focal, height / 2], [0, 0, 1]], dtype=np.float32)
     cameras, images = [], []
-    means = torch.from_numpy(gt["means"])
-    quats = torch.tensor([[1.0, 0.0, 0.0, 0.0]]).repeat(num_gaussians, 1)
-    scales = torch.from_numpy(gt["scales"])
-    opacities = torch.from_numpy(gt["opacities"])
-    colors = torch.from_numpy(gt["rgbs"])
+    means = torch.from_numpy(gt["means"]).to(device)
+    quats = torch.tensor([[1.0, 0.0, 0.0, 0.0]], device=device).repeat(num_gaussians, 1)
+    scales = torch.from_numpy(gt["scales"]).to(device)
+    opacities = torch.from_numpy(gt["opacities"]).to(device)
+    colors = torch.from_numpy(gt["rgbs"]).to(device)
     for i in range(num_cameras):
         angle = 2 * math.pi * i / num_cameras
         elevation = math.radians(20.0 + 15.0 * math.sin(3 * angle))
         eye = 2.2 * np.array([math.cos(angle) * math.cos(elevation), math.sin(angle) * math.cos(elevation),
                               math.sin(elevation)])
         c2w = _look_at(eye, np.zeros(3), np.array([0.0, 0.0, 1.0])).astype(np.float32)
-        viewmat = torch.from_numpy(np.linalg.inv(c2w)).float()[None]
-        Kt = torch.from_numpy(K)[None]
+        viewmat = torch.from_numpy(np.linalg.inv(c2w)).float()[None].to(device)
+        Kt = torch.from_numpy(K)[None].to(device)
         with torch.no_grad():
             radii, means2d, depths, conics, _ = reference.fully_fused_projection(
-                means, None, quats, scales, viewmat, Kt, image_size, image_size, opacities=opacities)
-            tiles = math.ceil(image_size / 16)
-            _, isect_ids, flatten_ids = reference.isect_tiles(means2d, radii, depths, 16, tiles, tiles)
-            offsets = reference.isect_offset_encode(isect_ids, 1, tiles, tiles)
+                means, None, quats, scales, viewmat, Kt, width, height, opacities=opacities)
+            tw, th = math.ceil(width / 16), math.ceil(height / 16)
+            _, isect_ids, flatten_ids = reference.isect_tiles(means2d, radii, depths, 16, tw, th)
+            offsets = reference.isect_offset_encode(isect_ids, 1, tw, th)
             img, _ = reference.rasterize_to_pixels(
-                means2d, conics, colors[None], opacities[None].expand(1, -1), image_size, image_size,
+                means2d, conics, colors[None].contiguous(), opacities[None].contiguous(), width, height,
                 16, offsets, flatten_ids)
-        images.append((img[0].clamp(0, 1).numpy() * 255.0 + 0.5).astype(np.uint8))
+        images.append((img[0].clamp(0, 1).cpu().numpy() * 255.0 + 0.5).astype(np.uint8))
         cameras.append(Camera(name=f"synthetic_{i:03d}.png", image_path=None, camtoworld=c2w, K=K.copy(),
-                              width=image_size, height=image_size, dist=None))
+                              width=width, height=height, dist=None))
     jitter = rng.normal(scale=0.02, size=gt["means"].shape).astype(np.float32)
     points = gt["means"] + jitter
     points_rgb = np.clip(gt["rgbs"] + rng.normal(scale=0.1, size=gt["rgbs"].shape), 0, 1)

@@ -1,0 +1,263 @@
+"""Benchmark: the baseline and our variants on the same scene, GPUs and initial Gaussians, in one
+invocation, with the ratio to the baseline.
+
+    splat-train bench --data_dir ../shared/data/juicebox --data_factor 4 --world_sizes 1 2
+    splat-train bench --synthetic_gaussians 2000000 --resolution 1600x1200 --world_sizes 1 2
+    python -m splat_train.scripts.bench ...            # the same
+
+Each variant is a list of ordinary ``splat-train`` flags (``--variant NAME="--packed ..."`` adds
+one); every variant starts from the same initial model (same scene, seed and sharding) and trains
+``--steps`` steps. Per variant and rank it records: ms per iteration (median and p90 after
+discarding ``--warmup`` iterations; the step is closed by a device synchronize), images/s, the
+per-phase split (CUDA events; profiling.py), collectives and bytes per iteration in each
+direction, tile-Gaussian intersections (load skew), peak device memory against the memory model,
+and the test PSNR after the run. Output under ``--out``: ``bench.json``, ``bench.md`` (a table
+with ratios to the baseline column) and ``phases.png`` (stacked per-phase bars, matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DEFAULT_VARIANTS = {
+    "gsplat-dist": "--pipeline gsplat-dist",
+    "ours-dense": "",
+    "ours-packed": "--packed",
+}
+
+
+def _percentile(values, q):
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str):
+    from splat_train.trainer import evaluate
+    from splat_train.trainer.cli import parse_args
+    from splat_train.trainer.loop import Trainer
+    from splat_train.trainer.profiling import memory_model
+
+    cfg = parse_args(["default", *flags])
+    trainer = Trainer(cfg, ctx, scene)
+    trainer.timer.enabled = True
+    trainer.timer.cuda = ctx.device.type == "cuda"
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    rows = []
+    for step in range(steps):
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        t0 = time.perf_counter()
+        out = trainer.train_step(step)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        ms = (time.perf_counter() - t0) * 1000.0
+        comm = ctx.stats.reset()
+        rows.append(dict(ms=ms, phases=trainer.last_phases, isects=out["num_isects"], comm=comm,
+                         num_gaussians=out["num_gaussians"]))
+    steady = rows[warmup:] or rows
+    peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
+    trainer.step = steps
+    trainer.timer.enabled = False
+    metrics = evaluate.run_eval(trainer, steps) if len(trainer.testset) else None
+    phases = {}
+    for name in steady[0]["phases"]:
+        phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in steady)
+
+    def per_iter(key):
+        total: dict = {}
+        for r in steady:
+            for op, v in r["comm"][key].items():
+                total[op] = total.get(op, 0) + v
+        return {op: v / len(steady) for op, v in total.items()}
+
+    result = dict(
+        rank=ctx.rank, world_size=ctx.world_size, backend=trainer.backend, device=str(ctx.device),
+        ms_median=statistics.median(r["ms"] for r in steady), ms_p90=_percentile([r["ms"] for r in steady], 90),
+        phases_median_ms=phases, isects_mean=float(np.mean([r["isects"] for r in steady])),
+        calls_per_iter=per_iter("calls"), bytes_sent_per_iter=per_iter("bytes_sent"),
+        bytes_recv_per_iter=per_iter("bytes_recv"), peak_memory_bytes=peak,
+        num_gaussians_local=steady[-1]["num_gaussians"],
+        memory_model=memory_model(cfg.sh_degree, ctx.world_size, ctx.device),
+        batch_size=cfg.batch_size, steps=steps, warmup=warmup,
+        test_psnr=(metrics or {}).get("psnr"), test_ssim=(metrics or {}).get("ssim"),
+        ssim_backend=_ssim_backend(ctx.device),
+    )
+    Path(out_file).write_text(json.dumps(result, indent=2))
+
+
+def _ssim_backend(device):
+    from splat_train.trainer.losses import ssim_backend
+
+    return ssim_backend(device)
+
+
+def build_scene(args):
+    from splat_train.trainer.cli import build_scene as from_cfg
+    from splat_train.trainer.config import Config
+    from splat_train.trainer.data.synthetic import make_synthetic_scene
+
+    if args.data_dir:
+        return from_cfg(Config(data_dir=Path(args.data_dir), data_factor=args.data_factor))
+    w, h = (int(v) for v in args.resolution.lower().split("x"))
+    device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
+    return make_synthetic_scene(args.synthetic_gaussians, args.num_cameras, w, seed=0, height=h, device=device)
+
+
+def run(args) -> dict:
+    from splat_train.trainer.launch import launch
+
+    variants = dict(DEFAULT_VARIANTS)
+    if args.variants:
+        variants = {k: v for k, v in variants.items() if k in args.variants}
+    for spec in args.variant or []:
+        name, _, flags = spec.partition("=")
+        variants[name] = flags
+    if args.device == "cpu" or not torch.cuda.is_available():
+        variants.pop("gsplat-dist", None)  # gsplat's CUDA ops only
+    scene = build_scene(args)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for world_size in args.world_sizes:
+            for name, extra in variants.items():
+                flags = ["--device", args.device, "--batch_size", str(args.batch_size), "--max_steps", str(args.steps),
+                         "--refine_start_iter", str(args.steps + 1), "--result_dir", f"{tmp}/{name}_{world_size}",
+                         "--num_traj_frames", "0", "--no_save_eval_images", *shlex.split(extra)]
+                if args.data_dir:
+                    flags += ["--data_dir", args.data_dir, "--data_factor", str(args.data_factor)]
+                files = [f"{tmp}/{name}_{world_size}_rank{r}.json" for r in range(world_size)]
+                t0 = time.perf_counter()
+                rc = launch(_worker_entry, (scene, flags, args.steps, args.warmup, f"{tmp}/{name}_{world_size}"),
+                            nproc_per_node=world_size, device=args.device)
+                wall = time.perf_counter() - t0
+                if rc != 0:
+                    results.append(dict(variant=name, world_size=world_size, flags=extra, error=f"exit code {rc}"))
+                    continue
+                ranks = [json.loads(Path(f).read_text()) for f in files]
+                results.append(dict(variant=name, world_size=world_size, flags=extra, wall_s=wall, ranks=ranks))
+                print(f"bench: {name} W={world_size}: {max(r['ms_median'] for r in ranks):.2f} ms/iter", flush=True)
+    return dict(scene=scene_summary(args, scene), variants=results, baseline=next(iter(variants), None))
+
+
+def _worker_entry(ctx, scene, flags, steps, warmup, prefix):
+    _worker(ctx, scene, flags, steps, warmup, f"{prefix}_rank{ctx.rank}.json")
+
+
+def scene_summary(args, scene) -> dict:
+    return dict(source=args.data_dir or f"synthetic {args.synthetic_gaussians} Gaussians at {args.resolution}",
+                data_factor=args.data_factor if args.data_dir else None, num_cameras=len(scene.cameras),
+                image_size=[scene.cameras[0].width, scene.cameras[0].height],
+                num_points=0 if scene.points is None else len(scene.points))
+
+
+def iteration_ms(entry) -> float:
+    """A step ends when the slowest rank ends: the max over ranks of the median."""
+    return max(r["ms_median"] for r in entry["ranks"])
+
+
+def markdown(report: dict) -> str:
+    base = report["baseline"]
+    head = ("| variant | W | ms/iter (median) | p90 | images/s | vs baseline | fwd bytes/rank | bwd bytes/rank "
+            "| collectives/iter | isects per rank (min-max) | peak mem/rank (GiB) | model (B/G) | test PSNR |")
+    lines = [f"Scene: {report['scene']['source']}, {report['scene']['num_cameras']} cameras "
+             f"{report['scene']['image_size'][0]}x{report['scene']['image_size'][1]}; baseline: {base}; "
+             f"SSIM: {report['variants'][0].get('ranks', [{}])[0].get('ssim_backend', '?')}", "", head,
+             "|" + "---|" * 13]
+    by_w = {}
+    for e in report["variants"]:
+        if "ranks" in e and e["variant"] == base:
+            by_w[e["world_size"]] = iteration_ms(e)
+    for e in report["variants"]:
+        if "ranks" not in e:
+            lines.append(f"| {e['variant']} | {e['world_size']} | {e['error']} |" + " |" * 10)
+            continue
+        ranks, ms = e["ranks"], iteration_ms(e)
+        imgs = e["world_size"] * ranks[0]["batch_size"] * 1000.0 / ms
+        ratio = f"{by_w[e['world_size']] / ms:.2f}x" if e["world_size"] in by_w else "-"
+        fwd = np.mean([sum(v for k, v in r["bytes_sent_per_iter"].items() if k.startswith("forward")) for r in ranks])
+        bwd = np.mean([sum(v for k, v in r["bytes_sent_per_iter"].items() if k.startswith("backward")) for r in ranks])
+        calls = np.mean([sum(r["calls_per_iter"].values()) for r in ranks])
+        isects = [r["isects_mean"] for r in ranks]
+        peaks = [r["peak_memory_bytes"] / 2**30 for r in ranks if r["peak_memory_bytes"]]
+        per_gaussian = [r["peak_memory_bytes"] / max(r["num_gaussians_local"], 1) for r in ranks if r["peak_memory_bytes"]]
+        psnr = ranks[0]["test_psnr"]
+        mem = ", ".join(f"{p:.2f}" for p in peaks) or "-"
+        model = str(ranks[0]["memory_model"]["bytes_per_gaussian"])
+        if per_gaussian:
+            model += f" (peak/G {np.mean(per_gaussian):.0f})"
+        cells = [e["variant"], e["world_size"], f"{ms:.2f}", f"{max(r['ms_p90'] for r in ranks):.2f}", f"{imgs:.1f}",
+                 ratio, f"{fwd / 1e6:.2f} MB", f"{bwd / 1e6:.2f} MB", f"{calls:.1f}",
+                 f"{min(isects):,.0f}-{max(isects):,.0f}", mem, model, f"{psnr:.2f}" if psnr is not None else "-"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from splat_train.trainer.profiling import PHASES
+
+    entries = [e for e in report["variants"] if "ranks" in e]
+    labels = [f"{e['variant']}\nW={e['world_size']}" for e in entries]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(entries)), 4.5))
+    bottom = np.zeros(len(entries))
+    for phase in PHASES:
+        values = np.array([e["ranks"][0]["phases_median_ms"].get(phase, 0.0) for e in entries])
+        ax.bar(labels, values, bottom=bottom, label=phase)
+        bottom += values
+    ax.set_ylabel("ms per iteration (rank 0, median)")
+    ax.set_title(report["scene"]["source"])
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="splat-train bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data_dir", help="real scene folder (else a synthetic scene)")
+    p.add_argument("--data_factor", type=int, default=4)
+    p.add_argument("--synthetic_gaussians", type=int, default=20_000)
+    p.add_argument("--resolution", default="256x192", help="synthetic image size WxH")
+    p.add_argument("--num_cameras", type=int, default=16, help="synthetic cameras")
+    p.add_argument("--world_sizes", type=int, nargs="+", default=[1])
+    p.add_argument("--variants", nargs="*", help=f"subset of {list(DEFAULT_VARIANTS)}")
+    p.add_argument("--variant", action="append", help='extra variant NAME="--flags ..."')
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--batch_size", type=int, default=1)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--out", default="results/bench")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if args.warmup >= args.steps:
+        print("error: --warmup must be smaller than --steps", file=sys.stderr)
+        return 2
+    report = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    table = markdown(report)
+    (out / "bench.md").write_text(table)
+    chart(report, out / "phases.png")
+    print(table)
+    return 0 if all("ranks" in e for e in report["variants"]) else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
