@@ -82,6 +82,8 @@ def load_colmap(data_dir: Path, model_dir: Path, data_factor: int, normalize: bo
                   for cid in sorted({im.camera_id for im in images})}
 
     images_dir = data_dir / IMAGES_FOLDER
+    if data_factor > 1 and (data_dir / f"{IMAGES_FOLDER}_{data_factor}").is_dir():
+        images_dir = data_dir / f"{IMAGES_FOLDER}_{data_factor}"  # the originals are not needed
     missing = [im.name for im in images if not (images_dir / im.name).is_file()]
     if missing:
         raise DataError(f"{len(missing)} of the {len(images)} images registered in {model_dir} "
