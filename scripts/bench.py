@@ -33,6 +33,7 @@ DEFAULT_VARIANTS = {
     "gsplat-dist": "--pipeline gsplat-dist",
     "ours-dense": "",
     "ours-packed": "--packed",
+    "ours-packed-sparse": "--packed --sparse_grad_comm",
 }
 
 

@@ -139,6 +139,8 @@ class Config:
     """Packed exchange and rasterization: only visible (camera, Gaussian) records travel."""
     backend: Literal["auto", "gsplat", "reference"] = "auto"
     """Projection/rasterization ops: gsplat's CUDA ops, or the plain-PyTorch reference (auto: gsplat on CUDA)."""
+    sparse_grad_comm: bool = False
+    """Zero-eliding backward exchange: gradient rows that are exactly zero are not sent (a bitmap says which rows follow)."""
     pipeline: Literal["ours", "gsplat-dist"] = "ours"
     """Rendering pass: ours (explicit exchange, dense or --packed), or gsplat-dist (gsplat's own rasterization(distributed=True), dense; the benchmark's baseline, CUDA only)."""
     profile: bool = False

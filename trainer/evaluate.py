@@ -114,9 +114,10 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
         for k in ("psnr", "ssim", "lpips"):
             if summary[k] is not None:
                 trainer.writer.add_scalar(f"val/{k}", summary[k], step)
-    print(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f} "
-          f"({len(per_view)} views){'' if lpips.available else ' (' + lpips.reason + ')'}",
-          flush=True)
+    from tqdm import tqdm
+
+    tqdm.write(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f} "
+               f"({len(per_view)} views){'' if lpips.available else ' (' + lpips.reason + ')'}")
     return summary
 
 
@@ -125,6 +126,12 @@ def _write_png(path: Path, image: np.ndarray) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     iio.imwrite(path, (np.clip(image, 0, 1) * 255.0 + 0.5).astype(np.uint8))
+
+
+def _can_write_mp4() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("imageio_ffmpeg") is not None
 
 
 def trajectory_poses(camtoworlds: np.ndarray, num_frames: int, num_keyframes: int = 8) -> np.ndarray:
@@ -156,6 +163,10 @@ def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
     if n <= 0 or len(trainer.trainset) == 0:
         return None
     ctx = trainer.ctx
+    if not _can_write_mp4():
+        if ctx.is_main:
+            print("video skipped: imageio-ffmpeg is not installed (pip install imageio-ffmpeg)", flush=True)
+        return None
     first = trainer.trainset[0]
     c2ws = np.stack([trainer.scene.cameras[i].camtoworld for i in trainer.trainset.indices])
     poses = torch.from_numpy(trajectory_poses(c2ws, n)).to(trainer.device)

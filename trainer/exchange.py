@@ -12,6 +12,8 @@ Gaussian Splatting Training"): ranks own disjoint shards of the Gaussians and th
    concatenated buffer. Backward: the reverse all_to_all (gradient rows travel back to the rank
    that owns the Gaussian). Dense mode sends every (camera, local Gaussian) pair; packed mode
    sends only visible pairs, after exchanging per-destination counts with :func:`exchange_counts`.
+   With ``--sparse_grad_comm`` the reverse exchange elides rows whose gradient is exactly zero
+   (ByteSplat section 6; sparse_exchange.py): counts first, then bitmap + nonzero rows.
 
 No collective here reduces a Gaussian gradient: a Gaussian's partial gradients reach its owner
 through the reverse exchange and are summed there by autograd. At world size 1 every function is
@@ -142,7 +144,14 @@ class AllToAll(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx, grad):
-        back = _all_to_all_rows(fctx.dist_ctx, grad.contiguous(), fctx.recv_rows, fctx.send_rows)
+        ctx = fctx.dist_ctx
+        if ctx.sparse_grad_comm:
+            # zero-eliding: only nonzero gradient rows travel, with a bitmap (sparse_exchange.py)
+            from .sparse_exchange import sparse_all_to_all_rows
+
+            back = sparse_all_to_all_rows(ctx, grad.contiguous(), fctx.recv_rows, fctx.send_rows)
+        else:
+            back = _all_to_all_rows(ctx, grad.contiguous(), fctx.recv_rows, fctx.send_rows)
         return back, None, None, None
 
 

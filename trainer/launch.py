@@ -66,6 +66,7 @@ class DistContext:
     backend: str = "none"  # "nccl", "gloo" or "none" (one process, no group)
     group: Any = None
     stats: CommStats = field(default_factory=CommStats)
+    sparse_grad_comm: bool = False  # zero-eliding backward exchange (ByteSplat section 6)
 
     @property
     def is_main(self) -> bool:
@@ -161,21 +162,25 @@ def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callab
     if device == "cpu" or not torch.cuda.is_available():
         # CPU ranks share the host's cores: oversubscribed intra-op threads slow every rank down
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    code = 0
     try:
         store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
                               timeout=datetime.timedelta(seconds=600))
         ctx = init_context(local_rank, world_size, local_rank, device, store=store)
-        try:
-            fn(ctx, *args)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        fn(ctx, *args)
     except (ValueError, LaunchError) as e:
         print(f"error (rank {local_rank}): {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        code = 2
     except BaseException:
         print(f"rank {local_rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        code = 1
+    if code:
+        # Exit at once: destroying the group would wait for peers blocked in a collective (NCCL
+        # waits until its timeout); the launcher terminates the surviving ranks when one exits.
+        sys.stderr.flush()
+        os._exit(code)
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def num_local_processes(nproc_per_node: int, device: str) -> int:

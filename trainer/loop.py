@@ -37,6 +37,7 @@ class Trainer:
         self.ops = ops_for(cfg.backend, self.device)
         self.scene = scene
         self.scene_scale = scene.scene_scale * 1.1 * cfg.global_scale
+        ctx.sparse_grad_comm = cfg.sparse_grad_comm
         train_idx, test_idx = split_indices(len(scene.cameras), cfg.test_every)
         self.trainset = Dataset(scene, train_idx)
         self.testset = Dataset(scene, test_idx)
@@ -184,6 +185,7 @@ class Trainer:
         window_start, window_steps = time.perf_counter(), 0
         out = {}
         profiler = self._start_profiler() if cfg.profile else None
+        loop_start, first_step, loop_seconds = time.perf_counter(), self.step, 0.0
         for step in bar:
             if profiler is not None:
                 self.timer.enabled = s.profile_start_step <= step < s.profile_start_step + s.profile_num_steps
@@ -207,6 +209,10 @@ class Trainer:
                 if self.writer is not None:
                     for k in ("loss", "l1", "ssim", "num_gaussians", "ms_per_step"):
                         self.writer.add_scalar(f"train/{k}", out[k], done)
+            if done == s.max_steps:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                loop_seconds = time.perf_counter() - loop_start  # training only: before eval/export
             if done in s.save_steps or done == s.max_steps:
                 self.save_checkpoint()
             if done in s.eval_steps or done == s.max_steps:
@@ -215,6 +221,12 @@ class Trainer:
             if done in s.ply_steps or done == s.max_steps:
                 export.export_merged(self, done)
         bar.close()
+        if self.ctx.is_main and s.max_steps > first_step:
+            steps = s.max_steps - first_step
+            peak = (f", peak memory {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f} GiB on rank 0"
+                    if self.device.type == "cuda" else "")
+            print(f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
+                  f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}", flush=True)
         if profiler is not None:
             profiler.stop()
             self._write_phase_table()
