@@ -184,6 +184,8 @@ class Trainer:
                    disable=not self.ctx.is_main, dynamic_ncols=True)
         window_start, window_steps = time.perf_counter(), 0
         out = {}
+        if self.step == 0 and 0 in s.eval_steps:
+            evaluate.run_eval(self, 0)  # the initial model, before any step
         profiler = self._start_profiler() if cfg.profile else None
         loop_start, first_step, loop_seconds = time.perf_counter(), self.step, 0.0
         for step in bar:
