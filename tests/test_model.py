@@ -84,7 +84,7 @@ def _toy_strategy_run(steps, reset_every):
         means2d = torch.zeros(1, 20, 2)
         info = dict(means2d=means2d, radii=torch.ones(1, 20, 2, dtype=torch.int32), packed=False,
                     n_cameras=1, gaussian_ids=None, camera_ids=None,
-                    widths=torch.tensor([32.0]), heights=torch.tensor([32.0]))
+                    widths=[32], heights=[32])
         means2d.grad = torch.full_like(means2d, 1e-3)
         strategy.step_post_backward(params, opts, state, step, strategy_info(info), packed=False)
         history.append(float(torch.sigmoid(params["opacities"].detach()).max()))
@@ -103,8 +103,11 @@ def test_strategy_info_normalizes_per_camera_size():
     means2d = torch.zeros(2, 3, 2)
     means2d.grad = torch.ones(2, 3, 2)
     info = dict(means2d=means2d, radii=torch.ones(2, 3, 2, dtype=torch.int32), packed=False, n_cameras=2,
-                gaussian_ids=None, camera_ids=None, widths=torch.tensor([40.0, 20.0]),
-                heights=torch.tensor([30.0, 60.0]))
+                gaussian_ids=None, camera_ids=None, widths=[40, 20], heights=[30, 60])
     grads = strategy_info(info)["means2d"].grad
     assert torch.equal(grads[0, 0], torch.tensor([40.0, 30.0]))  # w/2 * n_cameras, h/2 * n_cameras
     assert torch.equal(grads[1, 0], torch.tensor([20.0, 60.0]))
+    info.update(widths=[40, 40], heights=[30, 30])
+    grads = strategy_info(info)["means2d"].grad
+    assert torch.equal(grads[1, 2], torch.tensor([40.0, 30.0]))
+    assert torch.equal(means2d.grad, torch.ones(2, 3, 2))  # the render's gradient is left alone

@@ -67,13 +67,17 @@ def strategy_info(info: dict) -> dict[str, Any]:
     means2d = info["means2d"]
     grad = means2d.grad if means2d.grad is not None else torch.zeros_like(means2d)
     n = info["n_cameras"]
-    if info["packed"]:
-        cams = info["camera_ids"]
-        scale = torch.stack([info["widths"][cams], info["heights"][cams]], dim=-1) * 0.5 * n  # [nnz, 2]
+    widths, heights = info["widths"], info["heights"]  # Python lists, one entry per camera
+    if len(set(widths)) == 1 and len(set(heights)) == 1:
+        # one size (the common case): scalar factors, no host-to-device copy
+        grad = grad.clone()
+        grad[..., 0] *= widths[0] * 0.5 * n
+        grad[..., 1] *= heights[0] * 0.5 * n
     else:
-        scale = torch.stack([info["widths"], info["heights"]], dim=-1)[:, None, :] * 0.5 * n  # [C, 1, 2]
+        size = torch.tensor([widths, heights], dtype=grad.dtype, device=grad.device).T * 0.5 * n  # [C, 2]
+        grad = grad * (size[info["camera_ids"]] if info["packed"] else size[:, None, :])
     return {
-        "means2d": _GradHolder(grad * scale),
+        "means2d": _GradHolder(grad),
         "radii": info["radii"],
         "gaussian_ids": info["gaussian_ids"],
         "width": 2.0,

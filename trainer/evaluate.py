@@ -23,7 +23,7 @@ import torch.distributed as dist
 from . import metrics
 from .checkpoint import atomic_write
 from .model import activated
-from .render import CameraBatch, render
+from .render import CameraBatch, render, rigid_inverse
 
 if TYPE_CHECKING:  # pragma: no cover
     from .loop import Trainer
@@ -172,7 +172,7 @@ def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
     poses = torch.from_numpy(trajectory_poses(c2ws, n)).to(trainer.device)
     mine, rounds = _my_views(n, ctx)
     picks = mine + [mine[-1] if mine else 0] * (rounds - len(mine))
-    cams = [CameraBatch(torch.linalg.inv(poses[i : i + 1]), first["K"][None].to(trainer.device),
+    cams = [CameraBatch(rigid_inverse(poses[i : i + 1]), first["K"][None].to(trainer.device),
                         int(first["width"]), int(first["height"])) for i in picks]
     frames = render_views(trainer, cams)[: len(mine)]
     gathered = _gather_to_main(ctx, list(zip(mine, frames)))

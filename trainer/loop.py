@@ -24,7 +24,7 @@ from .losses import opacity_reg, photometric_loss, scale_reg
 from .model import (activated, create_optimizers, create_shard, initial_points,
                     means_lr_scheduler)
 from .profiling import PhaseTimer
-from .render import CameraBatch, ops_for, render, resolve_backend
+from .render import CameraBatch, ops_for, render, resolve_backend, rigid_inverse
 
 
 class Trainer:
@@ -87,7 +87,7 @@ class Trainer:
     # ------------------------------------------------------------------ one step
     def camera_batch(self, batch: dict) -> CameraBatch:
         camtoworlds = batch["camtoworld"].to(self.device)
-        return CameraBatch(torch.linalg.inv(camtoworlds), batch["K"].to(self.device),
+        return CameraBatch(rigid_inverse(camtoworlds), batch["K"].to(self.device),
                            int(batch["width"]), int(batch["height"]))
 
     def sh_degree_at(self, step: int) -> int:
@@ -164,8 +164,7 @@ class Trainer:
         N_world = ([n] * self.ctx.world_size if not (self.cfg.opacity_reg or self.cfg.scale_reg)
                    else gather_metadata(self.ctx, [n])[:, 0].tolist())
         info = dict(means2d=means2d, radii=meta["radii"], packed=False, n_cameras=C_all, gaussian_ids=None,
-                    camera_ids=None, widths=torch.full((C_all,), float(cams.width), device=self.device),
-                    heights=torch.full((C_all,), float(cams.height), device=self.device),
+                    camera_ids=None, widths=[cams.width] * C_all, heights=[cams.height] * C_all,
                     num_isects=int(meta["isect_ids"].numel()), N_world=N_world, C_world=[C] * self.ctx.world_size)
         return RenderResult(colors, alphas, info)
 

@@ -50,6 +50,20 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def rigid_inverse(transforms: torch.Tensor) -> torch.Tensor:
+    """Inverse of rigid transforms [..., 4, 4] ([R t; 0 1] -> [R^T, -R^T t]).
+
+    Used instead of torch.linalg.inv, whose singularity check synchronizes the device every call.
+    Valid for camera-to-world / world-to-camera matrices (orthonormal R), which is all we invert.
+    """
+    rot_t = transforms[..., :3, :3].transpose(-1, -2)
+    out = torch.zeros_like(transforms)
+    out[..., :3, :3] = rot_t
+    out[..., :3, 3] = -(rot_t @ transforms[..., :3, 3:])[..., 0]
+    out[..., 3, 3] = 1.0
+    return out
+
+
 @dataclass
 class CameraBatch:
     """A rank's cameras for one pass; all of one image size."""
@@ -145,7 +159,7 @@ def render(
 
     timer.begin("projection")
     proj = project_all(ops, gaussians, viewmats, Ks, sizes, near, far, packed)
-    campos = torch.linalg.inv(viewmats)[:, :3, 3]  # [C_all, 3]
+    campos = rigid_inverse(viewmats)[:, :3, 3]  # [C_all, 3] camera centres
     coeffs = gaussians["colors"][:, : (sh_degree + 1) ** 2]
     if packed:
         cam_ids, gs_ids = proj["camera_ids"], proj["gaussian_ids"]
@@ -183,8 +197,7 @@ def render(
         means2d=means2d, radii=proj["radii"], packed=packed, n_cameras=C_all,
         gaussian_ids=proj["gaussian_ids"] if packed else None,
         camera_ids=proj["camera_ids"] if packed else None,
-        widths=torch.tensor([s[0] for s in sizes], device=device, dtype=torch.float32),
-        heights=torch.tensor([s[1] for s in sizes], device=device, dtype=torch.float32),
+        widths=[s[0] for s in sizes], heights=[s[1] for s in sizes],  # per camera of the pass, pixels
         num_isects=int(isect_ids.numel()), N_world=N_world, C_world=C_world,
         tile_offsets=offsets, flatten_ids=flatten_ids, tile_width=tile_w, tile_height=tile_h,
     )
