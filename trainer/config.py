@@ -78,6 +78,14 @@ class OptimConfig:
     """Learning rate of the degree-0 SH coefficients."""
     shN_lr: float = 2.5e-3 / 20
     """Learning rate of the higher-degree SH coefficients."""
+    pose_opt_lr: float = 1e-5
+    """--pose_opt: learning rate of the per-camera pose corrections."""
+    pose_opt_reg: float = 1e-6
+    """--pose_opt: weight decay of the pose corrections."""
+    app_opt_lr: float = 1e-3
+    """--app_opt: learning rate of the per-image colour corrections."""
+    app_opt_reg: float = 1e-6
+    """--app_opt: weight decay of the colour corrections."""
 
 
 @dataclass
@@ -139,6 +147,10 @@ class Config:
     """Packed exchange and rasterization: only visible (camera, Gaussian) records travel."""
     backend: Literal["auto", "gsplat", "reference"] = "auto"
     """Projection/rasterization ops: gsplat's CUDA ops, or the plain-PyTorch reference (auto: gsplat on CUDA)."""
+    pose_opt: bool = False
+    """Learn a pose correction per training camera (replicated; DDP over ranks)."""
+    app_opt: bool = False
+    """Learn a colour (appearance) correction per training image (replicated; DDP over ranks)."""
     sparse_grad_comm: bool = False
     """Zero-eliding backward exchange: gradient rows that are exactly zero are not sent (a bitmap says which rows follow)."""
     pipeline: Literal["ours", "gsplat-dist"] = "ours"

@@ -51,11 +51,27 @@ class Trainer:
         self.strategy = make_strategy(cfg)
         self.strategy.check_sanity(self.params, self.optimizers)
         self.strategy_state = self.strategy.initialize_state(scene_scale=self.scene_scale)
+        self.aux, self.aux_optimizers = self._make_aux_modules()
         self.step = 0  # completed steps
         self.writer = None
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
+
+    def _make_aux_modules(self):
+        """--pose_opt / --app_opt modules (DDP-wrapped when W > 1) and their Adams."""
+        from .aux_modules import AppearanceModule, PoseOptModule, replicate
+        from .model import batch_rule
+
+        cfg, aux, opts = self.cfg, {}, {}
+        lr_mult = batch_rule(cfg.batch_size, self.ctx.world_size)[0]
+        for name, enabled, cls, lr, reg in (
+                ("pose", cfg.pose_opt, PoseOptModule, cfg.optim.pose_opt_lr, cfg.optim.pose_opt_reg),
+                ("app", cfg.app_opt, AppearanceModule, cfg.optim.app_opt_lr, cfg.optim.app_opt_reg)):
+            if enabled:
+                aux[name] = replicate(cls(len(self.trainset)), self.ctx)
+                opts[name] = torch.optim.Adam(aux[name].parameters(), lr=lr * lr_mult, weight_decay=reg)
+        return aux, opts
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -64,6 +80,8 @@ class Trainer:
             optimizers={k: o.state_dict() for k, o in self.optimizers.items()},
             scheduler=self.scheduler.state_dict(),
             strategy_state=self.strategy_state,
+            aux={k: m.state_dict() for k, m in self.aux.items()},
+            aux_optimizers={k: o.state_dict() for k, o in self.aux_optimizers.items()},
             rng=checkpoint.rng_state(self.device),
             config=json.loads(json.dumps(_plain(self.cfg))),
         )
@@ -80,6 +98,10 @@ class Trainer:
             k: (v.to(self.device) if isinstance(v, torch.Tensor) else v)
             for k, v in state["strategy_state"].items()
         }
+        for k, module in self.aux.items():
+            if k in state.get("aux", {}):
+                module.load_state_dict(state["aux"][k])
+                self.aux_optimizers[k].load_state_dict(state["aux_optimizers"][k])
         self.step = int(state["step"])
         if restore_rng and "rng" in state:
             checkpoint.set_rng_state(state["rng"], self.device)
@@ -96,7 +118,11 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         """Run training step ``step`` (0-based) on this rank; returns its scalars."""
         cfg = self.cfg
-        batch = self.trainset.batch(self.sampler.batch_at(step))
+        items = self.sampler.batch_at(step)
+        batch = self.trainset.batch(items)
+        item_ids = torch.tensor(items, device=self.device)
+        if "pose" in self.aux:
+            batch["camtoworld"] = self.aux["pose"](batch["camtoworld"].to(self.device), item_ids)
         cams = self.camera_batch(batch)
         gts = batch["image"].to(self.device)  # [C, H, W, 3]
         C = gts.shape[0]
@@ -110,6 +136,8 @@ class Trainer:
                             packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
                             backgrounds=backgrounds, keep_means2d_grad=True, timer=timer)
         timer.begin("loss")
+        if "app" in self.aux:
+            result.colors = self.aux["app"](result.colors, item_ids)
         # valid-padded SSIM, as gsplat simple_trainer's fused_ssim call
         loss, parts = photometric_loss(result.colors, gts, cfg.ssim_lambda, ssim_padding="valid")
         # The loss of the global batch is the mean over every rank's images, and a regularizer is
@@ -126,7 +154,7 @@ class Trainer:
         timer.begin("backward_raster")
         (loss * weight + reg).backward()
         timer.begin("optimizer")
-        for opt in self.optimizers.values():
+        for opt in (*self.optimizers.values(), *self.aux_optimizers.values()):
             opt.step()
             opt.zero_grad(set_to_none=True)
         self.scheduler.step()

@@ -1,0 +1,88 @@
+"""Small replicated modules: per-camera pose correction (``--pose_opt``) and per-image appearance
+(``--app_opt``). Unlike the Gaussians they are identical on every rank, so with W > 1 they are
+wrapped in DistributedDataParallel, whose gradient all_reduce is the only all_reduce of a
+training step (gsplat simple_trainer does the same for its CameraOptModule and
+AppearanceOptModule).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .launch import DistContext
+
+
+def rotation_6d_to_matrix(d6: torch.Tensor) -> torch.Tensor:
+    """[..., 6] -> [..., 3, 3] by Gram-Schmidt on the two columns (Zhou et al. 2019, "On the
+    Continuity of Rotation Representations in Neural Networks")."""
+    a1, a2 = d6[..., :3], d6[..., 3:]
+    b1 = F.normalize(a1, dim=-1)
+    b2 = F.normalize(a2 - (b1 * a2).sum(-1, keepdim=True) * b1, dim=-1)
+    b3 = torch.cross(b1, b2, dim=-1)
+    return torch.stack([b1, b2, b3], dim=-2)
+
+
+class PoseOptModule(torch.nn.Module):
+    """A learned rigid correction per training image: 3 translation + 6D rotation offsets,
+    zero-initialized (identity). ``forward(camtoworlds [C,4,4], image_ids [C]) -> [C,4,4]``
+    returns camtoworld @ delta (gsplat examples/utils.py CameraOptModule)."""
+
+    def __init__(self, num_images: int):
+        super().__init__()
+        self.embeds = torch.nn.Embedding(num_images, 9)
+        torch.nn.init.zeros_(self.embeds.weight)
+        self.register_buffer("identity", torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]))
+
+    def forward(self, camtoworlds: torch.Tensor, image_ids: torch.Tensor) -> torch.Tensor:
+        d = self.embeds(image_ids)  # [C, 9]
+        delta = torch.eye(4, device=camtoworlds.device, dtype=camtoworlds.dtype).repeat(len(image_ids), 1, 1)
+        delta[:, :3, :3] = rotation_6d_to_matrix(d[:, 3:] + self.identity)
+        delta[:, :3, 3] = d[:, :3]
+        return camtoworlds @ delta
+
+
+class AppearanceModule(torch.nn.Module):
+    """A learned affine colour correction per training image, identity-initialized:
+    ``forward(images [C,H,W,3], image_ids [C]) -> [C,H,W,3]`` = image @ A_i^T + b_i.
+
+    This is a deliberately small stand-in for gsplat's AppearanceOptModule (a per-image embedding
+    fed with per-Gaussian features through an MLP): it absorbs per-image exposure and white-balance
+    changes on the rendering rank, needs no per-Gaussian state, and test views (which have no
+    embedding) render without it.
+    """
+
+    def __init__(self, num_images: int):
+        super().__init__()
+        self.affine = torch.nn.Embedding(num_images, 12)
+        with torch.no_grad():
+            self.affine.weight.zero_()
+            self.affine.weight[:, [0, 4, 8]] = 1.0
+
+    def forward(self, images: torch.Tensor, image_ids: torch.Tensor) -> torch.Tensor:
+        p = self.affine(image_ids)  # [C, 12]
+        A, b = p[:, :9].view(-1, 3, 3), p[:, 9:]
+        return torch.einsum("chwj,cij->chwi", images, A) + b[:, None, None, :]
+
+
+def _sum_allreduce_hook(group, bucket):
+    """DDP communication hook: all_reduce SUM (DDP's default divides by W). Each rank's loss is
+    already its share of the global batch mean, so the global gradient is the sum over ranks."""
+    import torch.distributed as dist
+
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def replicate(module: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
+    """Move to the rank's device and, with W > 1, wrap in DDP (its gradient all_reduce makes every
+    rank apply the same Adam step, so the replicas stay identical)."""
+    module = module.to(ctx.device)
+    if ctx.world_size == 1:
+        return module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    ddp = DDP(module, device_ids=device_ids)
+    ddp.register_comm_hook(ctx.group, _sum_allreduce_hook)
+    return ddp
