@@ -1,0 +1,109 @@
+"""Multi-rank runs through the CLI on CPU ranks (gloo): merged export, offline merge, evaluation
+equal to one process's, resume with another world size, and mpirun equal to the spawned run."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from splat_train.scripts.merge_shards import main as merge_main
+from splat_train.trainer.cli import main
+from splat_train.trainer.export import load_ply
+
+TINY = ["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "9", "--synthetic_num_gaussians",
+        "101", "--num_traj_frames", "0", "--sh_degree", "1", "--refine_start_iter", "3", "--refine_every", "3",
+        "--grow_grad2d", "0.00005", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def w2_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("w2") / "run"
+    assert main([*TINY, "--max_steps", "8", "--save_steps", "4", "8", "--nproc_per_node", "2",
+                 "--result_dir", str(out)]) == 0
+    return out
+
+
+def test_two_ranks_write_shards_stats_and_merged_ply(w2_run):
+    for r in range(2):
+        assert (w2_run / f"ckpts/ckpt_8_rank{r}.pt").is_file()
+        stats = json.loads((w2_run / f"stats/train_step8_rank{r}.json").read_text())
+        assert stats["world_size"] == 2 and stats["num_gaussians"] > 0
+    ply = load_ply(w2_run / "ply/point_cloud_8_distributed_merged.ply")
+    shards = [torch.load(w2_run / f"ckpts/ckpt_8_rank{r}.pt", weights_only=False)["params"] for r in range(2)]
+    assert torch.equal(ply["means"], torch.cat([s["means"] for s in shards]))  # rank order, deterministic
+
+
+def test_offline_merge_equals_trainer_export(w2_run, tmp_path):
+    out = tmp_path / "m.ply"
+    assert merge_main([str(w2_run), "--step", "8", "--out", str(out)]) == 0
+    a, b = load_ply(out), load_ply(w2_run / "ply/point_cloud_8_distributed_merged.ply")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert merge_main([str(tmp_path / "nothing")]) == 2
+
+
+def test_distributed_eval_equals_one_process_eval_of_merged_model(w2_run, tmp_path):
+    files = [str(w2_run / f"ckpts/ckpt_8_rank{r}.pt") for r in range(2)]
+    assert main([*TINY, "--ckpt", *files, "--result_dir", str(tmp_path / "ev")]) == 0
+    a = json.loads((w2_run / "stats/val_step8.json").read_text())
+    b = json.loads((tmp_path / "ev/stats/val_step8.json").read_text())
+    assert a["num_gaussians"] == b["num_gaussians"]
+    assert a["num_views"] == b["num_views"] == 2  # views 0 and 8: one per rank
+    assert abs(a["psnr"] - b["psnr"]) <= 1e-4 and abs(a["ssim"] - b["ssim"]) <= 1e-5
+
+
+def test_resume_with_another_world_size_reshards(w2_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(w2_run, run)
+    for r in range(2):
+        (run / f"ckpts/ckpt_8_rank{r}.pt").unlink()  # continue from step 4
+    assert main([*TINY, "--max_steps", "8", "--save_steps", "4", "8", "--result_dir", str(run), "--resume"]) == 0
+    one = torch.load(run / "ckpts/ckpt_8_rank0.pt", weights_only=False)
+    assert one["world_size"] == 1
+    four = [torch.load(w2_run / f"ckpts/ckpt_4_rank{r}.pt", weights_only=False) for r in range(2)]
+    n4 = sum(s["params"]["means"].shape[0] for s in four)
+    assert one["params"]["means"].shape[0] >= n4 * 0.5  # the whole scene continued on one rank
+
+
+MPI_RUN = [sys.executable, "-m", "splat_train.trainer.cli", *TINY, "--max_steps", "5"]
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (.ci/run installs openmpi-bin)")
+def test_mpirun_equals_spawned_run(tmp_path):
+    spawned = tmp_path / "spawned"
+    assert main([*TINY, "--max_steps", "5", "--nproc_per_node", "2", "--result_dir", str(spawned)]) == 0
+    mpi = tmp_path / "mpi"
+    from splat_train.trainer.launch import free_port
+
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "MASTER_ADDR", "-x", "MASTER_PORT",
+           "-x", "PATH", *MPI_RUN, "--result_dir", str(mpi)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a = load_ply(spawned / "ply/point_cloud_5_distributed_merged.ply")
+    b = load_ply(mpi / "ply/point_cloud_5_distributed_merged.ply")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_load_shard_reshards_params_adam_and_strategy_state(w2_run):
+    from splat_train.trainer.checkpoint import load_shard
+
+    files = [w2_run / f"ckpts/ckpt_4_rank{r}.pt" for r in range(2)]
+    saved = [torch.load(f, weights_only=False) for f in files]
+    one = load_shard(files, rank=0, world_size=1)
+    assert torch.equal(one["params"]["means"], torch.cat([s["params"]["means"] for s in saved]))
+    moments = [s["optimizers"]["means"]["state"][0]["exp_avg"] for s in saved]
+    assert torch.equal(one["optimizers"]["means"]["state"][0]["exp_avg"], torch.cat(moments))
+    assert torch.equal(one["strategy_state"]["count"], torch.cat([s["strategy_state"]["count"] for s in saved]))
+    three = [load_shard(files, rank=r, world_size=3) for r in range(3)]
+    merged = torch.cat([s["params"]["sh0"] for s in saved])
+    for r, state in enumerate(three):
+        assert torch.equal(state["params"]["sh0"], merged[r::3])
+        assert torch.equal(state["optimizers"]["sh0"]["state"][0]["exp_avg_sq"],
+                           torch.cat([s["optimizers"]["sh0"]["state"][0]["exp_avg_sq"] for s in saved])[r::3])
+    same = load_shard(files, rank=1, world_size=2)
+    assert torch.equal(same["params"]["quats"], saved[1]["params"]["quats"])
