@@ -216,3 +216,43 @@ def test_training_steps_equal_single_process(tmp_path, packed):
         for key in a[name]:
             assert torch.equal(a[name][key], b[name][key])  # replicas stay identical under DDP
             assert torch.allclose(a[name][key], single.aux[name].state_dict()[key], rtol=1e-4, atol=1e-6)
+
+
+def _route_values(records):
+    visible = (records["radii"] > 0).all(dim=-1).float()
+    return torch.stack([visible, records["opacities"].detach() * visible], dim=-1)  # [..., 2]
+
+
+def _route_rank(ctx: DistContext, params, cams_per_rank, packed, out_dir):
+    from splat_train.trainer.render import route_to_owners
+
+    torch.set_num_threads(1)
+    shard = {k: v[ctx.rank :: ctx.world_size] for k, v in params.items()}
+    cams = cams_per_rank[ctx.rank]
+    batch = CameraBatch(torch.stack([c[0] for c in cams]), torch.stack([c[1] for c in cams]), cams[0][2], cams[0][3])
+    res = render(shard, batch, ctx, reference, 1, packed=packed, rasterize=False)
+    assert res.colors is None
+    routed = route_to_owners(ctx, res.info, _route_values(res.info["records"]))
+    torch.save(routed, f"{out_dir}/route{ctx.rank}.pt")
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_route_to_owners_equals_single_process(tmp_path, world_size, packed):
+    """Per-record statistics measured on the rendering ranks reach the owners summed per Gaussian
+    exactly as one process holding everything sums them (the pruning stages rely on this)."""
+    from splat_train.trainer.render import route_to_owners
+
+    params = make_scene(seed=7)
+    cams = make_cameras([(40, 32)] * (world_size + 1))
+    cams_per_rank = [cams[:2]] + [[c] for c in cams[2:]]
+    assert launch(_route_rank, (params, cams_per_rank, packed, str(tmp_path)), nproc_per_node=world_size,
+                  device="cpu") == 0
+    order = shard_order(params["means"].shape[0], world_size)
+    single = {k: v[order] for k, v in params.items()}
+    batch = CameraBatch(torch.stack([c[0] for c in cams]), torch.stack([c[1] for c in cams]), 40, 32)
+    res = render(single, batch, DistContext(), reference, 1, packed=packed, rasterize=False)
+    expected = route_to_owners(DistContext(), res.info, _route_values(res.info["records"]))
+    got = torch.cat([torch.load(tmp_path / f"route{r}.pt") for r in range(world_size)])
+    assert expected[:, 0].sum() > 0
+    assert torch.allclose(got, expected, rtol=1e-6, atol=1e-6)

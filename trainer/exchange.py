@@ -155,6 +155,13 @@ class AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
+def all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int]) -> torch.Tensor:
+    """Non-differentiable all_to_all of rows (for statistics routed like gradients)."""
+    if ctx.world_size == 1:
+        return x
+    return _all_to_all_rows(ctx, x.contiguous(), list(send_rows), list(recv_rows))
+
+
 def all_to_all(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int]) -> torch.Tensor:
     """Differentiable all_to_all of rows (identity at world size 1)."""
     if ctx.world_size == 1:

@@ -138,6 +138,7 @@ def render(
     backgrounds: Optional[torch.Tensor] = None,
     keep_means2d_grad: bool = False,
     timer: Optional[PhaseTimer] = None,
+    rasterize: bool = True,
 ) -> RenderResult:
     """Render this rank's cameras from every rank's Gaussians.
 
@@ -146,6 +147,9 @@ def render(
     Every rank must call this collectively. ``keep_means2d_grad`` keeps the gradient of the local
     (pre-exchange) 2D means for densification (``info["means2d"].grad`` after backward).
     ``timer`` (profiling.PhaseTimer) is told where each phase begins, forward and backward.
+    ``rasterize=False`` stops after tile intersection (colors/alphas None): ``info["records"]``
+    (the received records) and the tile lists feed a fused rasterize+loss kernel instead.
+    ``info["layout"]`` describes the exchange, for :func:`route_to_owners`.
     """
     timer = timer or PhaseTimer(gaussians["means"].device)
     timer.begin("forward_exchange")  # shard sizes and cameras
@@ -190,9 +194,12 @@ def render(
         recv["means2d"], radii_r, recv["depths"], TILE_SIZE, tile_w, tile_h,
         packed=packed, n_images=C, image_ids=recv.get("image_ids"), gaussian_ids=recv.get("gaussian_ids"))
     offsets = ops.isect_offset_encode(isect_ids, C, tile_w, tile_h)
-    render_colors, render_alphas = ops.rasterize_to_pixels(
-        recv["means2d"], recv["conics"], recv["colors"], recv["opacities"], cams.width, cams.height,
-        TILE_SIZE, offsets, flatten_ids, backgrounds=backgrounds, packed=packed)
+    render_colors = render_alphas = None
+    if rasterize:
+        render_colors, render_alphas = ops.rasterize_to_pixels(
+            recv["means2d"], recv["conics"], recv["colors"], recv["opacities"], cams.width, cams.height,
+            TILE_SIZE, offsets, flatten_ids, backgrounds=backgrounds, packed=packed)
+    layout = recv.pop("layout")
     info = dict(
         means2d=means2d, radii=proj["radii"], packed=packed, n_cameras=C_all,
         gaussian_ids=proj["gaussian_ids"] if packed else None,
@@ -200,8 +207,35 @@ def render(
         widths=[s[0] for s in sizes], heights=[s[1] for s in sizes],  # per camera of the pass, pixels
         num_isects=int(isect_ids.numel()), N_world=N_world, C_world=C_world,
         tile_offsets=offsets, flatten_ids=flatten_ids, tile_width=tile_w, tile_height=tile_h,
+        records=recv, layout=layout, width=cams.width, height=cams.height, num_local_cameras=C,
     )
     return RenderResult(render_colors, render_alphas, info)
+
+
+def route_to_owners(ctx: DistContext, info: dict, values: torch.Tensor) -> torch.Tensor:
+    """Send per-record values measured where the records were rendered back to the Gaussians'
+    owners, the way gradients travel (the reverse all_to_all), and sum them per local Gaussian.
+
+    values: [C, N_all, K] (dense) or [R_recv, K] (packed), aligned with ``info["records"]``.
+    Returns [N_local, K] on this rank: the sum over every camera of every rank. Collective.
+    Non-differentiable (used for pruning statistics).
+    """
+    layout, K = info["layout"], values.shape[-1]
+    rows = values.reshape(-1, K).detach().contiguous()
+    if ctx.world_size == 1:
+        back = rows
+    else:
+        if not layout["packed"]:
+            C = info["num_local_cameras"]
+            chunks = torch.split(values.detach(), layout["N_world"], dim=1)  # per owner: [C, N_j, K]
+            rows = torch.cat([c.reshape(-1, K) for c in chunks], dim=0).contiguous()
+            assert rows.shape[0] == sum(layout["recv_rows"]) and C * sum(layout["N_world"]) == rows.shape[0]
+        back = exchange.all_to_all_rows(ctx, rows, layout["recv_rows"], layout["send_rows"])
+    n_local = layout["N_local"]
+    if layout["packed"]:
+        out = torch.zeros(n_local, K, dtype=values.dtype, device=values.device)
+        return out.index_add_(0, layout["sent_gaussian_ids"], back)
+    return back.reshape(-1, n_local, K).sum(dim=0)  # [C_all, N_local, K] -> [N_local, K]
 
 
 def _split_fields(rows: torch.Tensor, lead_shape) -> dict:
@@ -226,6 +260,8 @@ def _exchange_dense(ctx, fields, N, N_world, C_world, timer) -> dict:
         out = dict(zip(names, fields))
         out["radii"] = fields[0].to(torch.int32)
         out["depths"], out["opacities"] = fields[2][..., 0], fields[4][..., 0]
+        out["layout"] = dict(packed=False, N_local=N, N_world=N_world, send_rows=[N * c for c in C_world],
+                             recv_rows=[C_world[0] * N])
         return out
     payload = torch.cat(fields, dim=-1).reshape(-1, RECORD_LANES)  # [C_all * N, 12]
     C = C_world[ctx.rank]
@@ -233,7 +269,9 @@ def _exchange_dense(ctx, fields, N, N_world, C_world, timer) -> dict:
     recv_rows = [C * n for n in N_world]
     recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer)
     chunks = [chunk.reshape(C, n, RECORD_LANES) for chunk, n in zip(torch.split(recv, recv_rows), N_world)]
-    return _split_fields(torch.cat(chunks, dim=1), (C, sum(N_world)))
+    out = _split_fields(torch.cat(chunks, dim=1), (C, sum(N_world)))
+    out["layout"] = dict(packed=False, N_local=N, N_world=N_world, send_rows=send_rows, recv_rows=recv_rows)
+    return out
 
 
 def _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer):
@@ -260,6 +298,8 @@ def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer) -> d
         out = _split_fields(torch.cat(fields, dim=-1), (cam_ids.shape[0],))
         out["radii"] = fields[0].to(torch.int32)
         out.update(image_ids=local_cam, gaussian_ids=global_gs)
+        out["layout"] = dict(packed=True, N_local=N_world[0], N_world=N_world, send_rows=[cam_ids.shape[0]],
+                             recv_rows=[cam_ids.shape[0]], sent_gaussian_ids=gs_ids)
         return out
     send_rows = send_counts.tolist()
     recv_rows = exchange.exchange_counts(ctx, send_counts)
@@ -269,4 +309,6 @@ def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer) -> d
     recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer)
     out = _split_fields(recv[:, 2:], (recv.shape[0],))
     out.update(image_ids=exchange.float_lanes_to_ids(recv[:, 0]), gaussian_ids=exchange.float_lanes_to_ids(recv[:, 1]))
+    out["layout"] = dict(packed=True, N_local=N_world[ctx.rank], N_world=N_world, send_rows=send_rows,
+                         recv_rows=recv_rows, sent_gaussian_ids=gs_ids)
     return out
