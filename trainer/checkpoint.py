@@ -18,34 +18,17 @@ import datetime
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
+from .fileio import atomic_write
+
 CKPT_RE = re.compile(r"ckpt_(\d+)_rank(\d+)\.pt$")
 PER_GAUSSIAN_STRATEGY_KEYS = ("grad2d", "count", "radii")
 RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "cfg.yml")
-
-
-def atomic_write(path: Path, write_fn) -> None:
-    """Call ``write_fn(tmp_path)`` then fsync and rename onto ``path`` (same directory, so the
-    rename is atomic); on any error the temporary file is removed and ``path`` is untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write_fn(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def list_checkpoints(ckpt_dir: Path) -> dict[int, dict[int, Path]]:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from . import metrics
-from .checkpoint import atomic_write
+from .fileio import atomic_write
 from .model import activated
 from .render import CameraBatch, render, rigid_inverse
 

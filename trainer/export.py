@@ -14,11 +14,12 @@ rank writes) is the caller's job.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
 import torch
 from plyfile import PlyData, PlyElement
+
+from .fileio import atomic_write
 
 
 def ply_property_names(num_rest_coeffs: int) -> list[str]:
@@ -83,41 +84,7 @@ def save_ply(
     vertex_dtype = np.dtype([(name, "<f4") for name in names])
     vertices = table.astype("<f4", copy=False).view(vertex_dtype).reshape(num)  # [N] records
     ply = PlyData([PlyElement.describe(vertices, "vertex")], text=False, byte_order="<")
-    _write_atomically(os.fspath(path), ply)
-
-
-def _write_atomically(path: str, ply: PlyData) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, tmp_path = tempfile.mkstemp(
-        dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp"
-    )
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            ply.write(stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_path)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_directory(directory)
-
-
-def _fsync_directory(directory: str) -> None:
-    """Persist the rename itself (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    atomic_write(path, ply.write)
 
 
 def load_ply(path: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Optional
@@ -22,6 +21,8 @@ from typing import Optional
 import cv2
 import numpy as np
 from PIL import Image
+
+from ..fileio import atomic_write_bytes
 
 CACHE_ENV = "SPLAT_TRAIN_CACHE"
 
@@ -225,16 +226,7 @@ def _cache_folder_name(folder: str, factor: int) -> str:
 def _write_atomic_png(path: Path, rgb: np.ndarray) -> None:
     ok, encoded = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
     assert ok, path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(encoded.tobytes())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, encoded.tobytes())
 
 
 def locate_images(data_dir: Path, folder: str, names: list[str], sizes: list[tuple[int, int]],
