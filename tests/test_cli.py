@@ -131,3 +131,9 @@ def test_colmap_without_points_suggests_random_init(tmp_path, capsys):
                "random", "--init_num_pts", "50", "--test_every", "0", "--num_traj_frames", "0",
                "--result_dir", str(tmp_path / "r2")])
     assert rc == 0
+
+
+def test_mcmc_on_cpu_is_one_clear_error(tmp_path, capsys):
+    assert main(["mcmc", *TINY, "--max_steps", "2", "--device", "cpu", "--result_dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "mcmc" in err and "GPU" in err

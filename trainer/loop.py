@@ -48,6 +48,9 @@ class Trainer:
         self.params = create_shard(points, cfg, ctx.rank, ctx.world_size, self.device)
         self.optimizers = create_optimizers(self.params, cfg, ctx.world_size, self.scene_scale)
         self.scheduler = means_lr_scheduler(self.optimizers["means"], cfg.schedule.max_steps)
+        if cfg.densify.strategy == "mcmc" and self.device.type != "cuda":
+            raise ValueError("the mcmc preset relocates Gaussians with gsplat's CUDA op, which needs a GPU; "
+                             "on the CPU use the default preset (or --device cuda on a GPU machine)")
         self.strategy = make_strategy(cfg)
         self.strategy.check_sanity(self.params, self.optimizers)
         self.strategy_state = self.strategy.initialize_state(scene_scale=self.scene_scale)
