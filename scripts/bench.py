@@ -34,6 +34,7 @@ DEFAULT_VARIANTS = {
     "ours-dense": "",
     "ours-packed": "--packed",
     "ours-packed-sparse": "--packed --sparse_grad_comm",
+    "ours-packed-fused": "--packed --raster fused",
 }
 
 
@@ -91,7 +92,7 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
         memory_model=memory_model(cfg.sh_degree, ctx.world_size, ctx.device),
         batch_size=cfg.batch_size, steps=steps, warmup=warmup,
         test_psnr=(metrics or {}).get("psnr"), test_ssim=(metrics or {}).get("ssim"),
-        ssim_backend=_ssim_backend(ctx.device),
+        ssim_backend=cfg.ssim_backend if cfg.ssim_backend != "auto" else _ssim_backend(ctx.device),
     )
     Path(out_file).write_text(json.dumps(result, indent=2))
 

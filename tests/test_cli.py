@@ -137,3 +137,11 @@ def test_mcmc_on_cpu_is_one_clear_error(tmp_path, capsys):
     assert main(["mcmc", *TINY, "--max_steps", "2", "--device", "cpu", "--result_dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "mcmc" in err and "GPU" in err
+
+
+def test_fused_raster_trains_end_to_end(tmp_path):
+    out = tmp_path / "fused"
+    assert run("--max_steps", "6", "--raster", "fused", "--packed", "--result_dir", str(out)) == 0
+    assert (out / "ply/point_cloud_6.ply").is_file()
+    val = json.loads((out / "stats/val_step6.json").read_text())
+    assert np.isfinite(val["psnr"])

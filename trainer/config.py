@@ -59,6 +59,10 @@ class Schedule:
     """--profile: the first profiled step (earlier steps are warm-up: NCCL set-up, compilation)."""
     profile_num_steps: int = 10
     """--profile: how many steps the trace and the per-phase table cover."""
+    prune_stage2_step: int = 0
+    """ByteSplat stage 2 (initial pruning) after this step: keep only Gaussians that are some training pixel's largest contributor; no densification from this step on (0 = off)."""
+    prune_stage3_step: int = 0
+    """ByteSplat stage 3 (hardware-aware pruning) after this step: prune Gaussians of tiles over the per-tile budget, in rounds (0 = off)."""
 
 
 @dataclass
@@ -112,6 +116,18 @@ class StrategyConfig:
 
 
 @dataclass
+class PruneConfig:
+    """ByteSplat hardware-aware pruning (trainer/prune.py); the stage steps live in Schedule."""
+
+    prune_rounds: int = 10
+    """Stage 3: at most this many prune-and-remeasure rounds."""
+    prune_fraction: float = 0.1
+    """Stage 3: fraction of the candidates (Gaussians in over-budget tiles) removed per round, highest score first."""
+    tile_budget: int = 0
+    """Gaussians per tile that fit the fused kernel's on-chip memory (0: from the device; see prune.tile_budget)."""
+
+
+@dataclass
 class Config:
     """A splat-train run. Flags are spelled as gsplat's simple_trainer spells them."""
 
@@ -162,6 +178,10 @@ class Config:
     nproc_per_node: int = 0
     """Processes to start on this node: 0 = one per visible GPU (1 without GPUs); N > 1 without GPUs runs N CPU ranks over gloo."""
 
+    raster: Literal["unfused", "fused"] = "unfused"
+    """Training rasterization: unfused (rasterize, full-image L1 + D-SSIM, backward) or fused (ByteSplat: one Triton kernel per tile for forward, tile-local loss and backward; kernels/fused_raster.py)."""
+    ssim_backend: Literal["auto", "pytorch", "triton", "fused_ssim"] = "auto"
+    """SSIM implementation: auto (the fused_ssim package on CUDA when installed, else PyTorch), or the project's Triton kernel (triton)."""
     ssim_lambda: float = 0.2
     """Weight of the D-SSIM term: loss = (1 - lambda) L1 + lambda (1 - SSIM)."""
     opacity_reg: float = 0.0
@@ -200,6 +220,7 @@ class Config:
     schedule: Schedule = field(default_factory=Schedule)
     optim: OptimConfig = field(default_factory=OptimConfig)
     densify: StrategyConfig = field(default_factory=StrategyConfig)
+    prune: PruneConfig = field(default_factory=PruneConfig)
 
 
 def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
@@ -251,6 +272,17 @@ def validate(cfg: Config) -> None:
         (cfg.near_plane > 0 and cfg.far_plane > cfg.near_plane, "--near_plane/--far_plane must satisfy 0 < near < far"),
         (cfg.synthetic_image_size >= 16, "--synthetic_image_size must be >= 16"),
         (cfg.synthetic_num_cameras >= 2, "--synthetic_num_cameras must be >= 2"),
+        (cfg.schedule.prune_stage2_step >= 0 and cfg.schedule.prune_stage3_step >= 0,
+         "--prune_stage2_step/--prune_stage3_step must be >= 0 (0 = off)"),
+        (not (cfg.schedule.prune_stage2_step and cfg.schedule.prune_stage3_step)
+         or cfg.schedule.prune_stage3_step > cfg.schedule.prune_stage2_step,
+         "--prune_stage3_step must come after --prune_stage2_step"),
+        (cfg.prune.prune_rounds >= 1, "--prune_rounds must be >= 1"),
+        (0.0 < cfg.prune.prune_fraction <= 1.0, "--prune_fraction must be in (0, 1]"),
+        (cfg.prune.tile_budget >= 0, "--tile_budget must be >= 0 (0 = from the device)"),
+        (not (cfg.raster == "fused" and cfg.app_opt),
+         "--raster fused never materializes the rendered image, so --app_opt cannot correct it; drop one"),
+        (not (cfg.raster == "fused" and cfg.pipeline != "ours"), "--raster fused needs --pipeline ours"),
         (not (cfg.pipeline == "gsplat-dist" and cfg.packed),
          "--pipeline gsplat-dist is dense only (gsplat's packed distributed path crashes); drop --packed"),
     ]

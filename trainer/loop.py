@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import checkpoint, evaluate, export
+from . import checkpoint, evaluate, export, prune
 from .config import Config, dump_yaml
 from .data import CameraSampler, Dataset, Scene, split_indices
 from .densify import make_strategy, strategy_info
@@ -52,6 +52,7 @@ class Trainer:
             raise ValueError("the mcmc preset relocates Gaussians with gsplat's CUDA op, which needs a GPU; "
                              "on the CPU use the default preset (or --device cuda on a GPU machine)")
         self.strategy = make_strategy(cfg)
+        prune.limit_densification(self.strategy, cfg)  # off from ByteSplat stage 2 on
         self.strategy.check_sanity(self.params, self.optimizers)
         self.strategy_state = self.strategy.initialize_state(scene_scale=self.scene_scale)
         self.aux, self.aux_optimizers = self._make_aux_modules()
@@ -60,6 +61,7 @@ class Trainer:
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
+        self.last_fused_stats: dict = {}  # --raster fused: fraction of tiles within the on-chip budget
 
     def _make_aux_modules(self):
         """--pose_opt / --app_opt modules (DDP-wrapped when W > 1) and their Adams."""
@@ -132,17 +134,23 @@ class Trainer:
         backgrounds = torch.rand(C, 3, device=self.device) if cfg.random_bkgd else None
         self.ctx.stats.phase = "forward"
         timer = self.timer
+        fused = cfg.raster == "fused"
         if cfg.pipeline == "gsplat-dist":
             result = self._render_gsplat_dist(cams, self.sh_degree_at(step), backgrounds)
         else:
             result = render(activated(self.params), cams, self.ctx, self.ops, self.sh_degree_at(step),
                             packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
-                            backgrounds=backgrounds, keep_means2d_grad=True, timer=timer)
-        timer.begin("loss")
-        if "app" in self.aux:
-            result.colors = self.aux["app"](result.colors, item_ids)
-        # valid-padded SSIM, as gsplat simple_trainer's fused_ssim call
-        loss, parts = photometric_loss(result.colors, gts, cfg.ssim_lambda, ssim_padding="valid")
+                            backgrounds=backgrounds, keep_means2d_grad=True, timer=timer, rasterize=not fused)
+        if fused:
+            loss, parts = self._fused_loss(result, gts, backgrounds)
+        else:
+            timer.begin("loss")
+            if "app" in self.aux:
+                result.colors = self.aux["app"](result.colors, item_ids)
+            # valid-padded SSIM, as gsplat simple_trainer's fused_ssim call
+            loss, parts = photometric_loss(
+                result.colors, gts, cfg.ssim_lambda, ssim_padding="valid",
+                ssim_backend_name=None if cfg.ssim_backend == "auto" else cfg.ssim_backend)
         # The loss of the global batch is the mean over every rank's images, and a regularizer is
         # a mean over every rank's Gaussians; this rank contributes its share of each, so that the
         # gradients summed at the owners equal those of one process holding everything.
@@ -173,6 +181,25 @@ class Trainer:
         # tensors stay on the device: converting them here would synchronize every step
         return dict(loss=loss.detach(), l1=parts["l1"], ssim=parts["ssim"],
                     num_gaussians=int(self.params["means"].shape[0]), num_isects=result.info["num_isects"])
+
+    def _fused_loss(self, result, gts, backgrounds):
+        """ByteSplat's fused step: forward compositing, the tile-local loss and the backward
+        compositing in one kernel per tile (kernels/fused_raster.py); its autograd node hands the
+        saved record gradients to the exchange's backward. The timer's "rasterization" phase
+        covers all three (they are one kernel)."""
+        try:
+            from ..kernels.fused_raster import fused_raster_loss
+        except ImportError as e:  # CPU torch wheels ship without Triton
+            raise ValueError(f"--raster fused needs Triton (pip install triton): {e}") from e
+        info, rec = result.info, result.info["records"]
+        loss, stats = fused_raster_loss(
+            rec["means2d"], rec["conics"], rec["colors"], rec["opacities"], info["tile_offsets"],
+            info["flatten_ids"], gts, info["width"], info["height"], self.cfg.ssim_lambda,
+            backgrounds=backgrounds, packed=self.cfg.packed)
+        self.timer.begin("loss")
+        self.last_fused_stats = {k: v for k, v in stats.items() if k in ("fraction_fused", "num_tiles")}
+        nan = torch.full((), float("nan"))
+        return loss, {"l1": nan, "ssim": nan}  # the fused kernel returns the combined loss only
 
     def _render_gsplat_dist(self, cams: CameraBatch, sh_degree: int, backgrounds):
         """The baseline pass: gsplat's ``rasterization(distributed=True)`` (dense), whose info is
@@ -229,6 +256,7 @@ class Trainer:
                     self._phase_log.append(self.last_phases)
             self.step = done = step + 1
             window_steps += 1
+            prune.run_stages(self, done)  # ByteSplat pruning stages 2 and 3 at their steps (prune.py)
             if done % s.log_every == 0 or done == s.max_steps:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)

@@ -1,10 +1,11 @@
 """Photometric loss (L1 + D-SSIM) and the Gaussian regularizers used by the training step.
 
 Images are channels-last, as the rasterizer returns them: ``[B, H, W, 3]``, float, values in
-[0, 1]. SSIM runs through the ``fused_ssim`` CUDA extension when it is installed and the
-tensors are on a CUDA device, and through a separable Gaussian ``conv2d`` everywhere else
-(:func:`ssim_backend` says which one a device gets). SSIM's default padding is the 3DGS
-reference's: zero-padded "same" filtering, mean over all H x W pixels.
+[0, 1]. SSIM on a CUDA device runs through the ``fused_ssim`` CUDA extension when it is
+installed, else through this project's Triton kernel (kernels/fused_ssim.py) when Triton
+imports; everywhere else through a separable Gaussian ``conv2d`` (:func:`ssim_backend` says
+which one a device gets). SSIM's default padding is the 3DGS reference's: zero-padded "same"
+filtering, mean over all H x W pixels.
 
 Sources:
   - SSIM: Wang, Bovik, Sheikh, Simoncelli, "Image quality assessment: from error visibility to
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 SSIM_C1 = 0.01**2  # (K1 * L)^2 with dynamic range L = 1 (Wang et al. 2004, eq. 7)
 SSIM_C2 = 0.03**2  # (K2 * L)^2
 SSIM_PADDINGS = ("same", "valid")
-SSIM_BACKENDS = ("fused_ssim", "pytorch")
+SSIM_BACKENDS = ("fused_ssim", "triton", "pytorch")
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,13 +43,27 @@ def _fused_ssim_fn():
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def _triton_ssim_fn():
+    """This project's Triton ``fused_ssim`` (kernels/fused_ssim.py), or None without Triton."""
+    try:
+        module = importlib.import_module("splat_train.kernels.fused_ssim")
+    except ImportError:
+        return None
+    return module.fused_ssim if module.available() else None
+
+
 def ssim_backend(device: torch.device | str) -> str:
     """Which SSIM implementation :func:`ssim` uses for tensors on ``device``.
 
-    Returns "fused_ssim" when the ``fused_ssim`` package imports and ``device`` is a CUDA
-    device (the package is a CUDA-only extension), otherwise "pytorch".
+    On a CUDA (or ROCm) device: "fused_ssim" when the ``fused_ssim`` package imports (a
+    CUDA-only extension), else "pytorch". Other devices: "pytorch". The project's Triton kernel
+    (kernels/fused_ssim.py, "triton") is chosen only on request (``--ssim_backend triton``) until
+    it has been validated on a GPU: its tests so far ran under the Triton interpreter.
     """
-    if torch.device(device).type == "cuda" and _fused_ssim_fn() is not None:
+    if torch.device(device).type != "cuda":
+        return "pytorch"
+    if _fused_ssim_fn() is not None:
         return "fused_ssim"
     return "pytorch"
 
@@ -164,29 +179,39 @@ def ssim(
     """Mean SSIM over every pixel, channel and image of a batch: a 0-dim tensor, 1 when equal.
 
     Args:
-        img1: [B, H, W, 3] float images in [0, 1] (the render: with the fused backend only this
-            argument receives a gradient, as fused_ssim differentiates img1 alone).
+        img1: [B, H, W, 3] float images in [0, 1] (the render: with the fused_ssim and triton
+            backends only this argument receives a gradient; both differentiate img1 alone).
         img2: [B, H, W, 3] float images in [0, 1] (the ground truth).
         window_size, sigma: Gaussian window, pixels (Wang et al. 2004: 11 and 1.5).
         padding: "same" (default) follows the 3DGS reference code (utils/loss_utils.py): zero
             padding, mean over all H x W pixels. "valid" averages only windows fully inside the
             image (what gsplat's simple_trainer passes to fused_ssim, and what torchmetrics'
             reflect-pad-then-crop SSIM amounts to). See :func:`ssim_map`.
-        backend: None picks :func:`ssim_backend` of img1's device; "pytorch" or "fused_ssim"
-            forces one. The fused kernel only has the 11 / 1.5 window, so other windows always
-            use PyTorch.
+        backend: None picks :func:`ssim_backend` of img1's device; "pytorch", "fused_ssim" or
+            "triton" forces one. The fused kernels only have the 11 / 1.5 window (and the
+            Triton one float32), so other windows (or dtypes) always use PyTorch.
 
-    Raises ValueError on bad arguments, ImportError when "fused_ssim" is forced but missing.
+    Raises ValueError on bad arguments, ImportError when "fused_ssim" or "triton" is forced but
+    missing (and what kernels.fused_ssim.fused_ssim raises, e.g. for CPU tensors).
     """
     _check_images(img1, img2, "ssim")
     if backend is None:
         backend = ssim_backend(img1.device)
         if window_size != 11 or sigma != 1.5:
             backend = "pytorch"
+        if backend == "triton" and (img1.dtype != torch.float32 or img2.dtype != torch.float32):
+            backend = "pytorch"
     if backend not in SSIM_BACKENDS:
         raise ValueError(f"ssim backend must be one of {SSIM_BACKENDS} or None, got {backend!r}")
     if backend == "pytorch":
         return ssim_map(img1, img2, window_size, sigma, padding).mean()
+    if backend == "triton":
+        triton_ssim = _triton_ssim_fn()
+        if triton_ssim is None:
+            raise ImportError("ssim backend 'triton' requested but Triton is missing")
+        if window_size != 11 or sigma != 1.5:
+            raise ValueError("the triton ssim backend supports only window_size=11, sigma=1.5")
+        return triton_ssim(img1, img2, padding=padding)  # [B, H, W, 3] as is
 
     fused = _fused_ssim_fn()
     if fused is None:
@@ -209,6 +234,7 @@ def photometric_loss(
     gts: torch.Tensor,
     ssim_lambda: float = 0.2,
     ssim_padding: str = "same",
+    ssim_backend_name: str | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(1 - lambda) L1 + lambda (1 - SSIM) (Kerbl et al. 2023, eq. 7; gsplat simple_trainer).
 
@@ -217,6 +243,7 @@ def photometric_loss(
         gts: [B, H, W, 3] ground-truth images in [0, 1].
         ssim_lambda: weight of the D-SSIM term, in [0, 1].
         ssim_padding: see :func:`ssim`.
+        ssim_backend_name: see :func:`ssim`'s ``backend`` (None: :func:`ssim_backend`).
 
     Returns (loss, terms): loss is a 0-dim tensor; terms holds the detached 0-dim tensors
     "l1" (mean absolute error) and "ssim" (mean SSIM, not 1 - SSIM). They stay tensors so a
@@ -228,7 +255,7 @@ def photometric_loss(
         raise ValueError(f"ssim_lambda must be in [0, 1], got {ssim_lambda}")
     _check_images(renders, gts, "photometric_loss")
     l1 = (renders - gts).abs().mean()
-    ssim_value = ssim(renders, gts, padding=ssim_padding)
+    ssim_value = ssim(renders, gts, padding=ssim_padding, backend=ssim_backend_name)
     loss = (1.0 - ssim_lambda) * l1 + ssim_lambda * (1.0 - ssim_value)
     return loss, {"l1": l1.detach(), "ssim": ssim_value.detach()}
 

@@ -1,0 +1,567 @@
+"""Fused rasterization + tile-local loss + backward rasterization in ONE Triton kernel (ByteSplat §4).
+
+One program per (image, 16x16 tile) reads the tile's depth-sorted records, composites its pixels
+front to back, computes the photometric loss of its pixels against the ground truth and
+dL/dpixel in registers, then runs the backward compositing over the same Gaussians and adds each
+Gaussian's gradient ONCE per tile (a block reduction over the tile's pixels, then one atomic add
+per (Gaussian, tile) and field). Only the per-tile loss partial sums, the gradients and, when
+asked, the rendered image leave the chip. The loss needs no neighbouring tile because its SSIM
+is tile-local (ByteSplat §4.2):
+
+    per image i (H x W pixels, 3 channels, render X, ground truth Y, pixels p, channels ch):
+      L1_i        = 1 / (3 H W) * sum_{p, ch} |X - Y|
+      SSIM_tile_i = 1 / (3 H W) * sum_{p, ch} SSIM_t(p)(p, ch)
+      L_i         = (1 - lambda) * L1_i + lambda * (1 - SSIM_tile_i)
+    loss = mean_i L_i
+    SSIM_t is the SSIM map of Wang et al. 2004 (eq. 13; 11x11 Gaussian window, sigma 1.5 px,
+    C1 = 0.01^2, C2 = 0.03^2, mu = w*x, var = w*x^2 - mu^2, cov = w*(xy) - mu_x mu_y) of the
+    pixel's own 16x16 tile t taken as an image on its own with zero "same" padding: pixels
+    outside the tile AND pixels of the tile outside the image are zeros inside the window, and
+    the latter are excluded from every sum.
+
+Compositing rules (gsplat 1.5.3 RasterizeToPixels3DGSFwd.cu / RasterizeToPixels3DGSBwd.cu,
+as mirrored by kernels/reference.py): pixel centre (x + 0.5, y + 0.5); delta = mean - centre;
+sigma = 0.5 (a dx^2 + c dy^2) + b dx dy; alpha = min(0.999, opacity exp(-sigma)); a Gaussian is
+skipped when sigma < 0 or alpha < 1/255; a pixel stops BEFORE the first Gaussian whose
+next_T = T (1 - alpha) <= 1e-4; colour += alpha T c; finally colour += T background. The
+backward walks back to front from the final T (buffer of what lies behind each Gaussian), as
+RasterizeToPixels3DGSBwd.cu does; alpha's gradient is 0 where the 0.999 clamp is active.
+
+Implementation: pixels x Gaussians blocks. A tile's list is processed in chunks of K Gaussians as
+[256 pixels, K] blocks; transmittance is the exp of a per-pixel cumulative sum of ln(1 - alpha)
+(``tl.cumsum``), the back-to-front buffer a reverse cumulative sum. Two variants of one kernel:
+  - resident (tile count <= budget): one chunk, K = the longest resident list rounded up to a
+    power of two (<= budget); the records are loaded ONCE and the whole [256, K] alpha / weight
+    state stays in registers (the compiler may spill part of it to local memory on GPUs)
+    between forward, loss and backward;
+  - streaming fallback (count > budget): chunks of ``STREAM_CHUNK`` records, loaded from global
+    memory once front to back and once back to front (T recovered from the final T).
+Both give the same loss and gradients (to float32 rounding). The SSIM filtering of a tile is
+G X G^T on 16x16 blocks (``tl.dot``, IEEE fp32), G the banded 16x16 matrix of the 1D window
+truncated to the tile; its backward is G^T M G of per-pixel coefficient maps. No warp-size
+assumption and no vendor intrinsics; runs under TRITON_INTERPRET=1.
+
+``reference_fused_loss`` (marked REFERENCE below) is the plain-PyTorch definition the kernel is
+tested against; it lives here rather than in kernels/reference.py because that file was being
+edited by another engineer at the time.
+
+Sources: ByteSplat §4 (fused dataflow, tile-local SSIM), §5 (per-tile shared-memory budget);
+gsplat 1.5.3 RasterizeToPixels3DGSFwd.cu / RasterizeToPixels3DGSBwd.cu; Wang et al. 2004 (SSIM);
+Kerbl et al. 2023 eq. 7 ((1 - lambda) L1 + lambda D-SSIM).
+"""
+
+import math
+import os
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from . import reference as ref
+
+TILE_SIZE = 16  # pixels per tile side (the kernel's pixel block is TILE_SIZE^2 = 256)
+SSIM_WINDOW = 11  # Gaussian window side, pixels (Wang et al. 2004)
+SSIM_SIGMA = 1.5  # window standard deviation, pixels
+SSIM_C1 = 0.01**2
+SSIM_C2 = 0.03**2
+RECORD_BYTES = 9 * 4  # a resident record: means2d (2), conic (3), opacity (1), colour (3) fp32
+# On chip per resident Gaussian: its record plus its column of the [256, budget] alpha state.
+RESIDENT_BYTES_PER_GAUSSIAN = RECORD_BYTES + TILE_SIZE * TILE_SIZE * 4
+CPU_TILE_BUDGET = 64  # budget on CPU / the interpreter: small, so tests exercise both variants
+STREAM_CHUNK = 32  # Gaussians per chunk of the streaming fallback (power of two)
+NUM_WARPS = 8  # warps (NVIDIA) / wavefronts (AMD) per program; untuned, the lead measures on GPU
+
+_MAX_ALPHA = tl.constexpr(ref.MAX_ALPHA)
+_ALPHA_THRESHOLD = tl.constexpr(ref.ALPHA_THRESHOLD)
+_LOG_T_MIN = tl.constexpr(math.log(float(torch.tensor(ref.TRANSMITTANCE_MIN, dtype=torch.float32))))
+_C1 = tl.constexpr(SSIM_C1)
+_C2 = tl.constexpr(SSIM_C2)
+
+
+def tile_budget(device) -> int:
+    """Gaussians per tile that the resident (fused) variant keeps on chip on ``device``.
+
+    CUDA / ROCm: the per-block shared memory the device offers (``shared_memory_per_block_optin``
+    when torch exposes it, else ``shared_memory_per_block``, bytes) divided by
+    RESIDENT_BYTES_PER_GAUSSIAN (1060 bytes: a 36-byte record + a 256-pixel fp32 alpha column),
+    rounded down to a power of two (e.g. 227 KiB -> 128, 64 KiB -> 32); 0 if not even one fits.
+    Other devices (CPU, the Triton interpreter): CPU_TILE_BUDGET (64).
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return CPU_TILE_BUDGET
+    props = torch.cuda.get_device_properties(dev)
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
+    n = int(smem) // RESIDENT_BYTES_PER_GAUSSIAN
+    return 0 if n < 1 else 1 << (n.bit_length() - 1)
+
+
+def ssim_window_1d(dtype: torch.dtype = torch.float32) -> Tensor:
+    """Normalized 1D Gaussian window [SSIM_WINDOW] (sigma 1.5 px), computed in float64, cast to dtype."""
+    offsets = torch.arange(SSIM_WINDOW, dtype=torch.float64) - (SSIM_WINDOW - 1) / 2
+    g = torch.exp(-(offsets**2) / (2.0 * SSIM_SIGMA**2))
+    return (g / g.sum()).to(dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# REFERENCE: plain PyTorch definition of the fused function (autograd gives the gradients)
+# ------------------------------------------------------------------------------------------------
+
+
+def tile_local_ssim_map(img: Tensor, gt: Tensor, tile_size: int = TILE_SIZE) -> Tensor:
+    """REFERENCE tile-local SSIM map: [I, H, W, 3] x2 -> [I, H, W, 3].
+
+    Each tile_size x tile_size tile is its own zero-"same"-padded image (pixels outside the image
+    are zeros); Gaussian window 11 / sigma 1.5, C1 = 0.01^2, C2 = 0.03^2 (Wang et al. 2004).
+    Filtering is G X G^T with G the banded [tile_size, tile_size] window matrix. Differentiable.
+    """
+    I, H, W, Ch = img.shape
+    th, tw = -(-H // tile_size), -(-W // tile_size)
+    pad = (0, tw * tile_size - W, 0, th * tile_size - H)
+
+    def tiles(x):  # [I, H, W, C] -> [I, C, th, tw, ts, ts]
+        x = F.pad(x.permute(0, 3, 1, 2), pad)
+        return x.reshape(I, Ch, th, tile_size, tw, tile_size).permute(0, 1, 2, 4, 3, 5)
+
+    g = ssim_window_1d(img.dtype).to(img.device)
+    idx = torch.arange(tile_size, device=img.device)
+    d = idx[:, None] - idx[None, :]
+    G = torch.where(d.abs() <= SSIM_WINDOW // 2, g[(d + SSIM_WINDOW // 2).clamp(0, SSIM_WINDOW - 1)], 0.0)
+
+    def blur(x):
+        return G @ x @ G.t()
+
+    x, y = tiles(img), tiles(gt)
+    mu_x, mu_y = blur(x), blur(y)
+    var_x, var_y, cov = blur(x * x) - mu_x * mu_x, blur(y * y) - mu_y * mu_y, blur(x * y) - mu_x * mu_y
+    s = ((2 * mu_x * mu_y + SSIM_C1) * (2 * cov + SSIM_C2)) / (
+        (mu_x * mu_x + mu_y * mu_y + SSIM_C1) * (var_x + var_y + SSIM_C2)
+    )
+    s = s.permute(0, 1, 2, 4, 3, 5).reshape(I, Ch, th * tile_size, tw * tile_size)
+    return s[:, :, :H, :W].permute(0, 2, 3, 1)
+
+
+def tile_local_loss(img: Tensor, gt: Tensor, ssim_lambda: float) -> Tensor:
+    """REFERENCE loss: mean over images of (1 - l) L1_i + l (1 - SSIM_tile_i) (module docstring)."""
+    l1 = (img - gt).abs().mean(dim=(1, 2, 3))
+    ssim = tile_local_ssim_map(img, gt).mean(dim=(1, 2, 3))
+    return ((1.0 - ssim_lambda) * l1 + ssim_lambda * (1.0 - ssim)).mean()
+
+
+def reference_fused_loss(
+    means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor,
+    isect_offsets: Tensor, flatten_ids: Tensor, gts: Tensor, width: int, height: int,
+    ssim_lambda: float = 0.2, backgrounds: Optional[Tensor] = None, packed: bool = False,
+) -> Tuple[Tensor, Tensor]:
+    """REFERENCE of the fused kernel: kernels.reference.rasterize_to_pixels + tile_local_loss.
+
+    Same arguments as :func:`fused_raster_loss`. Returns (loss 0-dim, image [I, H, W, 3]);
+    differentiate the loss with autograd.
+    """
+    image, _ = ref.rasterize_to_pixels(
+        means2d, conics, colors, opacities, width, height, TILE_SIZE, isect_offsets, flatten_ids,
+        backgrounds=backgrounds, packed=packed,
+    )  # fmt: skip
+    return tile_local_loss(image, gts, ssim_lambda), image
+
+
+# ------------------------------------------------------------------------------------------------
+# Triton kernel
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_chunk(means2d_ptr, conics_ptr, colors_ptr, opac_ptr, flatten_ptr, k0, end, px, py, in_img,
+                K: tl.constexpr):
+    """Records of list positions [k0, k0 + K) and their [P, K] per-pixel alpha terms."""
+    ks = k0 + tl.arange(0, K)
+    in_list = ks < end
+    gid = tl.load(flatten_ptr + ks, mask=in_list, other=0).to(tl.int64)
+    mx = tl.load(means2d_ptr + 2 * gid, mask=in_list, other=0.0)
+    my = tl.load(means2d_ptr + 2 * gid + 1, mask=in_list, other=0.0)
+    ca = tl.load(conics_ptr + 3 * gid, mask=in_list, other=0.0)
+    cb = tl.load(conics_ptr + 3 * gid + 1, mask=in_list, other=0.0)
+    cc = tl.load(conics_ptr + 3 * gid + 2, mask=in_list, other=0.0)
+    op = tl.load(opac_ptr + gid, mask=in_list, other=0.0)
+    cr = tl.load(colors_ptr + 3 * gid, mask=in_list, other=0.0)
+    cg = tl.load(colors_ptr + 3 * gid + 1, mask=in_list, other=0.0)
+    cbl = tl.load(colors_ptr + 3 * gid + 2, mask=in_list, other=0.0)
+    dx = mx[None, :] - px[:, None]  # [P, K], delta = mean - pixel centre
+    dy = my[None, :] - py[:, None]
+    sigma = 0.5 * (ca[None, :] * dx * dx + cc[None, :] * dy * dy) + cb[None, :] * dx * dy
+    vis = tl.exp(-sigma)
+    raw = op[None, :] * vis
+    alpha = tl.minimum(raw, _MAX_ALPHA)
+    keep = in_list[None, :] & in_img[:, None] & (sigma >= 0) & (alpha >= _ALPHA_THRESHOLD)
+    log1m = tl.where(keep, tl.log(1.0 - alpha), 0.0)
+    return ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, keep, log1m
+
+
+@triton.jit
+def _forward_chunk(ks, cr, cg, cbl, alpha, keep, log1m, log_t, stop_idx, out_r, out_g, out_b):
+    """Front-to-back compositing of one chunk; carries ln T and each pixel's stop position."""
+    incl = log_t[:, None] + tl.cumsum(log1m, axis=1)  # ln next_T, [P, K]
+    stops = keep & (incl <= _LOG_T_MIN) & (ks[None, :] < stop_idx[:, None])
+    first = tl.min(tl.where(stops, ks[None, :], stop_idx[:, None]), axis=1)
+    stop_idx = tl.minimum(stop_idx, first)
+    valid = keep & (ks[None, :] < stop_idx[:, None])
+    t_before = tl.exp(incl - log1m)
+    w = tl.where(valid, alpha * t_before, 0.0)
+    out_r += tl.sum(w * cr[None, :], axis=1)
+    out_g += tl.sum(w * cg[None, :], axis=1)
+    out_b += tl.sum(w * cbl[None, :], axis=1)
+    log_t += tl.sum(tl.where(valid, log1m, 0.0), axis=1)
+    return stop_idx, valid, t_before, w, log_t, out_r, out_g, out_b
+
+
+@triton.jit
+def _blur(x, G):
+    """Tile-truncated separable Gaussian filter G X G^T of a [TS, TS] block (G symmetric)."""
+    return tl.dot(tl.dot(G, x, input_precision="ieee"), G, input_precision="ieee")
+
+
+@triton.jit
+def _ssim_channel(x, y, m, G, TS: tl.constexpr):
+    """Tile-local SSIM of one channel: x, y, m (in-image mask) [P] -> (sum of m * ssim, dsum/dx [P])."""
+    x = tl.reshape(x, (TS, TS))
+    y = tl.reshape(y, (TS, TS))
+    m = tl.reshape(m, (TS, TS))
+    mu_x = _blur(x, G)
+    mu_y = _blur(y, G)
+    var_x = _blur(x * x, G) - mu_x * mu_x
+    var_y = _blur(y * y, G) - mu_y * mu_y
+    cov = _blur(x * y, G) - mu_x * mu_y
+    a1 = 2.0 * mu_x * mu_y + _C1
+    a2 = 2.0 * cov + _C2
+    b1 = mu_x * mu_x + mu_y * mu_y + _C1
+    b2 = var_x + var_y + _C2
+    den = b1 * b2
+    s = a1 * a2 / den
+    total = tl.sum(tl.sum(s * m, axis=1), axis=0)
+    d_mu = m * (2.0 * mu_y * (a2 - a1) - 2.0 * mu_x * s * (b2 - b1)) / den  # d s / d mu_x
+    d_xx = -m * s / b2  # d s / d E[x^2]
+    d_xy = 2.0 * m * a1 / den  # d s / d E[xy]
+    dx = _blur(d_mu, G) + 2.0 * x * _blur(d_xx, G) + y * _blur(d_xy, G)
+    return total, tl.reshape(dx, (TS * TS,))
+
+
+@triton.jit
+def _backward_chunk(ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, valid, t_before,
+                    w, acc, g_r, g_g, g_b, v_means2d_ptr, v_conics_ptr, v_colors_ptr, v_opac_ptr,
+                    absgrad_ptr, ABSGRAD: tl.constexpr):
+    """Back-to-front gradients of one chunk; acc = per-pixel d colour . g of what lies behind it."""
+    cdot = cr[None, :] * g_r[:, None] + cg[None, :] * g_g[:, None] + cbl[None, :] * g_b[:, None]
+    wc = w * cdot  # [P, K], 0 where not valid
+    behind = acc[:, None] + (tl.cumsum(wc, axis=1, reverse=True) - wc)
+    v_alpha = tl.where(valid, t_before * cdot - behind / (1.0 - alpha), 0.0)
+    unclamped = raw <= _MAX_ALPHA
+    v_op = tl.sum(tl.where(unclamped, vis * v_alpha, 0.0), axis=0)
+    v_sigma = tl.where(unclamped, -raw * v_alpha, 0.0)
+    v_mx = v_sigma * (ca[None, :] * dx + cb[None, :] * dy)
+    v_my = v_sigma * (cc[None, :] * dy + cb[None, :] * dx)
+    tl.atomic_add(v_means2d_ptr + 2 * gid, tl.sum(v_mx, axis=0), mask=in_list)
+    tl.atomic_add(v_means2d_ptr + 2 * gid + 1, tl.sum(v_my, axis=0), mask=in_list)
+    tl.atomic_add(v_conics_ptr + 3 * gid, 0.5 * tl.sum(v_sigma * dx * dx, axis=0), mask=in_list)
+    tl.atomic_add(v_conics_ptr + 3 * gid + 1, tl.sum(v_sigma * dx * dy, axis=0), mask=in_list)
+    tl.atomic_add(v_conics_ptr + 3 * gid + 2, 0.5 * tl.sum(v_sigma * dy * dy, axis=0), mask=in_list)
+    tl.atomic_add(v_opac_ptr + gid, v_op, mask=in_list)
+    tl.atomic_add(v_colors_ptr + 3 * gid, tl.sum(w * g_r[:, None], axis=0), mask=in_list)
+    tl.atomic_add(v_colors_ptr + 3 * gid + 1, tl.sum(w * g_g[:, None], axis=0), mask=in_list)
+    tl.atomic_add(v_colors_ptr + 3 * gid + 2, tl.sum(w * g_b[:, None], axis=0), mask=in_list)
+    if ABSGRAD:
+        tl.atomic_add(absgrad_ptr + 2 * gid, tl.sum(tl.abs(v_mx), axis=0), mask=in_list)
+        tl.atomic_add(absgrad_ptr + 2 * gid + 1, tl.sum(tl.abs(v_my), axis=0), mask=in_list)
+    return acc + tl.sum(wc, axis=1)
+
+
+@triton.jit
+def _fused_raster_loss_kernel(
+    means2d_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, gts_ptr, window_ptr,
+    offsets_ptr, flatten_ptr, tile_ids_ptr,
+    v_means2d_ptr, v_conics_ptr, v_colors_ptr, v_opac_ptr, v_bg_ptr, absgrad_ptr,
+    image_ptr, partial_ptr,
+    width, height, tile_width, num_tiles, l1_scale, ssim_scale,
+    HAS_BG: tl.constexpr, RETURN_IMAGE: tl.constexpr, ABSGRAD: tl.constexpr,
+    RESIDENT: tl.constexpr, K: tl.constexpr, TS: tl.constexpr, WIN: tl.constexpr,
+):  # fmt: skip
+    tile = tl.load(tile_ids_ptr + tl.program_id(0))  # flat (image, tile) id
+    img = tile // num_tiles
+    tx = (tile % num_tiles) % tile_width
+    ty = (tile % num_tiles) // tile_width
+    start = tl.load(offsets_ptr + tile)
+    end = tl.load(offsets_ptr + tile + 1)
+
+    p = tl.arange(0, TS * TS)
+    xi = tx * TS + p % TS
+    yi = ty * TS + p // TS
+    in_img = (xi < width) & (yi < height)
+    px = xi.to(tl.float32) + 0.5
+    py = yi.to(tl.float32) + 0.5
+
+    # ---- forward compositing
+    log_t = tl.zeros([TS * TS], dtype=tl.float32)
+    stop_idx = tl.zeros([TS * TS], dtype=tl.int32) + end
+    out_r = tl.zeros([TS * TS], dtype=tl.float32)
+    out_g = tl.zeros([TS * TS], dtype=tl.float32)
+    out_b = tl.zeros([TS * TS], dtype=tl.float32)
+    if RESIDENT:  # the whole list in one chunk, kept for the backward
+        ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, keep, log1m = _load_chunk(
+            means2d_ptr, conics_ptr, colors_ptr, opac_ptr, flatten_ptr, start, end, px, py, in_img, K)
+        stop_idx, valid, t_before, w, log_t, out_r, out_g, out_b = _forward_chunk(
+            ks, cr, cg, cbl, alpha, keep, log1m, log_t, stop_idx, out_r, out_g, out_b)
+    else:
+        for k0 in range(start, end, K):
+            ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, keep, log1m = _load_chunk(
+                means2d_ptr, conics_ptr, colors_ptr, opac_ptr, flatten_ptr, k0, end, px, py, in_img, K)
+            stop_idx, valid, t_before, w, log_t, out_r, out_g, out_b = _forward_chunk(
+                ks, cr, cg, cbl, alpha, keep, log1m, log_t, stop_idx, out_r, out_g, out_b)
+    t_final = tl.exp(log_t)
+    bg_r = 0.0
+    bg_g = 0.0
+    bg_b = 0.0
+    if HAS_BG:
+        bg_r = tl.load(bg_ptr + 3 * img)
+        bg_g = tl.load(bg_ptr + 3 * img + 1)
+        bg_b = tl.load(bg_ptr + 3 * img + 2)
+    x_r = tl.where(in_img, out_r + t_final * bg_r, 0.0)
+    x_g = tl.where(in_img, out_g + t_final * bg_g, 0.0)
+    x_b = tl.where(in_img, out_b + t_final * bg_b, 0.0)
+    pix = (img.to(tl.int64) * height + yi) * width + xi  # [P] flat pixel index
+    if RETURN_IMAGE:
+        tl.store(image_ptr + 3 * pix, x_r, mask=in_img)
+        tl.store(image_ptr + 3 * pix + 1, x_g, mask=in_img)
+        tl.store(image_ptr + 3 * pix + 2, x_b, mask=in_img)
+
+    # ---- tile-local loss and dL/dpixel
+    y_r = tl.load(gts_ptr + 3 * pix, mask=in_img, other=0.0)
+    y_g = tl.load(gts_ptr + 3 * pix + 1, mask=in_img, other=0.0)
+    y_b = tl.load(gts_ptr + 3 * pix + 2, mask=in_img, other=0.0)
+    m = in_img.to(tl.float32)
+    r = tl.arange(0, TS)
+    d = r[:, None] - r[None, :]
+    band = (d <= WIN // 2) & (d >= -(WIN // 2))
+    G = tl.load(window_ptr + (d + WIN // 2), mask=band, other=0.0)  # [TS, TS] banded window
+    s_r, ds_r = _ssim_channel(x_r, y_r, m, G, TS)
+    s_g, ds_g = _ssim_channel(x_g, y_g, m, G, TS)
+    s_b, ds_b = _ssim_channel(x_b, y_b, m, G, TS)
+    e_r = x_r - y_r
+    e_g = x_g - y_g
+    e_b = x_b - y_b
+    abs_sum = tl.sum(tl.abs(e_r) + tl.abs(e_g) + tl.abs(e_b), axis=0)
+    tl.store(partial_ptr + 2 * tile, abs_sum)
+    tl.store(partial_ptr + 2 * tile + 1, s_r + s_g + s_b)
+    g_r = m * (l1_scale * tl.where(e_r > 0, 1.0, tl.where(e_r < 0, -1.0, 0.0)) - ssim_scale * ds_r)
+    g_g = m * (l1_scale * tl.where(e_g > 0, 1.0, tl.where(e_g < 0, -1.0, 0.0)) - ssim_scale * ds_g)
+    g_b = m * (l1_scale * tl.where(e_b > 0, 1.0, tl.where(e_b < 0, -1.0, 0.0)) - ssim_scale * ds_b)
+
+    # ---- backward compositing, back to front from the final T
+    acc = t_final * (bg_r * g_r + bg_g * g_g + bg_b * g_b)  # what lies behind, dotted with g
+    if HAS_BG:
+        tl.atomic_add(v_bg_ptr + 3 * img, tl.sum(t_final * g_r, axis=0))
+        tl.atomic_add(v_bg_ptr + 3 * img + 1, tl.sum(t_final * g_g, axis=0))
+        tl.atomic_add(v_bg_ptr + 3 * img + 2, tl.sum(t_final * g_b, axis=0))
+    if RESIDENT:
+        acc = _backward_chunk(ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, valid,
+                              t_before, w, acc, g_r, g_g, g_b, v_means2d_ptr, v_conics_ptr, v_colors_ptr,
+                              v_opac_ptr, absgrad_ptr, ABSGRAD)
+    else:
+        num_chunks = tl.cdiv(end - start, K)
+        log_t_end = log_t
+        for i in range(0, num_chunks):
+            k0 = start + (num_chunks - 1 - i) * K
+            ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, keep, log1m = _load_chunk(
+                means2d_ptr, conics_ptr, colors_ptr, opac_ptr, flatten_ptr, k0, end, px, py, in_img, K)
+            valid = keep & (ks[None, :] < stop_idx[:, None])
+            lv = tl.where(valid, log1m, 0.0)
+            log_t_start = log_t_end - tl.sum(lv, axis=1)
+            t_before = tl.exp(log_t_start[:, None] + tl.cumsum(lv, axis=1) - lv)
+            w = tl.where(valid, alpha * t_before, 0.0)
+            acc = _backward_chunk(ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, valid,
+                                  t_before, w, acc, g_r, g_g, g_b, v_means2d_ptr, v_conics_ptr, v_colors_ptr,
+                                  v_opac_ptr, absgrad_ptr, ABSGRAD)
+            log_t_end = log_t_start
+
+
+# ------------------------------------------------------------------------------------------------
+# Host side
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_inputs(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
+                  ssim_lambda, backgrounds, packed):
+    """Raises ValueError on inconsistent shapes / arguments. Returns the number of images I."""
+    if not 0.0 <= ssim_lambda <= 1.0:
+        raise ValueError(f"ssim_lambda must be in [0, 1], got {ssim_lambda}")
+    if isect_offsets.dim() != 3:
+        raise ValueError(f"isect_offsets must be [I, tile_h, tile_w], got {tuple(isect_offsets.shape)}")
+    I, th, tw = isect_offsets.shape
+    if (th, tw) != (-(-height // TILE_SIZE), -(-width // TILE_SIZE)):
+        shape = tuple(isect_offsets.shape)
+        raise ValueError(f"isect_offsets {shape} do not tile a {width}x{height} image by {TILE_SIZE}")
+    lead = means2d.shape[:-1]
+    if (packed and len(lead) != 1) or (not packed and lead[:-1] != (I,)):
+        raise ValueError(f"means2d {tuple(means2d.shape)} does not fit packed={packed} and {I} images")
+    if means2d.shape[-1] != 2 or conics.shape != lead + (3,) or colors.shape != lead + (3,) or opacities.shape != lead:
+        raise ValueError("means2d [..,2], conics [..,3], colors [..,3] and opacities [..] disagree")
+    if gts.shape != (I, height, width, 3):
+        raise ValueError(f"gts must be {(I, height, width, 3)}, got {tuple(gts.shape)}")
+    if backgrounds is not None and backgrounds.shape != (I, 3):
+        raise ValueError(f"backgrounds must be {(I, 3)}, got {tuple(backgrounds.shape)}")
+    if flatten_ids.dim() != 1:
+        raise ValueError(f"flatten_ids must be [n_isects], got {tuple(flatten_ids.shape)}")
+    return I
+
+
+def _tile_counts(isect_offsets: Tensor, num_isects: int) -> Tuple[Tensor, Tensor]:
+    """(offsets extended by n_isects [I * n_tiles + 1] int32, counts [I * n_tiles] int64)."""
+    flat = isect_offsets.reshape(-1).to(torch.int32)
+    ext = torch.cat([flat, flat.new_full((1,), num_isects)])
+    return ext, (ext[1:] - ext[:-1]).long()
+
+
+def _use_triton(device: torch.device) -> bool:
+    return device.type != "cpu" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width, height,
+            ssim_lambda, budget, return_image, absgrad):
+    """Runs both kernel variants. Returns loss (0-dim), grads dict, stats dict."""
+    device = means2d.device
+    I, th, tw = isect_offsets.shape
+    num_tiles = th * tw
+    f32 = dict(dtype=torch.float32, device=device)
+    rec = [means2d.reshape(-1, 2), conics.reshape(-1, 3), colors.reshape(-1, 3), opacities.reshape(-1)]
+    m2d, con, col, opa = (t.detach().to(torch.float32).contiguous() for t in rec)
+    R = m2d.shape[0]
+    bg = backgrounds.detach().to(torch.float32).contiguous() if backgrounds is not None else m2d.new_zeros(1)
+    gt = gts.detach().to(torch.float32).contiguous()
+    offsets, counts = _tile_counts(isect_offsets, flatten_ids.numel())
+    offsets = offsets.to(device)
+    fids = flatten_ids.to(torch.int32).contiguous()
+    grads = {
+        "means2d": torch.zeros(R, 2, **f32), "conics": torch.zeros(R, 3, **f32),
+        "colors": torch.zeros(R, 3, **f32), "opacities": torch.zeros(R, **f32),
+        "backgrounds": torch.zeros(I, 3, **f32),
+    }  # fmt: skip
+    abs_buf = torch.zeros(R, 2, **f32) if absgrad else grads["means2d"]
+    image = torch.full((I, height, width, 3), math.nan, **f32) if return_image else m2d.new_zeros(1)
+    partial = torch.full((I * num_tiles, 2), math.nan, **f32)
+    window = ssim_window_1d().to(device)
+    denom = float(I * 3 * height * width)
+    resident = counts <= budget
+    tile_sets = [(True, resident.nonzero().squeeze(1)), (False, (~resident).nonzero().squeeze(1))]
+    for is_resident, ids in tile_sets:
+        if ids.numel() == 0:
+            continue
+        if is_resident:  # block = the longest resident list rounded up to a power of two, <= budget
+            K = max(1, int(counts[ids].max()))
+            K = 1 << (K - 1).bit_length()
+        else:
+            K = STREAM_CHUNK
+        _fused_raster_loss_kernel[(ids.numel(),)](
+            m2d, con, col, opa, bg, gt, window, offsets, fids, ids.to(torch.int32).contiguous(),
+            grads["means2d"], grads["conics"], grads["colors"], grads["opacities"], grads["backgrounds"], abs_buf,
+            image, partial, width, height, tw, num_tiles,
+            (1.0 - ssim_lambda) / denom, ssim_lambda / denom,
+            HAS_BG=backgrounds is not None, RETURN_IMAGE=return_image, ABSGRAD=absgrad,
+            RESIDENT=is_resident, K=K, TS=TILE_SIZE, WIN=SSIM_WINDOW, num_warps=NUM_WARPS,
+        )  # fmt: skip
+    sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * height * width)  # [I, 2]: L1_i, SSIM_i
+    loss = ((1.0 - ssim_lambda) * sums[:, 0] + ssim_lambda * (1.0 - sums[:, 1])).mean()
+    stats = {"fraction_fused": float(resident.float().mean()), "num_tiles": I * num_tiles,
+             "image": image if return_image else None, "absgrad": abs_buf if absgrad else None}
+    return loss, grads, stats
+
+
+class FusedRasterLoss(torch.autograd.Function):
+    """loss = tile-local (1 - l) L1 + l D-SSIM of the composited images (module docstring).
+
+    forward runs the fused kernel, which computes the loss AND all its gradients at once; they
+    are saved and backward scales them by the incoming gradient, so autograd carries them on to
+    the projection, SH and the exchange unchanged. Gradients: means2d, conics, colors, opacities,
+    backgrounds (in the inputs' shapes and dtypes). ``meta`` (dict) holds the non-tensor
+    arguments and receives the stats.
+    """
+
+    @staticmethod
+    def forward(ctx, means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, meta):
+        loss, grads, stats = _launch(
+            means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, meta["width"],
+            meta["height"], meta["ssim_lambda"], meta["budget"], meta["return_image"], meta["absgrad"],
+        )  # fmt: skip
+        meta["stats"] = stats
+        shaped = [grads["means2d"].reshape(means2d.shape).to(means2d.dtype),
+                  grads["conics"].reshape(conics.shape).to(conics.dtype),
+                  grads["colors"].reshape(colors.shape).to(colors.dtype),
+                  grads["opacities"].reshape(opacities.shape).to(opacities.dtype)]  # fmt: skip
+        if backgrounds is not None:
+            shaped.append(grads["backgrounds"].to(backgrounds.dtype))
+        ctx.has_bg = backgrounds is not None
+        ctx.save_for_backward(*shaped)
+        return loss.to(means2d.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        saved = [g * grad_loss for g in ctx.saved_tensors]
+        v_bg = saved[4] if ctx.has_bg else None
+        return saved[0], saved[1], saved[2], saved[3], v_bg, None, None, None, None
+
+
+def fused_raster_loss(
+    means2d: Tensor,  # [I, N, 2] or [nnz, 2] (packed), pixels
+    conics: Tensor,  # [I, N, 3] or [nnz, 3], px^-2 (a, b, c upper triangle of the inverse covariance)
+    colors: Tensor,  # [I, N, 3] or [nnz, 3]
+    opacities: Tensor,  # [I, N] or [nnz]
+    isect_offsets: Tensor,  # [I, tile_h, tile_w] int32
+    flatten_ids: Tensor,  # [n_isects] int32, depth-sorted per tile, index the flattened records
+    gts: Tensor,  # [I, H, W, 3] ground truth in [0, 1]
+    width: int,
+    height: int,
+    ssim_lambda: float = 0.2,
+    backgrounds: Optional[Tensor] = None,  # [I, 3]
+    packed: bool = False,
+    return_image: bool = False,
+    budget: Optional[int] = None,
+    absgrad: bool = False,
+) -> Tuple[Tensor, Dict]:
+    """Composites, scores and back-propagates I images in one fused kernel (ByteSplat §4).
+
+    loss = mean_i [(1 - ssim_lambda) L1_i + ssim_lambda (1 - SSIM_tile_i)] with the tile-local
+    SSIM of the module docstring; tile size 16. The records and tile lists are gsplat's
+    (isect_tiles / isect_offset_encode). Differentiable w.r.t. means2d, conics, colors,
+    opacities and backgrounds (not gts). Computation is in float32.
+
+    budget: Gaussians per tile kept resident (default :func:`tile_budget` of the device); tiles
+    with more take the streaming fallback, same results. absgrad: also return, in
+    stats["absgrad"] [R, 2] (R = I*N or nnz), the sum over pixels of |d loss / d means2d| of
+    each pixel's contribution (gsplat's absgrad; unscaled by the incoming gradient).
+
+    On CPU tensors without TRITON_INTERPRET=1 the REFERENCE (rasterize_to_pixels + autograd)
+    runs instead; its stats have no absgrad.
+
+    Returns (loss 0-dim, stats) with stats = {"fraction_fused": fraction of the I * n_tiles
+    tiles within budget, "num_tiles": I * n_tiles, "image": [I, H, W, 3] or None, "absgrad"}.
+    Raises ValueError on inconsistent shapes, a ssim_lambda outside [0, 1] or a negative budget.
+    """
+    _check_inputs(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
+                  ssim_lambda, backgrounds, packed)
+    budget = tile_budget(means2d.device) if budget is None else int(budget)
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    if budget > 0 and budget & (budget - 1):
+        budget = 1 << (budget.bit_length() - 1)  # block sizes are powers of two
+    if not _use_triton(means2d.device):
+        loss, image = reference_fused_loss(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts,
+                                           width, height, ssim_lambda, backgrounds, packed)
+        _, counts = _tile_counts(isect_offsets, flatten_ids.numel())
+        stats = {"fraction_fused": float((counts <= budget).float().mean()), "num_tiles": counts.numel(),
+                 "image": image.detach() if return_image else None, "absgrad": None}
+        return loss, stats
+    meta = dict(width=width, height=height, ssim_lambda=float(ssim_lambda), budget=budget,
+                return_image=return_image, absgrad=absgrad)
+    loss = FusedRasterLoss.apply(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
+                                 flatten_ids, meta)
+    return loss, meta["stats"]

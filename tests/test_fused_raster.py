@@ -1,0 +1,259 @@
+"""Tests of splat_train.kernels.fused_raster (ByteSplat fused rasterization + tile-local loss).
+
+The Triton kernel runs under TRITON_INTERPRET=1 in ONE subprocess (this file run as a script), so
+the variable never leaks into other test modules; it compares every case against the REFERENCE
+(kernels.reference.rasterize_to_pixels + the PyTorch tile-local loss, autograd) and prints JSON
+that the tests below assert on. Scenes are fresh seeded random 2D records (means2d, conics,
+colours, opacities) with gsplat-style tile lists from kernels.reference.isect_tiles.
+
+Errors are normwise: max |kernel - reference| / max |reference| <= 1e-4 per tensor; NaN never
+passes. The kernel allocates its image and per-tile partial-sum buffers NaN-filled, so a pixel or
+tile the kernel fails to write makes the image or the loss NaN and fails; gradient buffers must
+be zero-initialized (atomic accumulation), so untouched records are checked to stay exactly 0.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from splat_train.kernels import fused_raster as fr
+from splat_train.kernels import reference as ref
+
+TOL = 1e-4
+GRAD_NAMES = ("means2d", "conics", "colors", "opacities", "backgrounds")
+
+# name -> scene / call parameters. budget 16 with up to ~80 Gaussians per tile gives both variants.
+CASES = {
+    "dense_bg_border": dict(I=2, H=40, W=50, N=160, seed=1, packed=False, bg=True, budget=16, lam=0.2),
+    "packed_three_images": dict(I=3, H=47, W=33, N=120, seed=2, packed=True, bg=True, budget=16, lam=0.2),
+    "saturated_no_bg": dict(I=1, H=36, W=64, N=100, seed=3, packed=False, bg=False, budget=32, lam=0.2,
+                            saturate=60),
+    "all_resident": dict(I=2, H=32, W=48, N=150, seed=4, packed=False, bg=True, budget=256, lam=0.5,
+                         saturate=30),
+    "all_streaming": dict(I=2, H=32, W=48, N=150, seed=4, packed=False, bg=True, budget=0, lam=0.5,
+                          saturate=30),
+    "ssim_only_packed": dict(I=2, H=20, W=37, N=80, seed=5, packed=True, bg=False, budget=8, lam=1.0),
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Scenes
+# ------------------------------------------------------------------------------------------------
+
+
+def make_scene(I, H, W, N, seed, packed, bg, saturate=0, **_):
+    """Random records of I images plus tile lists; the first tile column of every image stays empty.
+
+    saturate: that many extra nearly opaque (opacity 0.995-1) wide Gaussians stacked on one spot,
+    so pixels there hit the T <= 1e-4 stop. Packed scenes drop ~30% of records (culled) and list
+    the rest per image. Returns a dict of tensors / ints.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    u = lambda *s: torch.rand(*s, generator=gen)  # noqa: E731
+    means2d = torch.stack([u(I, N) * (W + 12) - 6, u(I, N) * (H + 12) - 6], -1)
+    L = torch.randn(I, N, 2, 2, generator=gen) * 1.2 + torch.eye(2) * 1.5
+    cov = L @ L.transpose(-1, -2) + 0.3 * torch.eye(2)
+    opacities = 0.05 + 0.9 * u(I, N)
+    if saturate:
+        s = slice(0, saturate)
+        means2d[:, s] = torch.tensor([W * 0.75, H * 0.5]) + u(I, saturate, 2) * 4 - 2
+        cov[:, s] = torch.eye(2) * (20.0 + 10 * u(I, saturate, 1, 1))
+        opacities[:, s] = 0.995 + 0.005 * u(I, saturate)
+    inv = torch.linalg.inv(cov)
+    conics = torch.stack([inv[..., 0, 0], inv[..., 0, 1], inv[..., 1, 1]], -1)
+    colors = u(I, N, 3)
+    depths = 1.0 + u(I, N)
+    radii = torch.ceil(3.0 * torch.sqrt(torch.stack([cov[..., 0, 0], cov[..., 1, 1]], -1))).int()
+    tw, th = math.ceil(W / fr.TILE_SIZE), math.ceil(H / fr.TILE_SIZE)
+    left = means2d[..., 0] - radii[..., 0] < fr.TILE_SIZE  # would touch the first tile column
+    if packed:
+        keep = (u(I, N) > 0.3) & ~left
+        image_ids = torch.arange(I)[:, None].expand(I, N)[keep]
+        means2d, conics, colors, opacities = means2d[keep], conics[keep], colors[keep], opacities[keep]
+        radii, depths = radii[keep], depths[keep]
+        _, isect_ids, flatten_ids = ref.isect_tiles(means2d, radii, depths, fr.TILE_SIZE, tw, th, packed=True,
+                                                    n_images=I, image_ids=image_ids)
+    else:
+        radii[left] = 0
+        radii[:, : N // 10] = 0  # culled records: in no tile, gradient must stay exactly 0
+        _, isect_ids, flatten_ids = ref.isect_tiles(means2d, radii, depths, fr.TILE_SIZE, tw, th)
+    offsets = ref.isect_offset_encode(isect_ids, I, tw, th)
+    return dict(
+        means2d=means2d, conics=conics, colors=colors, opacities=opacities, isect_offsets=offsets,
+        flatten_ids=flatten_ids, gts=u(I, H, W, 3), width=W, height=H,
+        backgrounds=u(I, 3) if bg else None, packed=packed,
+    )  # fmt: skip
+
+
+def _leaves(scene):
+    names = [n for n in GRAD_NAMES if scene[n] is not None]
+    return names, [scene[n].clone().requires_grad_(True) for n in names]
+
+
+def _call(fn, scene, leaves, names, **kw):
+    args = dict(scene, **dict(zip(names, leaves)))
+    return fn(args["means2d"], args["conics"], args["colors"], args["opacities"], args["isect_offsets"],
+              args["flatten_ids"], args["gts"], args["width"], args["height"], backgrounds=args["backgrounds"],
+              packed=args["packed"], **kw)
+
+
+def _rel(a, b):
+    """Normwise relative error; NaN if a has a non-finite element."""
+    if not torch.isfinite(a).all():
+        return math.nan
+    return ((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item()
+
+
+def run_case(params):
+    """Kernel vs reference for one case. Returns a JSON-able dict of errors and flags."""
+    scene = make_scene(**params)
+    names, leaves = _leaves(scene)
+    ref_loss, ref_image = _call(fr.reference_fused_loss, scene, leaves, names, ssim_lambda=params["lam"])
+    ref_grads = torch.autograd.grad(ref_loss, leaves)
+    names, leaves = _leaves(scene)
+    loss, stats = _call(fr.fused_raster_loss, scene, leaves, names, ssim_lambda=params["lam"],
+                        return_image=True, budget=params["budget"], absgrad=True)
+    grads = torch.autograd.grad(2.5 * loss, leaves)  # backward scales by the incoming gradient
+    out = {"loss": _rel(loss.detach(), ref_loss.detach()), "image": _rel(stats["image"], ref_image.detach()),
+           "fraction_fused": stats["fraction_fused"], "num_tiles": stats["num_tiles"]}
+    used = torch.zeros(scene["means2d"].reshape(-1, 2).shape[0], dtype=torch.bool)
+    used[scene["flatten_ids"].long()] = True
+    out["unused_records"] = int((~used).sum())
+    untouched_exact = True
+    for n, g, rg in zip(names, grads, ref_grads):
+        out[n] = _rel(g / 2.5, rg)
+        if n != "backgrounds":
+            untouched_exact &= bool((g.reshape(used.numel(), -1)[~used] == 0).all())
+    out["untouched_exact"] = untouched_exact
+    unscaled = grads[0].reshape(-1, 2) / 2.5
+    out["absgrad_bound"] = bool((stats["absgrad"] >= unscaled.abs() * (1 - 1e-5) - 1e-12).all())
+    counts = torch.diff(torch.cat([scene["isect_offsets"].reshape(-1).long(),
+                                   torch.tensor([scene["flatten_ids"].numel()])]))
+    out["empty_tiles"] = int((counts == 0).sum())
+    out["max_tile_count"] = int(counts.max())
+    out["nonempty_resident_tiles"] = int(((counts > 0) & (counts <= params["budget"])).sum())
+    T = 1.0 - ref.rasterize_to_pixels(
+        scene["means2d"], scene["conics"], scene["colors"], scene["opacities"], scene["width"], scene["height"],
+        fr.TILE_SIZE, scene["isect_offsets"], scene["flatten_ids"], packed=scene["packed"])[1]
+    out["min_final_T"] = T.min().item()
+    return out
+
+
+def _worker():
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    results = {name: run_case(params) for name, params in CASES.items()}
+    print("RESULTS " + json.dumps(results))
+
+
+# ------------------------------------------------------------------------------------------------
+# Tests
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")][-1]
+    return json.loads(line[len("RESULTS "):])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_matches_reference(results, case):
+    r = results[case]
+    for key in ("loss", "image") + GRAD_NAMES:
+        if key == "backgrounds" and not CASES[case]["bg"]:
+            continue
+        assert r[key] <= TOL, f"{case}: {key} relative error {r[key]}"  # NaN fails too
+    assert r["untouched_exact"], f"{case}: records in no tile got a non-zero gradient"
+    assert r["absgrad_bound"], f"{case}: absgrad smaller than |grad|"
+
+
+def test_cases_cover_edge_cases(results):
+    """The scenes really have both variants, empty tiles, border tiles and saturated pixels."""
+    mixed = [r["fraction_fused"] for c, r in results.items() if 0 < CASES[c]["budget"] < 256]
+    assert all(0.0 < f < 1.0 for f in mixed), mixed
+    assert all(r["nonempty_resident_tiles"] > 0 for c, r in results.items() if CASES[c]["budget"] > 0)
+    assert results["all_resident"]["fraction_fused"] == 1.0
+    assert results["all_streaming"]["fraction_fused"] == pytest.approx(
+        results["all_streaming"]["empty_tiles"] / results["all_streaming"]["num_tiles"])
+    assert all(r["empty_tiles"] > 0 for r in results.values())
+    assert results["saturated_no_bg"]["min_final_T"] < 1e-3  # pixels that ran into the stop rule
+    assert any(CASES[c]["H"] % 16 or CASES[c]["W"] % 16 for c in CASES)
+    assert results["dense_bg_border"]["unused_records"] > 0
+
+
+def test_reference_tile_ssim_matches_losses_ssim_map():
+    """Tile-local SSIM == trainer.losses.ssim_map(padding='same') of each 16x16 tile on its own."""
+    from splat_train.trainer.losses import ssim_map
+
+    gen = torch.Generator().manual_seed(7)
+    img = torch.rand(2, 32, 48, 3, generator=gen, dtype=torch.float64)
+    gt = (img + 0.3 * torch.rand(2, 32, 48, 3, generator=gen, dtype=torch.float64)).clamp(max=1)
+    got = fr.tile_local_ssim_map(img, gt)
+    for ty in range(2):
+        for tx in range(3):
+            sl = (slice(None), slice(16 * ty, 16 * ty + 16), slice(16 * tx, 16 * tx + 16))
+            want = ssim_map(img[sl], gt[sl], padding="same")
+            torch.testing.assert_close(got[sl], want, rtol=1e-10, atol=1e-12)
+
+
+def test_reference_loss_formula():
+    """tile_local_loss = mean_i[(1-l) mean|x-y| + l (1 - mean tile SSIM)]; border pixels excluded."""
+    gen = torch.Generator().manual_seed(8)
+    img, gt = torch.rand(2, 20, 37, 3, generator=gen), torch.rand(2, 20, 37, 3, generator=gen)
+    s = fr.tile_local_ssim_map(img, gt)
+    assert s.shape == img.shape and torch.isfinite(s).all()
+    want = (0.7 * (img - gt).abs().mean((1, 2, 3)) + 0.3 * (1 - s.mean((1, 2, 3)))).mean()
+    torch.testing.assert_close(fr.tile_local_loss(img, gt, 0.3), want)
+    assert fr.tile_local_loss(gt, gt, 0.3).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_cpu_without_interpreter_uses_reference(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    scene = make_scene(I=1, H=20, W=24, N=30, seed=9, packed=False, bg=True)
+    names, leaves = _leaves(scene)
+    loss, stats = _call(fr.fused_raster_loss, scene, leaves, names, return_image=True)
+    ref_loss, ref_image = _call(fr.reference_fused_loss, scene, leaves, names)
+    assert loss.item() == ref_loss.item() and torch.equal(stats["image"], ref_image.detach())
+    assert stats["num_tiles"] == 4 and 0.0 <= stats["fraction_fused"] <= 1.0
+    grads = torch.autograd.grad(loss, leaves)
+    assert all(torch.isfinite(g).all() for g in grads) and grads[0].abs().sum() > 0
+
+
+def test_tile_budget(monkeypatch):
+    assert fr.tile_budget("cpu") == fr.CPU_TILE_BUDGET == 64
+
+    class Props:
+        def __init__(self, optin, per_block):
+            self.shared_memory_per_block_optin, self.shared_memory_per_block = optin, per_block
+
+    for optin, per_block, want in [(232448, 49152, 128), (0, 65536, 32), (0, 1000, 0)]:
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev, p=Props(optin, per_block): p)
+        assert fr.tile_budget("cuda:0") == want
+
+
+def test_bad_inputs_raise():
+    scene = make_scene(I=1, H=20, W=24, N=10, seed=10, packed=False, bg=False)
+    args = [scene[k] for k in ("means2d", "conics", "colors", "opacities", "isect_offsets", "flatten_ids", "gts")]
+    with pytest.raises(ValueError, match="ssim_lambda"):
+        fr.fused_raster_loss(*args, 24, 20, ssim_lambda=1.5)
+    with pytest.raises(ValueError, match="gts"):
+        fr.fused_raster_loss(*args[:6], args[6][:, :10], 24, 20)
+    with pytest.raises(ValueError, match="tile"):
+        fr.fused_raster_loss(*args, 40, 20)
+    with pytest.raises(ValueError, match="backgrounds"):
+        fr.fused_raster_loss(*args, 24, 20, backgrounds=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="budget"):
+        fr.fused_raster_loss(*args, 24, 20, budget=-1)
+
+
+if __name__ == "__main__":
+    _worker()

@@ -1,0 +1,384 @@
+"""ByteSplat's hardware-aware training stages (ByteSplat §5.2, Fig. 8).
+
+1. Train and densify as usual (``Trainer.train_step``; nothing here).
+2. Initial pruning, after ``--prune_stage2_step``: render every training view, find each pixel's
+   largest-contribution Gaussian (largest alpha * T, the blending weight of gsplat's compositing)
+   and keep only the union of these winners; densification stays off from that step on
+   (:func:`limit_densification`). Hardware-independent.
+3. Hardware-aware pruning, after ``--prune_stage3_step``: each tile of each training view should
+   hold at most ``B`` Gaussians (:func:`tile_budget`, what the fused kernel keeps on chip). In rounds,
+   re-measuring after each, the Gaussians of over-budget tiles are ranked by
+
+       score = (overload / B) / (importance + EPS)
+
+   with ``overload`` = sum over the (view, tile) pairs the Gaussian intersects of ``max(0, n_t - B)``
+   (``n_t``: Gaussians listed in the tile; a Gaussian in a tile twice over budget weighs more than in
+   one just over it) and ``importance`` = sum over views and pixels of its alpha * T (units: pixels).
+   Highest score first; ties go to the lower global index (the shard-concatenated order). Each
+   round removes ``k = min(ceil(prune_fraction * candidates), max_excess)`` of them, where
+   ``max_excess = max_t (n_t - B)``: removing one Gaussian lowers a tile's count by at most one, so
+   the worst tile needs at least ``max_excess`` more removals and a round never takes more than that.
+   Rounds stop when every tile fits or after ``--prune_rounds``. Fine-tuning continues after.
+
+Distribution: every rank renders its share of the training views (view i on rank i mod W, as
+evaluate.py deals test views), measures per-record statistics on the received records and sends
+them to the Gaussians' owners with :func:`render.route_to_owners`; each rank removes Gaussians of
+its own shard only. The candidates' scores are gathered so every rank applies the same global top-k.
+The result equals one process holding every Gaussian in shard-concatenated order.
+
+The training views are rendered at their dataset poses (``--pose_opt`` corrections are not
+applied) and colours play no part (SH degree 0). Stage 3 gathers the candidates' scores on every
+rank (16 bytes per candidate); the measurement uses the plain-PyTorch compositing of
+kernels/reference.py on any device.
+
+Tile statistics count the (record, tile) intersections of tile binning (``tile_offsets``): the
+Gaussians a rasterizer loads for the tile, which is what must fit on chip. Each stage writes
+``stats/prune_stage<k>.json`` and TensorBoard scalars ``prune/stage<k>/...`` and prints one line
+(rank 0).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import torch
+from gsplat.strategy.ops import remove
+
+from ..kernels.reference import compositing_weights
+from . import evaluate, exchange, metrics
+from .fileio import atomic_write
+from .model import activated
+from .render import TILE_SIZE, render, route_to_owners
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .loop import Trainer
+
+RECORD_BYTES = 48
+"""On-chip bytes of one Gaussian record in a tile (12 float32 lanes, render.RECORD_LANES)."""
+CPU_TILE_BUDGET = 64
+"""Budget on a device without a shared-memory figure (the CPU): a typical order of magnitude."""
+EPS = 1e-6
+"""Added to the importance (pixels) in the stage-3 score so unseen Gaussians score finitely."""
+PER_GAUSSIAN_STATE = ("grad2d", "count", "radii")
+"""Strategy-state entries with one row per Gaussian (DefaultStrategy); others (MCMC's binomial
+table) are not per-Gaussian and must not be sliced."""
+
+
+# ---------------------------------------------------------------- budget, surgery, densification
+
+
+def tile_budget(device: torch.device, override: int = 0) -> int:
+    """Gaussians per 16x16 tile that the fused kernel keeps on chip.
+
+    ``override`` > 0 (``--tile_budget``) wins. Else the fused kernel's own figure,
+    ``splat_train.kernels.fused_raster.tile_budget(device)``, when that module imports and has it;
+    else, on CUDA/ROCm, ``shared_memory_per_block_optin // RECORD_BYTES`` (one 48-byte record per
+    Gaussian; e.g. 232,448 B -> 4842); else :data:`CPU_TILE_BUDGET`.
+    Raises ValueError (naming ``--tile_budget``) when the device's figure is below 1.
+    """
+    if override > 0:
+        return int(override)
+    try:
+        fused = importlib.import_module("splat_train.kernels.fused_raster")
+    except ImportError:  # no kernel (or no Triton): the documented default below
+        fused = None
+    if fused is not None and hasattr(fused, "tile_budget"):
+        budget = int(fused.tile_budget(device))
+    elif device.type == "cuda":
+        budget = int(torch.cuda.get_device_properties(device).shared_memory_per_block_optin) // RECORD_BYTES
+    else:
+        budget = CPU_TILE_BUDGET
+    if budget < 1:
+        raise ValueError(f"the fused kernel fits no Gaussian per tile on {device}; set --tile_budget")
+    return budget
+
+
+@torch.no_grad()
+def remove_gaussians(params, optimizers: dict, strategy_state: dict, mask: torch.Tensor) -> int:
+    """Remove the Gaussians where ``mask`` [N] bool is True from the parameters, their Adam
+    moments (gsplat.strategy.ops.remove) and the strategy's per-Gaussian state. Returns the count."""
+    n = int(params["means"].shape[0])
+    assert mask.shape == (n,) and mask.dtype == torch.bool
+    num = int(mask.sum())
+    if num == 0:
+        return 0
+    rows = {k: v for k, v in strategy_state.items() if k in PER_GAUSSIAN_STATE and isinstance(v, torch.Tensor)}
+    assert all(v.shape[0] == n for v in rows.values()), {k: tuple(v.shape) for k, v in rows.items()}
+    remove(params=params, optimizers=optimizers, state=rows, mask=mask)
+    strategy_state.update(rows)
+    return num
+
+
+def limit_densification(strategy, cfg) -> None:
+    """Densification stays off from stage 2 on: the strategy's ``refine_stop_iter`` becomes
+    ``min(refine_stop_iter, prune_stage2_step)``. gsplat's DefaultStrategy returns at once from
+    ``step_post_backward`` when ``step >= refine_stop_iter`` (no growth, pruning or opacity reset,
+    including densify.DefaultStrategy's reset); MCMCStrategy stops relocating and adding but keeps
+    its position noise. Derived from the config, so a resumed run obeys it too."""
+    stop = cfg.schedule.prune_stage2_step
+    if stop > 0:
+        strategy.refine_stop_iter = min(strategy.refine_stop_iter, stop)
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def pixel_winners(pixel_ids: torch.Tensor, record_ids: torch.Tensor, weights: torch.Tensor,
+                  keys: torch.Tensor) -> torch.Tensor:
+    """Each pixel's largest-contribution record.
+
+    pixel_ids, record_ids, weights: [M] (kernels.reference.compositing_weights: the contributing
+    (pixel, record) pairs and their alpha * T). keys: [R] int64 tie-break per record (the global
+    Gaussian index; the lower wins an exact tie). Returns the winning record ids, [P] int64, one per
+    pixel that has any pair."""
+    if pixel_ids.numel() == 0:
+        return record_ids[:0]
+    num_pixels = int(pixel_ids.max()) + 1
+    best = torch.full((num_pixels,), -math.inf, dtype=weights.dtype, device=weights.device)
+    best.scatter_reduce_(0, pixel_ids, weights, "amax")
+    is_best = weights == best[pixel_ids]
+    rec_keys = keys[record_ids]
+    big = torch.iinfo(torch.int64).max
+    best_key = torch.full((num_pixels,), big, dtype=torch.int64, device=keys.device)
+    best_key.scatter_reduce_(0, pixel_ids, torch.where(is_best, rec_keys, big), "amin")
+    return record_ids[is_best & (rec_keys == best_key[pixel_ids])]
+
+
+def tile_counts(tile_offsets: torch.Tensor, num_isects: int) -> torch.Tensor:
+    """Gaussians listed in each tile: [C, th, tw] int32 offsets -> [C * th * tw] int64 counts."""
+    starts = tile_offsets.reshape(-1).long()
+    ends = torch.cat([starts[1:], starts.new_full((1,), num_isects)])
+    return ends - starts
+
+
+@torch.no_grad()
+def record_statistics(info: dict, budget: int, composite: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-record statistics of one pass and its tile counts.
+
+    info: a ``render(..., rasterize=False)`` info. Returns values [*records, 3] float64 with lanes
+    (pixels won, importance = sum of alpha * T over pixels, overload = sum over the record's tiles
+    of max(0, n_t - budget)), aligned with ``info["records"]`` for route_to_owners (the first two
+    lanes stay 0 without ``composite``); and the tile counts [C * th * tw] int64.
+    """
+    rec = info["records"]
+    lead = rec["opacities"].shape  # [C, N_all] dense or [R] packed
+    num_records = rec["opacities"].numel()
+    device = rec["opacities"].device
+    flatten_ids = info["flatten_ids"]
+    counts = tile_counts(info["tile_offsets"], flatten_ids.numel())
+    excess = (counts - budget).clamp_min(0).double()
+    tile_of_isect = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts)
+    values = torch.zeros(num_records, 3, dtype=torch.float64, device=device)
+    values[:, 2].index_add_(0, flatten_ids.long(), excess[tile_of_isect])
+    if composite:
+        pixel_ids, record_ids, weights, _ = compositing_weights(
+            rec["means2d"], rec["conics"], rec["opacities"], info["width"], info["height"], TILE_SIZE,
+            info["tile_offsets"], flatten_ids, packed=info["packed"])
+        if info["packed"]:
+            keys = rec["gaussian_ids"].long()
+        else:
+            keys = torch.arange(num_records, device=device) % lead[-1]  # global Gaussian index
+        values[:, 0] = torch.bincount(pixel_winners(pixel_ids, record_ids, weights, keys),
+                                      minlength=num_records).double()
+        values[:, 1].index_add_(0, record_ids, weights.double())
+    return values.reshape(*lead, 3), counts
+
+
+@dataclass
+class Measurement:
+    """Stage statistics over every training view. Per local Gaussian [N] float64: ``wins``
+    (pixels won), ``importance`` (sum alpha * T, pixels), ``overload`` (sum of max(0, n_t - B)).
+    Tile statistics are global (every rank holds the same numbers)."""
+
+    wins: torch.Tensor
+    importance: torch.Tensor
+    overload: torch.Tensor
+    num_tiles: int
+    num_within: int
+    mean_per_tile: float
+    max_per_tile: int
+
+    def tile_summary(self) -> dict:
+        return dict(fraction_within_budget=self.num_within / max(self.num_tiles, 1),
+                    mean_per_tile=self.mean_per_tile, max_per_tile=self.max_per_tile, num_tiles=self.num_tiles)
+
+
+def _all_gather_rows(ctx, rows: torch.Tensor) -> torch.Tensor:
+    """[n_r, D] on each rank -> [sum n_r, D] in rank order (identity at W = 1)."""
+    if ctx.world_size == 1:
+        return rows
+    counts = exchange.gather_metadata(ctx, [rows.shape[0]])[:, 0].tolist()
+    out = exchange._padded_all_gather(ctx, rows.to(ctx.comm_device), counts)
+    return out.to(rows.device)
+
+
+@torch.no_grad()
+def measure(trainer: "Trainer", budget: int, composite: bool = True) -> Measurement:
+    """Render every training view (collectively; view i on rank i mod W, a rank out of views
+    re-renders one and discards it) and route the per-record statistics to their owners."""
+    ctx, cfg, views = trainer.ctx, trainer.cfg, trainer.trainset
+    mine, rounds = evaluate._my_views(len(views), ctx)
+    gaussians = activated(trainer.params)
+    device = trainer.params["means"].device
+    acc = torch.zeros(trainer.params["means"].shape[0], 3, dtype=torch.float64, device=device)
+    tiles = torch.zeros(1, 4, dtype=torch.float64)  # tiles, within budget, sum of counts, max count
+    for r in range(rounds):
+        real = r < len(mine)
+        cam = trainer.camera_batch(views.batch([mine[r] if real else (mine[-1] if mine else 0)]))
+        res = render(gaussians, cam, ctx, trainer.ops, 0, packed=cfg.packed, near=cfg.near_plane,
+                     far=cfg.far_plane, rasterize=False)  # colours play no part: SH degree 0
+        values, counts = record_statistics(res.info, budget, composite)
+        if real:
+            tiles[0, :3] += torch.tensor([counts.numel(), int((counts <= budget).sum()), int(counts.sum())])
+            tiles[0, 3] = max(float(tiles[0, 3]), float(counts.max()) if counts.numel() else 0.0)
+        else:
+            values = torch.zeros_like(values)
+        acc += route_to_owners(ctx, res.info, values)
+    tiles = _all_gather_rows(ctx, tiles)
+    num_tiles, num_within, total = (int(v) for v in tiles[:, :3].sum(0))
+    return Measurement(acc[:, 0], acc[:, 1], acc[:, 2], num_tiles, num_within,
+                       total / max(num_tiles, 1), int(tiles[:, 3].max()))
+
+
+# ---------------------------------------------------------------- selection
+
+
+def global_offset(trainer: "Trainer") -> tuple[int, int]:
+    """(index of this shard's first Gaussian in the shard-concatenated order, total Gaussians)."""
+    sizes = exchange.gather_metadata(trainer.ctx, [trainer.params["means"].shape[0]])[:, 0].tolist()
+    return sum(sizes[: trainer.ctx.rank]), sum(sizes)
+
+
+def stage3_scores(m: Measurement, budget: int) -> torch.Tensor:
+    """score = (overload / budget) / (importance + EPS), [N] float64; 0 where overload is 0."""
+    return (m.overload / budget) / (m.importance + EPS)
+
+
+def select_top(trainer: "Trainer", scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` highest-scoring candidates over all ranks (ties: lower global index first), as a
+    local [N] bool mask. Every rank gathers the candidates' (score, global index) and applies the
+    same order."""
+    offset, _ = global_offset(trainer)
+    local = candidates.nonzero().squeeze(1)
+    rows = torch.stack([scores[local], (local + offset).double()], dim=1).cpu()  # indices exact < 2^53
+    everyone = _all_gather_rows(trainer.ctx, rows)
+    by_index = everyone[torch.argsort(everyone[:, 1], stable=True)]
+    order = torch.argsort(-by_index[:, 0], stable=True)
+    chosen = by_index[order[:k], 1].long() - offset
+    n = scores.shape[0]
+    chosen = chosen[(chosen >= 0) & (chosen < n)].to(scores.device)
+    mask = torch.zeros(n, dtype=torch.bool, device=scores.device)
+    mask[chosen] = True
+    return mask
+
+
+# ---------------------------------------------------------------- the stages
+
+
+def _count_all(trainer: "Trainer") -> int:
+    return global_offset(trainer)[1]
+
+
+def initial_pruning(trainer: "Trainer", step: int) -> dict:
+    """Stage 2: remove every Gaussian that wins no pixel of any training view. Collective."""
+    budget = tile_budget(trainer.device, trainer.cfg.prune.tile_budget)
+    num_before = _count_all(trainer)
+    m = measure(trainer, budget, composite=True)
+    num_pruned = remove_gaussians(trainer.params, trainer.optimizers, trainer.strategy_state, m.wins == 0)
+    limit_densification(trainer.strategy, trainer.cfg)
+    after = measure(trainer, budget, composite=False)
+    return dict(stage=2, step=step, tile_budget=budget, num_before=num_before, num_after=_count_all(trainer),
+                num_pruned_local=num_pruned, tiles_before=m.tile_summary(), tiles_after=after.tile_summary())
+
+
+def hardware_aware_pruning(trainer: "Trainer", step: int) -> dict:
+    """Stage 3: prune in rounds until every tile of every training view holds at most the budget
+    (or ``--prune_rounds`` rounds ran); see the module docstring for the score. Collective."""
+    p = trainer.cfg.prune
+    budget = tile_budget(trainer.device, p.tile_budget)
+    num_before = _count_all(trainer)
+    m = first = measure(trainer, budget, composite=True)
+    rounds, per_round = 0, []
+    while rounds < p.prune_rounds and m.max_per_tile > budget:
+        candidates = m.overload > 0
+        num_candidates = _count_all_true(trainer, candidates)
+        k = min(math.ceil(p.prune_fraction * num_candidates), m.max_per_tile - budget)
+        mask = select_top(trainer, stage3_scores(m, budget), candidates, k)
+        remove_gaussians(trainer.params, trainer.optimizers, trainer.strategy_state, mask)
+        rounds += 1
+        per_round.append(dict(candidates=num_candidates, removed=k))
+        m = measure(trainer, budget, composite=True)
+    return dict(stage=3, step=step, tile_budget=budget, num_before=num_before, num_after=_count_all(trainer),
+                rounds=rounds, per_round=per_round, all_tiles_fit=m.max_per_tile <= budget,
+                tiles_before=first.tile_summary(), tiles_after=m.tile_summary())
+
+
+def _count_all_true(trainer: "Trainer", mask: torch.Tensor) -> int:
+    return int(exchange.gather_metadata(trainer.ctx, [int(mask.sum())])[:, 0].sum())
+
+
+@torch.no_grad()
+def heldout_psnr(trainer: "Trainer") -> Optional[float]:
+    """Mean PSNR (dB) over the test views, on every rank; None without test views. Collective."""
+    ctx, testset = trainer.ctx, trainer.testset
+    if len(testset) == 0:
+        return None
+    mine, rounds = evaluate._my_views(len(testset), ctx)
+    cams = [trainer.camera_batch(testset.batch([i])) for i in mine]
+    cams += [cams[-1] if cams else trainer.camera_batch(testset.batch([0]))] * (rounds - len(cams))
+    renders = evaluate.render_views(trainer, cams)[: len(mine)]
+    total = sum(float(metrics.psnr(torch.from_numpy(r)[None], testset[i]["image"][None]).mean())
+                for i, r in zip(mine, renders))
+    sums = _all_gather_rows(ctx, torch.tensor([[total, len(mine)]], dtype=torch.float64)).sum(0)
+    return float(sums[0] / sums[1])
+
+
+def run_stages(trainer: "Trainer", done: int) -> Optional[dict]:
+    """Run the stage scheduled after step ``done`` (if any), then report it. Collective."""
+    s = trainer.cfg.schedule
+    if done == s.prune_stage2_step:
+        stage = initial_pruning
+    elif done == s.prune_stage3_step:
+        stage = hardware_aware_pruning
+    else:
+        return None
+    t0 = time.perf_counter()
+    psnr_before = heldout_psnr(trainer)
+    stats = stage(trainer, done)
+    stats.pop("num_pruned_local", None)
+    stats.update(num_pruned=stats["num_before"] - stats["num_after"], seconds=time.perf_counter() - t0,
+                 test_psnr_before=psnr_before, test_psnr_after=heldout_psnr(trainer))
+    report(trainer, stats)
+    return stats
+
+
+def report(trainer: "Trainer", stats: dict) -> None:
+    """Rank 0: print a line, write stats/prune_stage<k>.json and TensorBoard scalars."""
+    if not trainer.ctx.is_main:
+        return
+    k, step = stats["stage"], stats["step"]
+    path = Path(trainer.result_dir) / "stats" / f"prune_stage{k}.json"
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
+    before, after = stats["tiles_before"], stats["tiles_after"]
+    if trainer.writer is not None:
+        w, tag = trainer.writer, f"prune/stage{k}"
+        w.add_scalar(f"{tag}/num_pruned", stats["num_pruned"], step)
+        w.add_scalar(f"{tag}/num_gaussians", stats["num_after"], step)
+        for name in ("fraction_within_budget", "mean_per_tile", "max_per_tile"):
+            w.add_scalar(f"{tag}/{name}_before", before[name], step)
+            w.add_scalar(f"{tag}/{name}_after", after[name], step)
+        if stats["test_psnr_after"] is not None:
+            w.add_scalar(f"{tag}/test_psnr", stats["test_psnr_after"], step)
+    psnr = stats["test_psnr_after"]
+    from tqdm import tqdm
+
+    tqdm.write(f"prune stage {k} after step {step}: {stats['num_pruned']:,} of {stats['num_before']:,} Gaussians "
+               f"removed; tiles within budget {stats['tile_budget']}: {100 * before['fraction_within_budget']:.1f}% "
+               f"-> {100 * after['fraction_within_budget']:.1f}% (mean {after['mean_per_tile']:.1f}, max "
+               f"{after['max_per_tile']} per tile)" + (f"; test PSNR {psnr:.3f}" if psnr is not None else ""))
