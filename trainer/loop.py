@@ -125,7 +125,7 @@ class Trainer:
         cfg = self.cfg
         items = self.sampler.batch_at(step)
         batch = self.trainset.batch(items)
-        item_ids = torch.tensor(items, device=self.device)
+        item_ids = torch.tensor(items, device=self.device) if self.aux else None  # aux modules only
         if "pose" in self.aux:
             batch["camtoworld"] = self.aux["pose"](batch["camtoworld"].to(self.device), item_ids)
         cams = self.camera_batch(batch)

@@ -93,6 +93,12 @@ def _check_images(img1: torch.Tensor, img2: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}: expected floating-point images, got {img1.dtype}, {img2.dtype}")
 
 
+@functools.lru_cache(maxsize=16)
+def _window_on(window_size: int, sigma: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The 1D window on a device, made once (a host-to-device copy every step would stall it)."""
+    return gaussian_kernel_1d(window_size, sigma).to(dtype=dtype, device=device)
+
+
 def _gaussian_filter(images: torch.Tensor, window_size: int, sigma: float) -> torch.Tensor:
     """Zero-padded ("same") Gaussian filter of each channel: [B, C, H, W] -> [B, C, H, W].
 
@@ -105,7 +111,7 @@ def _gaussian_filter(images: torch.Tensor, window_size: int, sigma: float) -> to
     grouped one. So CUDA folds and every other device runs the grouped convolution.
     """
     batch, num_channels, height, width = images.shape
-    g = gaussian_kernel_1d(window_size, sigma).to(dtype=images.dtype, device=images.device)
+    g = _window_on(window_size, sigma, images.dtype, images.device)
     pad = window_size // 2
     if images.device.type == "cuda":
         planes = images.reshape(batch * num_channels, 1, height, width)
