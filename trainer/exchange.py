@@ -135,24 +135,32 @@ def _all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], re
 class AllToAll(torch.autograd.Function):
     """Forward: all_to_all of record rows; rank j receives the ``send_rows[j]`` rows addressed to
     it, concatenated in source-rank order. Backward: the reverse all_to_all (the gradient of a
-    received row goes back to the rank and position it came from)."""
+    received row goes back to the rank and position it came from). Only the columns
+    ``grad_cols = (start, stop)`` carry gradient (radii and index lanes have none), so only they
+    travel back; the others come back as zeros. With ``ctx.sparse_grad_comm`` rows whose
+    gradient is exactly zero are elided (sparse_exchange.py)."""
 
     @staticmethod
-    def forward(fctx, x, ctx: DistContext, send_rows: list[int], recv_rows: list[int]):
+    def forward(fctx, x, ctx: DistContext, send_rows: list[int], recv_rows: list[int], grad_cols):
         fctx.dist_ctx, fctx.send_rows, fctx.recv_rows = ctx, send_rows, recv_rows
+        fctx.grad_cols, fctx.width = grad_cols, x.shape[1]
         return _all_to_all_rows(ctx, x, send_rows, recv_rows)
 
     @staticmethod
     def backward(fctx, grad):
         ctx = fctx.dist_ctx
+        start, stop = fctx.grad_cols or (0, fctx.width)
+        grad = grad[:, start:stop].contiguous()
         if ctx.sparse_grad_comm:
             # zero-eliding: only nonzero gradient rows travel, with a bitmap (sparse_exchange.py)
             from .sparse_exchange import sparse_all_to_all_rows
 
-            back = sparse_all_to_all_rows(ctx, grad.contiguous(), fctx.recv_rows, fctx.send_rows)
+            back = sparse_all_to_all_rows(ctx, grad, fctx.recv_rows, fctx.send_rows)
         else:
-            back = _all_to_all_rows(ctx, grad.contiguous(), fctx.recv_rows, fctx.send_rows)
-        return back, None, None, None
+            back = _all_to_all_rows(ctx, grad, fctx.recv_rows, fctx.send_rows)
+        if (start, stop) != (0, fctx.width):
+            back = torch.nn.functional.pad(back, (start, fctx.width - stop))
+        return back, None, None, None, None
 
 
 def all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int]) -> torch.Tensor:
@@ -162,11 +170,12 @@ def all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], rec
     return _all_to_all_rows(ctx, x.contiguous(), list(send_rows), list(recv_rows))
 
 
-def all_to_all(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int]) -> torch.Tensor:
-    """Differentiable all_to_all of rows (identity at world size 1)."""
+def all_to_all(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int],
+               grad_cols: "tuple[int, int] | None" = None) -> torch.Tensor:
+    """Differentiable all_to_all of rows (identity at world size 1); see :class:`AllToAll`."""
     if ctx.world_size == 1:
         return x
-    return AllToAll.apply(x, ctx, list(send_rows), list(recv_rows))
+    return AllToAll.apply(x, ctx, list(send_rows), list(recv_rows), grad_cols)
 
 
 def ids_to_float_lanes(ids: torch.Tensor) -> torch.Tensor:

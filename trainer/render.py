@@ -275,9 +275,12 @@ def _exchange_dense(ctx, fields, N, N_world, C_world, timer) -> dict:
 
 
 def _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer):
-    """The record all_to_all, with the backward phase boundaries on both sides of it."""
+    """The record all_to_all, with the backward phase boundaries on both sides of it. Only the
+    last 10 lanes (means2d, depth, conic, opacity, colour) carry gradient back."""
     payload = boundary(payload, timer, "backward_projection")
-    return boundary(exchange.all_to_all(ctx, payload, send_rows, recv_rows), timer, "backward_exchange")
+    grad_cols = (payload.shape[1] - (RECORD_LANES - 2), payload.shape[1])
+    recv = exchange.all_to_all(ctx, payload, send_rows, recv_rows, grad_cols=grad_cols)
+    return boundary(recv, timer, "backward_exchange")
 
 
 def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer) -> dict:
