@@ -4,41 +4,23 @@ gradients, and the trainer runs with the gsplat backend. Marked ``gpu``; skipped
 import pytest
 import torch
 
-from splat_train.kernels import reference
 from splat_train.trainer.launch import DistContext
 from splat_train.trainer.render import CameraBatch, ops_for, render
+
+from scenes import make_cameras, make_scene
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")]
 
 
 def _scene(n=4000, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    p = dict(means=(torch.rand(n, 3, generator=g) * 2 - 1),
-             quats=torch.randn(n, 4, generator=g),
-             scales=torch.exp(torch.rand(n, 3, generator=g) * 2 - 4.5),
-             opacities=torch.rand(n, generator=g) * 0.9 + 0.05,
-             colors=torch.randn(n, 16, 3, generator=g) * 0.3)
-    return {k: v.cuda() for k, v in p.items()}
+    return {k: v.cuda() for k, v in make_scene(seed, num_gaussians=n, sh_degree=3).items()}
 
 
 def _batch(width=200, height=150, num=2):
-    import math
-
-    viewmats, Ks = [], []
-    for i in range(num):
-        a = 2 * math.pi * i / num
-        eye = torch.tensor([3 * math.cos(a), 3 * math.sin(a), 1.0])
-        fwd = -eye / eye.norm()
-        right = torch.linalg.cross(fwd, torch.tensor([0.0, 0.0, 1.0]))
-        right = right / right.norm()
-        down = torch.linalg.cross(fwd, right)
-        c2w = torch.eye(4)
-        c2w[:3, 0], c2w[:3, 1], c2w[:3, 2], c2w[:3, 3] = right, down, fwd, eye
-        viewmats.append(torch.linalg.inv(c2w))
-        f = 0.8 * width
-        Ks.append(torch.tensor([[f, 0, width / 2], [0, f, height / 2], [0, 0, 1.0]]))
-    return CameraBatch(torch.stack(viewmats).cuda(), torch.stack(Ks).cuda(), width, height)
+    cams = make_cameras([(width, height)] * num)
+    return CameraBatch(torch.stack([c[0] for c in cams]).cuda(), torch.stack([c[1] for c in cams]).cuda(),
+                       width, height)
 
 
 @pytest.mark.parametrize("packed", [False, True])

@@ -15,7 +15,6 @@ first and is renamed into place only when complete.
 from __future__ import annotations
 
 import datetime
-import os
 import re
 import shutil
 from pathlib import Path

@@ -153,7 +153,6 @@ def render(
     """
     timer = timer or PhaseTimer(gaussians["means"].device)
     timer.begin("forward_exchange")  # shard sizes and cameras
-    device = gaussians["means"].device
     N, C = gaussians["means"].shape[0], cams.viewmats.shape[0]
     meta = exchange.gather_metadata(ctx, [N, C, cams.width, cams.height])  # [W, 4]
     N_world, C_world = meta[:, 0].tolist(), meta[:, 1].tolist()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 
