@@ -32,6 +32,10 @@ def test_two_ranks_write_shards_stats_and_merged_ply(w2_run):
         assert (w2_run / f"ckpts/ckpt_8_rank{r}.pt").is_file()
         stats = json.loads((w2_run / f"stats/train_step8_rank{r}.json").read_text())
         assert stats["world_size"] == 2 and stats["num_gaussians"] > 0
+        calls = stats["comm_per_step"]["calls"]
+        assert calls["forward/all_to_all"] == 1.0 and calls["backward/all_to_all"] == 1.0  # one each way per step
+        assert "forward/all_reduce" not in calls and "backward/all_reduce" not in calls
+        assert stats["comm_per_step"]["bytes_sent"]["backward/all_to_all"] > 0
     ply = load_ply(w2_run / "ply/point_cloud_8_distributed_merged.ply")
     shards = [torch.load(w2_run / f"ckpts/ckpt_8_rank{r}.pt", weights_only=False)["params"] for r in range(2)]
     assert torch.equal(ply["means"], torch.cat([s["means"] for s in shards]))  # rank order, deterministic

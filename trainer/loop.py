@@ -57,6 +57,7 @@ class Trainer:
         self.strategy_state = self.strategy.initialize_state(scene_scale=self.scene_scale)
         self.aux, self.aux_optimizers = self._make_aux_modules()
         self.step = 0  # completed steps
+        self._stats_step = 0  # step of the previous train stats file
         self.writer = None
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
@@ -107,7 +108,7 @@ class Trainer:
             if k in state.get("aux", {}):
                 module.load_state_dict(state["aux"][k])
                 self.aux_optimizers[k].load_state_dict(state["aux_optimizers"][k])
-        self.step = int(state["step"])
+        self.step = self._stats_step = int(state["step"])
         if restore_rng and "rng" in state:
             checkpoint.set_rng_state(state["rng"], self.device)
 
@@ -341,12 +342,17 @@ class Trainer:
         return path
 
     def _write_train_stats(self) -> None:
+        """stats/train_step<step>_rank<r>.json; collectives and bytes are per step, averaged over
+        the steps since the previous stats file (evaluation renders included)."""
+        steps = max(self.step - self._stats_step, 1)
+        self._stats_step = self.step
+        comm = self.ctx.stats.reset()
         stats = dict(step=self.step, rank=self.ctx.rank, world_size=self.ctx.world_size,
                      num_gaussians=int(self.params["means"].shape[0]),
                      ms_per_step=self.last_stats.get("ms_per_step"),
                      mem_peak_gib=(torch.cuda.max_memory_allocated(self.device) / 2**30
                                    if self.device.type == "cuda" else None),
-                     comm=self.ctx.stats.reset())
+                     comm_per_step={k: {op: v / steps for op, v in d.items()} for k, d in comm.items()})
         path = self.result_dir / "stats" / f"train_step{self.step}_rank{self.ctx.rank}.json"
         checkpoint.atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
 
