@@ -15,11 +15,11 @@ be zero-initialized (atomic accumulation), so untouched records are checked to s
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from interpreted import run_interpreted
 
 from splat_train.kernels import fused_raster as fr
 from splat_train.kernels import reference as ref
@@ -157,10 +157,7 @@ def _worker():
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-5000:]
+    proc = run_interpreted(__file__, timeout=900)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")][-1]
     return json.loads(line[len("RESULTS "):])
 

@@ -9,12 +9,12 @@ with the PyTorch SSIM in float64 (itself tested against an independent numpy SSI
 test_losses.py). NaN never passes: every result is checked finite before it is compared.
 """
 
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
+
+from interpreted import run_interpreted
 
 from splat_train.kernels import fused_ssim as fs
 from splat_train.trainer import losses
@@ -124,10 +124,7 @@ def kernel_results(tmp_path_factory):
         img1, img2 = make_images(size, kind, seed=1000 + i)
         cases[case_id(case)] = dict(img1=img1, img2=img2, padding=padding, kind=kind)
     torch.save(cases, tmp / "in.pt")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__, "kernels", str(tmp / "in.pt"), str(tmp / "out.pt")],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_interpreted(__file__, "kernels", str(tmp / "in.pt"), str(tmp / "out.pt"), timeout=600)
     return cases, torch.load(tmp / "out.pt")
 
 

@@ -8,12 +8,12 @@ the child (``python tests/test_sparse_comm.py kernels IN OUT``) runs the kernels
 compares. Bitwise comparisons look at int32 views, so NaN payloads and -0.0 count; NaN never passes.
 """
 
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
+
+from interpreted import run_interpreted
 
 from splat_train.kernels import sparse_comm as sc
 from splat_train.trainer.exchange import _all_to_all_rows
@@ -190,10 +190,7 @@ def kernel_results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sparse_kernels")
     cases = {name: make_case(name, seed=100 + i) for i, name in enumerate(CASES)}
     torch.save(cases, tmp / "in.pt")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__, "kernels", str(tmp / "in.pt"), str(tmp / "out.pt")],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_interpreted(__file__, "kernels", str(tmp / "in.pt"), str(tmp / "out.pt"), timeout=300)
     return cases, torch.load(tmp / "out.pt")
 
 
