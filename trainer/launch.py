@@ -24,7 +24,7 @@ import sys
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -179,8 +179,26 @@ def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callab
         # waits until its timeout); the launcher terminates the surviving ranks when one exits.
         sys.stderr.flush()
         os._exit(code)
+    end_rank()
+
+
+def end_rank() -> NoReturn:
+    """End a rank of a multi-process run that succeeded: barrier, destroy the group, exit 0.
+
+    The process ends with ``os._exit`` after flushing, not by returning to the interpreter: gloo's
+    worker threads can still hold the last collective's tensors (``gather_object`` returns on a
+    sender before the thread drops its work item), and when they release them while Python
+    finalizes, the thread needs the GIL that finalization has taken away and the process aborts
+    ("terminate called without an active exception", seen on CI). Every file a run writes is
+    closed before this point (checkpoints and PLYs are atomic renames; the TensorBoard writer is
+    closed by the trainer). The barrier keeps a rank from leaving while a peer still needs it.
+    """
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def num_local_processes(nproc_per_node: int, device: str) -> int:
@@ -196,19 +214,18 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
     """Run ``fn(ctx, *args)`` on every rank; return the exit code (0 when every rank succeeded).
 
     A failure on one rank ends the others within a bounded time (spawn terminates the survivors;
-    external launchers do the same), with that rank's error printed on stderr.
+    external launchers do the same), with that rank's error printed on stderr. Under an external
+    launcher (torchrun, mpirun, srun) a successful rank ends its process here (``end_rank``); with
+    one process the call returns 0 and the process goes on.
     """
     external = detect_external()
     if external is not None:
         os.environ.setdefault("MASTER_ADDR", external["master_addr"])
         os.environ.setdefault("MASTER_PORT", str(external["master_port"]))
         ctx = init_context(external["rank"], external["world_size"], external["local_rank"], device)
-        try:
-            fn(ctx, *args)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        return 0
+        fn(ctx, *args)
+        del ctx
+        end_rank()
     nproc = num_local_processes(nproc_per_node, device)
     if nproc > 1 and device != "cpu" and torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise LaunchError(f"--nproc_per_node {nproc} exceeds the {torch.cuda.device_count()} visible GPUs")
