@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import statistics
 import sys
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from splat_train.trainer.fileio import atomic_write_bytes
 
 DEFAULT_VARIANTS = {
     "gsplat-dist": "--pipeline gsplat-dist",
@@ -115,7 +118,9 @@ def build_scene(args):
     return make_synthetic_scene(args.synthetic_gaussians, args.num_cameras, w, seed=0, height=h, device=device)
 
 
-def run(args) -> dict:
+def run(args, on_result=None) -> dict:
+    """Train every variant at every world size; ``on_result(report)`` is called after each one
+    (the report so far), so a run cut short by a time limit keeps what it measured."""
     from splat_train.trainer.launch import launch
 
     variants = dict(DEFAULT_VARIANTS)
@@ -126,8 +131,13 @@ def run(args) -> dict:
         variants[name] = flags
     if args.device == "cpu" or not torch.cuda.is_available():
         variants.pop("gsplat-dist", None)  # gsplat's CUDA ops only
+    check_variants(variants)
     scene = build_scene(args)
     results = []
+    baseline = next(iter(variants), None)
+
+    def report() -> dict:
+        return dict(scene=scene_summary(args, scene), variants=list(results), baseline=baseline)
     with tempfile.TemporaryDirectory() as tmp:
         for world_size in args.world_sizes:
             for name, extra in variants.items():
@@ -138,16 +148,42 @@ def run(args) -> dict:
                     flags += ["--data_dir", args.data_dir, "--data_factor", str(args.data_factor)]
                 files = [f"{tmp}/{name}_{world_size}_rank{r}.json" for r in range(world_size)]
                 t0 = time.perf_counter()
-                rc = launch(_worker_entry, (scene, flags, args.steps, args.warmup, f"{tmp}/{name}_{world_size}"),
-                            nproc_per_node=world_size, device=args.device)
+                try:
+                    rc = launch(_worker_entry, (scene, flags, args.steps, args.warmup, f"{tmp}/{name}_{world_size}"),
+                                nproc_per_node=world_size, device=args.device)
+                except Exception as e:  # one process runs in this one: record the failure, go on
+                    print(f"bench: {name} W={world_size} failed: {e}", file=sys.stderr, flush=True)
+                    rc = f"{type(e).__name__}: {e}"
                 wall = time.perf_counter() - t0
                 if rc != 0:
-                    results.append(dict(variant=name, world_size=world_size, flags=extra, error=f"exit code {rc}"))
-                    continue
-                ranks = [json.loads(Path(f).read_text()) for f in files]
-                results.append(dict(variant=name, world_size=world_size, flags=extra, wall_s=wall, ranks=ranks))
-                print(f"bench: {name} W={world_size}: {max(r['ms_median'] for r in ranks):.2f} ms/iter", flush=True)
-    return dict(scene=scene_summary(args, scene), variants=results, baseline=next(iter(variants), None))
+                    error = f"exit code {rc}" if isinstance(rc, int) else rc
+                    results.append(dict(variant=name, world_size=world_size, flags=extra, error=error))
+                else:
+                    ranks = [json.loads(Path(f).read_text()) for f in files]
+                    results.append(dict(variant=name, world_size=world_size, flags=extra, wall_s=wall, ranks=ranks))
+                    print(f"bench: {name} W={world_size}: {max(r['ms_median'] for r in ranks):.2f} ms/iter", flush=True)
+                if on_result is not None:
+                    on_result(report())
+    return report()
+
+
+def check_variants(variants: dict) -> None:
+    """Parse every variant's flags before anything runs; raise ValueError naming a bad one."""
+    import contextlib
+    import io
+
+    from splat_train.trainer.cli import parse_args
+
+    for name, extra in variants.items():
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                parse_args(["default", *shlex.split(extra)])
+        except SystemExit:
+            text = re.sub("[\u2500-\u257f]", " ", err.getvalue())  # tyro's box drawing
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "full helptext" not in ln]
+            raise ValueError(f"--variant {name}={extra!r}: splat-train rejects these flags: "
+                             + " ".join(lines[:6])) from None
 
 
 def _worker_entry(ctx, scene, flags, steps, warmup, prefix):
@@ -250,13 +286,26 @@ def main(argv=None) -> int:
     if args.warmup >= args.steps:
         print("error: --warmup must be smaller than --steps", file=sys.stderr)
         return 2
-    report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(report, indent=2))
-    table = markdown(report)
-    (out / "bench.md").write_text(table)
-    chart(report, out / "phases.png")
+
+    def write(report: dict) -> str:
+        table = markdown(report)
+        atomic_write_bytes(out / "bench.json", json.dumps(report, indent=2).encode())
+        atomic_write_bytes(out / "bench.md", table.encode())
+        return table
+
+    try:
+        report = run(args, on_result=write)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    table = write(report)
+    try:
+        chart(report, out / "phases.png")
+    except ImportError:
+        print("bench: phases.png not written: matplotlib is not installed (pip install 'splat-train[bench]')",
+              file=sys.stderr)
     print(table)
     return 0 if all("ranks" in e for e in report["variants"]) else 1
 

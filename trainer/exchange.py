@@ -29,17 +29,20 @@ import torch.distributed as dist
 
 from .launch import DistContext
 
+# torch 2.13 renamed all_gather_into_tensor (kept as a deprecated alias); older torch has only that.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 def gather_metadata(ctx: DistContext, values: Sequence[int]) -> torch.Tensor:
     """All-gather a few int32 values per rank -> [W, len(values)] int64 on the CPU.
 
-    One all_gather_into_tensor (not all_gather_object, which pickles through the host)."""
+    One all_gather_single (all_gather_into_tensor before torch 2.13; not all_gather_object, which pickles through the host)."""
     local = torch.tensor(list(values), dtype=torch.int32)
     if ctx.world_size == 1:
         return local[None].long()
     local = local.to(ctx.comm_device)
     out = torch.empty(ctx.world_size * len(values), dtype=torch.int32, device=ctx.comm_device)
-    dist.all_gather_into_tensor(out, local, group=ctx.group)
+    _all_gather_single(out, local, group=ctx.group)
     ctx.stats.record("all_gather", local.numel() * 4 * (ctx.world_size - 1), out.numel() * 4 - local.numel() * 4)
     return out.view(ctx.world_size, len(values)).long().cpu()
 
@@ -50,7 +53,7 @@ def _padded_all_gather(ctx: DistContext, x: torch.Tensor, counts: list[int]) -> 
     padded = x.new_zeros(max_rows, x.shape[1])
     padded[: x.shape[0]] = x
     out = x.new_empty(ctx.world_size * max_rows, x.shape[1])
-    dist.all_gather_into_tensor(out, padded.contiguous(), group=ctx.group)
+    _all_gather_single(out, padded.contiguous(), group=ctx.group)
     ctx.stats.record("all_gather", padded.numel() * 4 * (ctx.world_size - 1), padded.numel() * 4 * (ctx.world_size - 1))
     out = out.view(ctx.world_size, max_rows, -1)
     return torch.cat([out[r, : counts[r]] for r in range(ctx.world_size)], dim=0)
