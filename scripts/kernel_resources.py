@@ -1,0 +1,82 @@
+"""Compile the fused rasterization kernel ahead of time for a GPU target and report the registers,
+spills and shared memory each configuration uses, on any machine (no GPU needed).
+
+    python -m splat_train.scripts.kernel_resources --targets cuda:90 hip:gfx942 --k 16 32 64
+
+Triton compiles the kernel for the named target (``cuda:<compute capability>`` or
+``hip:<gfx arch>``) exactly as it would on that GPU at first launch; the resource counts are read
+from the compiled code object: for CUDA, ``cuobjdump --dump-resource-usage`` of the cubin (the
+tool ships with Triton's NVIDIA backend), for HIP the ``.vgpr_count`` / ``.vgpr_spill_count``
+metadata of the AMDGCN assembly. A configuration that spills keeps part of its per-pixel state in
+local (off-chip, cached) memory: on a GPU it is slower than the count of its loads suggests. Output:
+one markdown table on stdout, one JSON row per configuration with ``--json FILE``.
+
+The kernel's pixels x Gaussians blocks ([256, K] fp32) live in registers, so the chunk length K,
+not the shared-memory capacity, decides whether a tile's state stays on chip; at run time
+kernels/fused_raster.py makes the same compile for the device it runs on and picks the largest
+spill-free K (kernels/resources.py). This script shows the whole table, for any vendor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from splat_train.kernels.resources import compile_config, parse_target
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| target | variant | K | warps | threads | registers/thread | spill bytes/thread | shared bytes |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['target']} | {r['variant']} | {r['K']} | {r['num_warps']} | - | error: {r['error']} | | |")
+            continue
+        lines.append(f"| {r['target']} | {r['variant']} | {r['K']} | {r['num_warps']} | {r['threads']} | "
+                     f"{r['registers']} | {r['spill_bytes']} | {r['shared_bytes']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m splat_train.scripts.kernel_resources",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--targets", nargs="+", default=["cuda:90", "hip:gfx942"])
+    p.add_argument("--variants", nargs="+", default=["streaming", "resident"], choices=["streaming", "resident"])
+    p.add_argument("--k", type=int, nargs="+", default=[8, 16, 32])
+    p.add_argument("--num_warps", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--json", help="also write the rows to this JSON file")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    for k in args.k:
+        if k < 1 or k & (k - 1):
+            print(f"error: --k {k}: chunk lengths must be powers of two", file=sys.stderr)
+            return 2
+    for target in args.targets:
+        try:
+            parse_target(target)
+        except ValueError as e:
+            print(f"error: --targets: {e}", file=sys.stderr)
+            return 2
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the default Triton uses at launch
+    rows = []
+    for target in args.targets:
+        for variant in args.variants:
+            for k in args.k:
+                for w in args.num_warps:
+                    try:
+                        row = compile_config(target, variant == "resident", k, w)
+                    except Exception as e:  # a configuration that does not compile is a result too
+                        row = dict(target=target, variant=variant, K=k, num_warps=w,
+                                   error=f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+                    rows.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    print(table(rows))
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Ahead-of-time compiles of the fused kernel for GPU targets, on a machine without a GPU: the
+kernel builds for NVIDIA sm_90 and AMD gfx942 (a portability check that needs no device), and the
+resource counts the run-time chunk choice relies on are read from the compiled code."""
+import json
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+from splat_train.kernels import resources  # noqa: E402
+from splat_train.scripts import kernel_resources  # noqa: E402
+
+needs_cuobjdump = pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton wheel ships no cuobjdump")
+
+
+@needs_cuobjdump
+def test_compiles_for_sm90_and_reads_registers_and_spills():
+    small = resources.compile_config("cuda:90", True, 8, 8)
+    large = resources.compile_config("cuda:90", True, 32, 8)
+    assert small["target"] == "cuda:90" and small["threads"] == 256 and small["variant"] == "resident"
+    for row in (small, large):
+        assert 0 < row["registers"] <= 255 and row["spill_bytes"] >= 0 and row["shared_bytes"] > 0
+    # register use grows with the chunk: a longer chunk never needs fewer registers + spills
+    assert 4 * large["registers"] + large["spill_bytes"] >= 4 * small["registers"] + small["spill_bytes"]
+
+
+def test_compiles_for_gfx942_with_64_wide_wavefronts():
+    row = resources.compile_config("hip:gfx942", False, 8, 8)
+    assert row["target"] == "hip:gfx942" and row["threads"] == 512 and row["variant"] == "streaming"
+    assert row["registers"] > 0 and row["spill_bytes"] >= 0
+
+
+def test_unknown_target_is_refused():
+    for bad in ("cuda:sm90", "metal:1", "hip:"):
+        with pytest.raises(ValueError, match="neither"):
+            resources.parse_target(bad)
+
+
+@needs_cuobjdump
+def test_script_prints_a_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    rc = kernel_resources.main(["--targets", "cuda:90", "--variants", "streaming", "--k", "8", "--num_warps", "8",
+                                "--json", str(out)])
+    assert rc == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) == 1 and rows[0]["K"] == 8 and rows[0]["registers"] > 0
+    assert "| cuda:90 | streaming | 8 | 8 | 256 |" in capsys.readouterr().out
+
+
+def test_script_refuses_bad_arguments(capsys):
+    assert kernel_resources.main(["--targets", "cuda:abc"]) == 2
+    assert "--targets" in capsys.readouterr().err
+    assert kernel_resources.main(["--targets", "cuda:90", "--k", "12"]) == 2
+    assert "--k 12" in capsys.readouterr().err
