@@ -30,12 +30,16 @@ RasterizeToPixels3DGSBwd.cu does; alpha's gradient is 0 where the 0.999 clamp is
 Implementation: pixels x Gaussians blocks. A tile's list is processed in chunks of K Gaussians as
 [256 pixels, K] blocks; transmittance is the exp of a per-pixel cumulative sum of ln(1 - alpha)
 (``tl.cumsum``), the back-to-front buffer a reverse cumulative sum. Two variants of one kernel:
-  - resident (tile count <= budget): one chunk, K = the longest resident list rounded up to a
-    power of two (<= budget); the records are loaded ONCE and the whole [256, K] alpha / weight
-    state stays in registers (the compiler may spill part of it to local memory on GPUs)
-    between forward, loss and backward;
-  - streaming fallback (count > budget): chunks of ``STREAM_CHUNK`` records, loaded from global
-    memory once front to back and once back to front (T recovered from the final T).
+  - resident (tile count <= min(budget, resident_max)): one chunk, K = the longest such list
+    rounded up to a power of two; the records are loaded ONCE and the whole [256, K] alpha /
+    weight state stays in registers between forward, loss and backward;
+  - streaming (the other tiles): chunks of ``stream_chunk`` records, loaded from global memory
+    (in practice L1/L2, a tile's records are a few KB) once front to back and once back to front
+    (T recovered from the final T).
+The blocks live in registers, one value per thread per Gaussian of the chunk, so the chunk length
+decides whether the state stays on chip; ``chunk_limits`` picks, per device, the longest chunks
+that compile without spilling (ahead-of-time compiles for sm_90: resident K = 128, what the
+shared-memory budget would allow, spills 12.6 KB per thread; K = 8 spills nothing).
 Both give the same loss and gradients (to float32 rounding). The SSIM filtering of a tile is
 G X G^T on 16x16 blocks (``tl.dot``, IEEE fp32), G the banded 16x16 matrix of the 1D window
 truncated to the tile; its backward is G^T M G of per-pixel coefficient maps. No warp-size
@@ -52,6 +56,7 @@ Kerbl et al. 2023 eq. 7 ((1 - lambda) L1 + lambda D-SSIM).
 
 import math
 import os
+import warnings
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -71,8 +76,14 @@ RECORD_BYTES = 9 * 4  # a resident record: means2d (2), conic (3), opacity (1), 
 # On chip per resident Gaussian: its record plus its column of the [256, budget] alpha state.
 RESIDENT_BYTES_PER_GAUSSIAN = RECORD_BYTES + TILE_SIZE * TILE_SIZE * 4
 CPU_TILE_BUDGET = 64  # budget on CPU / the interpreter: small, so tests exercise both variants
-STREAM_CHUNK = 32  # Gaussians per chunk of the streaming fallback (power of two)
+STREAM_CHUNK = 8  # streaming chunk on CPU / the interpreter, and on a GPU when probing fails
 NUM_WARPS = 8  # warps (NVIDIA) / wavefronts (AMD) per program; untuned, the lead measures on GPU
+# Chunk lengths tried on a GPU, increasing; the largest that compiles without spilling is used
+# (chunk_limits). Ahead-of-time compiles at NUM_WARPS 8 (scripts/kernel_resources.py): sm_90
+# resident 8 = 177 registers and no spill, 16 spills 32 B/thread, 128 spills 12.6 KB/thread;
+# gfx942 resident 16 = 245 VGPRs and no spill.
+RESIDENT_CANDIDATES = (8, 16, 32, 64, 128)
+STREAM_CANDIDATES = (8, 16, 32)
 
 _MAX_ALPHA = tl.constexpr(ref.MAX_ALPHA)
 _ALPHA_THRESHOLD = tl.constexpr(ref.ALPHA_THRESHOLD)
@@ -82,7 +93,9 @@ _C2 = tl.constexpr(SSIM_C2)
 
 
 def tile_budget(device) -> int:
-    """Gaussians per tile that the resident (fused) variant keeps on chip on ``device``.
+    """ByteSplat's per-tile Gaussian budget on ``device`` (§5): what fits in on-chip shared memory.
+    Pruning stage 3 trims tiles to it and the stats report the fraction of tiles within it; which
+    tiles run the resident variant also depends on :func:`chunk_limits` (registers).
 
     CUDA / ROCm: the per-block shared memory the device offers (``shared_memory_per_block_optin``
     when torch exposes it, else ``shared_memory_per_block``, bytes) divided by
@@ -97,6 +110,45 @@ def tile_budget(device) -> int:
     smem = getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
     n = int(smem) // RESIDENT_BYTES_PER_GAUSSIAN
     return 0 if n < 1 else 1 << (n.bit_length() - 1)
+
+
+_CHUNK_LIMITS: Dict[str, Tuple[int, int]] = {}
+
+
+def chunk_limits(device) -> Tuple[int, int]:
+    """(resident_max, stream_chunk) for ``device``: the longest tile list the resident variant
+    takes in one chunk, and the streaming variant's chunk length, in Gaussians.
+
+    The kernel holds [256 pixels, K] fp32 blocks in registers, so K, not the shared memory, decides
+    whether a tile's state stays on chip. On a GPU each is the largest K (of RESIDENT_CANDIDATES /
+    STREAM_CANDIDATES) whose kernel, compiled for this device's target at NUM_WARPS, does not spill
+    (kernels/resources.py reads the compiled code object; Triton's cache makes later runs cheap).
+    It depends on the register file and the compiler, so it is measured, never tabled per GPU.
+    On CPU / the interpreter: (CPU_TILE_BUDGET, STREAM_CHUNK). If the probe fails (no cuobjdump,
+    an unknown backend), a warning and (RESIDENT_CANDIDATES[0], STREAM_CHUNK).
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return CPU_TILE_BUDGET, STREAM_CHUNK
+    from triton.runtime import driver
+
+    from . import resources
+
+    with torch.cuda.device(dev):
+        target = driver.active.get_current_target()
+    key = resources.target_name(target)
+    if key not in _CHUNK_LIMITS:
+        try:
+            resident = resources.largest_spill_free(
+                lambda k: resources.compile_config(target, True, k, NUM_WARPS), RESIDENT_CANDIDATES)
+            stream = resources.largest_spill_free(
+                lambda k: resources.compile_config(target, False, k, NUM_WARPS), STREAM_CANDIDATES)
+        except Exception as e:  # pragma: no cover - depends on the GPU toolchain
+            warnings.warn(f"fused rasterizer: could not measure register use on {key} ({e}); "
+                          f"resident lists up to {RESIDENT_CANDIDATES[0]}, streaming chunks of {STREAM_CHUNK}")
+            resident, stream = RESIDENT_CANDIDATES[0], STREAM_CHUNK
+        _CHUNK_LIMITS[key] = (resident, stream)
+    return _CHUNK_LIMITS[key]
 
 
 def ssim_window_1d(dtype: torch.dtype = torch.float32) -> Tensor:
@@ -427,7 +479,7 @@ def _use_triton(device: torch.device) -> bool:
 
 
 def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width, height,
-            ssim_lambda, budget, return_image, absgrad):
+            ssim_lambda, budget, resident_max, stream_chunk, return_image, absgrad):
     """Runs both kernel variants. Returns loss (0-dim), grads dict, stats dict."""
     device = means2d.device
     I, th, tw = isect_offsets.shape
@@ -451,16 +503,16 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
     partial = torch.full((I * num_tiles, 2), math.nan, **f32)
     window = ssim_window_1d().to(device)
     denom = float(I * 3 * height * width)
-    resident = counts <= budget
+    resident = counts <= min(budget, resident_max)
     tile_sets = [(True, resident.nonzero().squeeze(1)), (False, (~resident).nonzero().squeeze(1))]
     for is_resident, ids in tile_sets:
         if ids.numel() == 0:
             continue
-        if is_resident:  # block = the longest resident list rounded up to a power of two, <= budget
+        if is_resident:  # block = the longest resident list rounded up to a power of two
             K = max(1, int(counts[ids].max()))
             K = 1 << (K - 1).bit_length()
         else:
-            K = STREAM_CHUNK
+            K = stream_chunk
         _fused_raster_loss_kernel[(ids.numel(),)](
             m2d, con, col, opa, bg, gt, window, offsets, fids, ids.to(torch.int32).contiguous(),
             grads["means2d"], grads["conics"], grads["colors"], grads["opacities"], grads["backgrounds"], abs_buf,
@@ -471,7 +523,8 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
         )  # fmt: skip
     sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * height * width)  # [I, 2]: L1_i, SSIM_i
     loss = ((1.0 - ssim_lambda) * sums[:, 0] + ssim_lambda * (1.0 - sums[:, 1])).mean()
-    stats = {"fraction_fused": float(resident.float().mean()), "num_tiles": I * num_tiles,
+    stats = {"fraction_fused": float((counts <= budget).float().mean()),
+             "fraction_resident": float(resident.float().mean()), "num_tiles": I * num_tiles,
              "image": image if return_image else None, "absgrad": abs_buf if absgrad else None}
     return loss, grads, stats
 
@@ -490,7 +543,8 @@ class FusedRasterLoss(torch.autograd.Function):
     def forward(ctx, means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, meta):
         loss, grads, stats = _launch(
             means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, meta["width"],
-            meta["height"], meta["ssim_lambda"], meta["budget"], meta["return_image"], meta["absgrad"],
+            meta["height"], meta["ssim_lambda"], meta["budget"], meta["resident_max"], meta["stream_chunk"],
+            meta["return_image"], meta["absgrad"],
         )  # fmt: skip
         meta["stats"] = stats
         shaped = [grads["means2d"].reshape(means2d.shape).to(means2d.dtype),
@@ -526,6 +580,8 @@ def fused_raster_loss(
     return_image: bool = False,
     budget: Optional[int] = None,
     absgrad: bool = False,
+    resident_max: Optional[int] = None,
+    stream_chunk: Optional[int] = None,
 ) -> Tuple[Tensor, Dict]:
     """Composites, scores and back-propagates I images in one fused kernel (ByteSplat §4).
 
@@ -534,8 +590,11 @@ def fused_raster_loss(
     (isect_tiles / isect_offset_encode). Differentiable w.r.t. means2d, conics, colors,
     opacities and backgrounds (not gts). Computation is in float32.
 
-    budget: Gaussians per tile kept resident (default :func:`tile_budget` of the device); tiles
-    with more take the streaming fallback, same results. absgrad: also return, in
+    budget: the per-tile Gaussian budget (default :func:`tile_budget` of the device: what fits in
+    the device's on-chip memory; stats report the fraction of tiles within it, and pruning stage
+    3 targets it). resident_max / stream_chunk (default :func:`chunk_limits` of the device): a
+    tile with at most min(budget, resident_max) Gaussians runs the resident variant (one chunk,
+    records loaded once); the others stream in chunks of stream_chunk; same results. absgrad: also return, in
     stats["absgrad"] [R, 2] (R = I*N or nnz), the sum over pixels of |d loss / d means2d| of
     each pixel's contribution (gsplat's absgrad; unscaled by the incoming gradient).
 
@@ -543,8 +602,10 @@ def fused_raster_loss(
     runs instead; its stats have no absgrad.
 
     Returns (loss 0-dim, stats) with stats = {"fraction_fused": fraction of the I * n_tiles
-    tiles within budget, "num_tiles": I * n_tiles, "image": [I, H, W, 3] or None, "absgrad"}.
-    Raises ValueError on inconsistent shapes, a ssim_lambda outside [0, 1] or a negative budget.
+    tiles within budget, "fraction_resident": fraction run by the resident variant (Triton
+    only), "num_tiles": I * n_tiles, "image": [I, H, W, 3] or None, "absgrad"}.
+    Raises ValueError on inconsistent shapes, a ssim_lambda outside [0, 1], a negative budget or
+    a resident_max / stream_chunk that is not a positive power of two.
     """
     _check_inputs(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
                   ssim_lambda, backgrounds, packed)
@@ -553,6 +614,12 @@ def fused_raster_loss(
         raise ValueError(f"budget must be >= 0, got {budget}")
     if budget > 0 and budget & (budget - 1):
         budget = 1 << (budget.bit_length() - 1)  # block sizes are powers of two
+    default_resident, default_stream = chunk_limits(means2d.device)
+    resident_max = default_resident if resident_max is None else int(resident_max)
+    stream_chunk = default_stream if stream_chunk is None else int(stream_chunk)
+    for name, v in (("resident_max", resident_max), ("stream_chunk", stream_chunk)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a positive power of two, got {v}")
     if not _use_triton(means2d.device):
         loss, image = reference_fused_loss(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts,
                                            width, height, ssim_lambda, backgrounds, packed)
@@ -561,7 +628,7 @@ def fused_raster_loss(
                  "image": image.detach() if return_image else None, "absgrad": None}
         return loss, stats
     meta = dict(width=width, height=height, ssim_lambda=float(ssim_lambda), budget=budget,
-                return_image=return_image, absgrad=absgrad)
+                resident_max=resident_max, stream_chunk=stream_chunk, return_image=return_image, absgrad=absgrad)
     loss = FusedRasterLoss.apply(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
                                  flatten_ids, meta)
     return loss, meta["stats"]

@@ -27,16 +27,18 @@ from splat_train.kernels import reference as ref
 TOL = 1e-4
 GRAD_NAMES = ("means2d", "conics", "colors", "opacities", "backgrounds")
 
-# name -> scene / call parameters. budget 16 with up to ~80 Gaussians per tile gives both variants.
+# name -> scene / call parameters. budget 16 with up to ~80 Gaussians per tile gives both variants;
+# resident_max follows the budget (the cases choose the variant mix) and two streaming chunk lengths run.
 CASES = {
     "dense_bg_border": dict(I=2, H=40, W=50, N=160, seed=1, packed=False, bg=True, budget=16, lam=0.2),
-    "packed_three_images": dict(I=3, H=47, W=33, N=120, seed=2, packed=True, bg=True, budget=16, lam=0.2),
+    "packed_three_images": dict(I=3, H=47, W=33, N=120, seed=2, packed=True, bg=True, budget=16, lam=0.2,
+                                chunk=32),
     "saturated_no_bg": dict(I=1, H=36, W=64, N=100, seed=3, packed=False, bg=False, budget=32, lam=0.2,
                             saturate=60),
     "all_resident": dict(I=2, H=32, W=48, N=150, seed=4, packed=False, bg=True, budget=256, lam=0.5,
                          saturate=30),
     "all_streaming": dict(I=2, H=32, W=48, N=150, seed=4, packed=False, bg=True, budget=0, lam=0.5,
-                          saturate=30),
+                          saturate=30, chunk=32),
     "ssim_only_packed": dict(I=2, H=20, W=37, N=80, seed=5, packed=True, bg=False, budget=8, lam=1.0),
 }
 
@@ -117,10 +119,12 @@ def run_case(params):
     ref_grads = torch.autograd.grad(ref_loss, leaves)
     names, leaves = _leaves(scene)
     loss, stats = _call(fr.fused_raster_loss, scene, leaves, names, ssim_lambda=params["lam"],
-                        return_image=True, budget=params["budget"], absgrad=True)
+                        return_image=True, budget=params["budget"], absgrad=True,
+                        resident_max=max(params["budget"], 1), stream_chunk=params.get("chunk", 8))
     grads = torch.autograd.grad(2.5 * loss, leaves)  # backward scales by the incoming gradient
     out = {"loss": _rel(loss.detach(), ref_loss.detach()), "image": _rel(stats["image"], ref_image.detach()),
-           "fraction_fused": stats["fraction_fused"], "num_tiles": stats["num_tiles"]}
+           "fraction_fused": stats["fraction_fused"], "fraction_resident": stats["fraction_resident"],
+           "num_tiles": stats["num_tiles"]}
     used = torch.zeros(scene["means2d"].reshape(-1, 2).shape[0], dtype=torch.bool)
     used[scene["flatten_ids"].long()] = True
     out["unused_records"] = int((~used).sum())
@@ -148,6 +152,7 @@ def _worker():
     assert os.environ.get("TRITON_INTERPRET") == "1"
     results = {name: run_case(params) for name, params in CASES.items()}
     print("RESULTS " + json.dumps(results))
+    print("RESIDENT_LIMIT " + json.dumps(_resident_limit_case()))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -156,10 +161,18 @@ def _worker():
 
 
 @pytest.fixture(scope="module")
-def results():
-    proc = run_interpreted(__file__, timeout=900)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")][-1]
-    return json.loads(line[len("RESULTS "):])
+def interpreted_stdout():
+    return run_interpreted(__file__, timeout=900).stdout
+
+
+def _line(stdout, tag):
+    line = [ln for ln in stdout.splitlines() if ln.startswith(tag + " ")][-1]
+    return json.loads(line[len(tag) + 1:])
+
+
+@pytest.fixture(scope="module")
+def results(interpreted_stdout):
+    return _line(interpreted_stdout, "RESULTS")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -179,6 +192,7 @@ def test_cases_cover_edge_cases(results):
     assert all(0.0 < f < 1.0 for f in mixed), mixed
     assert all(r["nonempty_resident_tiles"] > 0 for c, r in results.items() if CASES[c]["budget"] > 0)
     assert results["all_resident"]["fraction_fused"] == 1.0
+    assert all(r["fraction_resident"] == r["fraction_fused"] for r in results.values())  # resident_max = budget
     assert results["all_streaming"]["fraction_fused"] == pytest.approx(
         results["all_streaming"]["empty_tiles"] / results["all_streaming"]["num_tiles"])
     assert all(r["empty_tiles"] > 0 for r in results.values())
@@ -237,6 +251,45 @@ def test_tile_budget(monkeypatch):
         assert fr.tile_budget("cuda:0") == want
 
 
+def test_resident_limit_below_budget_streams_the_rest(interpreted_stdout):
+    """With resident_max below the budget, tiles within budget but over resident_max stream: the
+    budget statistic is unchanged, fewer tiles run resident, and the results stay the reference's."""
+    res = _line(interpreted_stdout, "RESIDENT_LIMIT")
+    assert res["fraction_fused_capped"] == res["fraction_fused_uncapped"] == 1.0
+    assert 0.0 < res["fraction_resident_capped"] < res["fraction_resident_uncapped"] == 1.0
+    assert res["loss"] <= TOL and res["grads"] <= TOL
+
+
+def _resident_limit_case():
+    scene = make_scene(I=1, H=32, W=48, N=150, seed=4, packed=False, bg=True, saturate=30)
+    out = {}
+    got = {}
+    for tag, cap in (("capped", 8), ("uncapped", 256)):
+        names, leaves = _leaves(scene)
+        loss, stats = _call(fr.fused_raster_loss, scene, leaves, names, budget=256, resident_max=cap)
+        got[tag] = (loss.detach(), torch.autograd.grad(loss, leaves))
+        out[f"fraction_fused_{tag}"] = stats["fraction_fused"]
+        out[f"fraction_resident_{tag}"] = stats["fraction_resident"]
+    out["loss"] = _rel(got["capped"][0], got["uncapped"][0])
+    out["grads"] = max(_rel(a, b) for a, b in zip(got["capped"][1], got["uncapped"][1]))
+    return out
+
+
+def test_chunk_limits_on_cpu_and_the_spill_free_rule():
+    from splat_train.kernels.resources import largest_spill_free
+
+    assert fr.chunk_limits("cpu") == (fr.CPU_TILE_BUDGET, fr.STREAM_CHUNK)
+    spills = {8: 0, 16: 0, 32: 24, 64: 0}  # 64 would not be reached: the search stops at 32
+    tried = []
+
+    def usage(k):
+        tried.append(k)
+        return {"spill_bytes": spills[k]}
+
+    assert largest_spill_free(usage, (8, 16, 32, 64)) == 16 and tried == [8, 16, 32]
+    assert largest_spill_free(lambda k: {"spill_bytes": 4}, (8, 16)) == 8  # nothing spill-free: the smallest
+
+
 def test_bad_inputs_raise():
     scene = make_scene(I=1, H=20, W=24, N=10, seed=10, packed=False, bg=False)
     args = [scene[k] for k in ("means2d", "conics", "colors", "opacities", "isect_offsets", "flatten_ids", "gts")]
@@ -250,6 +303,10 @@ def test_bad_inputs_raise():
         fr.fused_raster_loss(*args, 24, 20, backgrounds=torch.zeros(2, 3))
     with pytest.raises(ValueError, match="budget"):
         fr.fused_raster_loss(*args, 24, 20, budget=-1)
+    with pytest.raises(ValueError, match="resident_max"):
+        fr.fused_raster_loss(*args, 24, 20, resident_max=12)
+    with pytest.raises(ValueError, match="stream_chunk"):
+        fr.fused_raster_loss(*args, 24, 20, stream_chunk=0)
 
 
 if __name__ == "__main__":

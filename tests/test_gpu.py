@@ -87,3 +87,17 @@ def test_fused_raster_kernel_matches_reference_on_gpu(packed, budget):
     for k in names:
         assert torch.isfinite(gk[k]).all()
         assert float((gk[k] - gr[k]).abs().max() / gr[k].abs().max().clamp_min(1e-12)) <= 1e-3, k
+
+
+def test_chunk_limits_measured_on_this_gpu_compile_without_spills():
+    """The resident limit and streaming chunk come from compiling for this device's target; the
+    chosen resident configuration does not spill (unless even the smallest does)."""
+    from triton.runtime import driver
+
+    from splat_train.kernels import fused_raster as fr
+    from splat_train.kernels import resources
+
+    resident, stream = fr.chunk_limits(torch.device("cuda", torch.cuda.current_device()))
+    assert resident in fr.RESIDENT_CANDIDATES and stream in fr.STREAM_CANDIDATES
+    row = resources.compile_config(driver.active.get_current_target(), True, resident, fr.NUM_WARPS)
+    assert row["spill_bytes"] == 0 or resident == fr.RESIDENT_CANDIDATES[0]
