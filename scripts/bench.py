@@ -95,6 +95,7 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
         memory_model=memory_model(cfg.sh_degree, ctx.world_size, ctx.device),
         batch_size=cfg.batch_size, steps=steps, warmup=warmup,
         test_psnr=(metrics or {}).get("psnr"), test_ssim=(metrics or {}).get("ssim"),
+        fused_tiles=trainer.last_fused_stats or None,
         ssim_backend=cfg.ssim_backend if cfg.ssim_backend != "auto" else _ssim_backend(ctx.device),
     )
     Path(out_file).write_text(json.dumps(result, indent=2))
@@ -205,18 +206,19 @@ def iteration_ms(entry) -> float:
 def markdown(report: dict) -> str:
     base = report["baseline"]
     head = ("| variant | W | ms/iter (median) | p90 | images/s | vs baseline | fwd bytes/rank | bwd bytes/rank "
-            "| collectives/iter | isects per rank (min-max) | peak mem/rank (GiB) | model (B/G) | test PSNR |")
+            "| collectives/iter | isects per rank (min-max) | peak mem/rank (GiB) | model (B/G) | test PSNR "
+            "| fused tiles: in budget / resident |")
     lines = [f"Scene: {report['scene']['source']}, {report['scene']['num_cameras']} cameras "
              f"{report['scene']['image_size'][0]}x{report['scene']['image_size'][1]}; baseline: {base}; "
              f"SSIM: {report['variants'][0].get('ranks', [{}])[0].get('ssim_backend', '?')}", "", head,
-             "|" + "---|" * 13]
+             "|" + "---|" * 14]
     by_w = {}
     for e in report["variants"]:
         if "ranks" in e and e["variant"] == base:
             by_w[e["world_size"]] = iteration_ms(e)
     for e in report["variants"]:
         if "ranks" not in e:
-            lines.append(f"| {e['variant']} | {e['world_size']} | {e['error']} |" + " |" * 10)
+            lines.append(f"| {e['variant']} | {e['world_size']} | {e['error']} |" + " |" * 11)
             continue
         ranks, ms = e["ranks"], iteration_ms(e)
         imgs = e["world_size"] * ranks[0]["batch_size"] * 1000.0 / ms
@@ -234,9 +236,19 @@ def markdown(report: dict) -> str:
             model += f" (peak/G {np.mean(per_gaussian):.0f})"
         cells = [e["variant"], e["world_size"], f"{ms:.2f}", f"{max(r['ms_p90'] for r in ranks):.2f}", f"{imgs:.1f}",
                  ratio, f"{fwd / 1e6:.2f} MB", f"{bwd / 1e6:.2f} MB", f"{calls:.1f}",
-                 f"{min(isects):,.0f}-{max(isects):,.0f}", mem, model, f"{psnr:.2f}" if psnr is not None else "-"]
+                 f"{min(isects):,.0f}-{max(isects):,.0f}", mem, model, f"{psnr:.2f}" if psnr is not None else "-",
+                 _fused_cell(ranks)]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _fused_cell(ranks) -> str:
+    """Tile fractions of the fused kernel's last step, averaged over ranks ("-" when unfused)."""
+    fused = [r["fused_tiles"] for r in ranks if r.get("fused_tiles")]
+    if not fused:
+        return "-"
+    return (f"{100 * np.mean([f['fraction_fused'] for f in fused]):.1f}% / "
+            f"{100 * np.mean([f.get('fraction_resident', f['fraction_fused']) for f in fused]):.1f}%")
 
 
 def chart(report: dict, path: Path) -> None:

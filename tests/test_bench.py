@@ -14,7 +14,8 @@ TINY = ["--device", "cpu", "--synthetic_gaussians", "300", "--resolution", "32x2
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     rc = bench.main([*TINY, "--world_sizes", "1", "2", "--variants", "ours-dense", "ours-packed",
-                     "--variant", "ours-packed-sparse=--packed --sparse_grad_comm", "--out", str(out)])
+                     "--variant", "ours-packed-sparse=--packed --sparse_grad_comm",
+                     "--variant", "fused=--packed --raster fused", "--out", str(out)])
     assert rc == 0
     return out, json.loads((out / "bench.json").read_text())
 
@@ -22,7 +23,7 @@ def report(tmp_path_factory):
 def test_every_variant_and_world_size_is_reported(report):
     out, rep = report
     got = {(e["variant"], e["world_size"]) for e in rep["variants"]}
-    assert got == {(v, w) for v in ("ours-dense", "ours-packed", "ours-packed-sparse") for w in (1, 2)}
+    assert got == {(v, w) for v in ("ours-dense", "ours-packed", "ours-packed-sparse", "fused") for w in (1, 2)}
     assert rep["baseline"] == "ours-dense"  # gsplat-dist needs CUDA and is dropped on CPU
     for e in rep["variants"]:
         assert len(e["ranks"]) == e["world_size"]
@@ -33,9 +34,19 @@ def test_every_variant_and_world_size_is_reported(report):
             assert set(r["phases_median_ms"]) >= {"projection", "rasterization", "optimizer"}
         assert e["ranks"][0]["test_psnr"] > 0  # rank 0 evaluates (every rank renders)
     table = (out / "bench.md").read_text()
-    assert table.count("\n| ours-") == 6
+    assert table.count("\n| ours-") == 6 and table.count("\n| fused |") == 2
     assert "| ours-dense | 1 |" in table and "1.00x" in table
     assert (out / "phases.png").stat().st_size > 0
+
+
+def test_fused_variant_reports_its_tiles(report):
+    _, rep = report
+    for e in rep["variants"]:
+        for r in e["ranks"]:
+            if e["variant"] == "fused":
+                assert 0.0 <= r["fused_tiles"]["fraction_fused"] <= 1.0 and r["fused_tiles"]["num_tiles"] > 0
+            else:
+                assert r["fused_tiles"] is None
 
 
 def test_one_rank_sends_nothing_and_two_ranks_exchange_both_ways(report):

@@ -62,7 +62,8 @@ class Trainer:
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
-        self.last_fused_stats: dict = {}  # --raster fused: fraction of tiles within the on-chip budget
+        # --raster fused, last step: fractions of tiles within the on-chip budget and run resident
+        self.last_fused_stats: dict = {}
 
     def _make_aux_modules(self):
         """--pose_opt / --app_opt modules (DDP-wrapped when W > 1) and their Adams."""
@@ -196,9 +197,10 @@ class Trainer:
         loss, stats = fused_raster_loss(
             rec["means2d"], rec["conics"], rec["colors"], rec["opacities"], info["tile_offsets"],
             info["flatten_ids"], gts, info["width"], info["height"], self.cfg.ssim_lambda,
-            backgrounds=backgrounds, packed=self.cfg.packed)
+            backgrounds=backgrounds, packed=self.cfg.packed, budget=self.cfg.prune.tile_budget or None)
         self.timer.begin("loss")
-        self.last_fused_stats = {k: v for k, v in stats.items() if k in ("fraction_fused", "num_tiles")}
+        self.last_fused_stats = {k: v for k, v in stats.items()
+                                 if k in ("fraction_fused", "fraction_resident", "num_tiles")}
         nan = torch.full((), float("nan"))
         return loss, {"l1": nan, "ssim": nan}  # the fused kernel returns the combined loss only
 
@@ -270,6 +272,9 @@ class Trainer:
                 if self.writer is not None:
                     for k in ("loss", "l1", "ssim", "num_gaussians", "ms_per_step"):
                         self.writer.add_scalar(f"train/{k}", out[k], done)
+                    for k, v in self.last_fused_stats.items():
+                        if k.startswith("fraction") and v is not None:
+                            self.writer.add_scalar(f"fused/{k}", v, done)
             if done == s.max_steps:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
@@ -352,7 +357,8 @@ class Trainer:
                      ms_per_step=self.last_stats.get("ms_per_step"),
                      mem_peak_gib=(torch.cuda.max_memory_allocated(self.device) / 2**30
                                    if self.device.type == "cuda" else None),
-                     comm_per_step={k: {op: v / steps for op, v in d.items()} for k, d in comm.items()})
+                     comm_per_step={k: {op: v / steps for op, v in d.items()} for k, d in comm.items()},
+                     fused_tiles=self.last_fused_stats or None)
         path = self.result_dir / "stats" / f"train_step{self.step}_rank{self.ctx.rank}.json"
         checkpoint.atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
 
