@@ -130,21 +130,23 @@ def chunk_limits(device) -> Tuple[int, int]:
     dev = torch.device(device)
     if dev.type != "cuda":
         return CPU_TILE_BUDGET, STREAM_CHUNK
-    from triton.runtime import driver
-
     from . import resources
 
-    with torch.cuda.device(dev):
-        target = driver.active.get_current_target()
-    key = resources.target_name(target)
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = str(dev)
     if key not in _CHUNK_LIMITS:
         try:
+            from triton.runtime import driver
+
+            with torch.cuda.device(dev):
+                target = driver.active.get_current_target()
             resident = resources.largest_spill_free(
                 lambda k: resources.compile_config(target, True, k, NUM_WARPS), RESIDENT_CANDIDATES)
             stream = resources.largest_spill_free(
                 lambda k: resources.compile_config(target, False, k, NUM_WARPS), STREAM_CANDIDATES)
         except Exception as e:  # pragma: no cover - depends on the GPU toolchain
-            warnings.warn(f"fused rasterizer: could not measure register use on {key} ({e}); "
+            warnings.warn(f"fused rasterizer: could not measure register use on {key} ({type(e).__name__}: {e}); "
                           f"resident lists up to {RESIDENT_CANDIDATES[0]}, streaming chunks of {STREAM_CHUNK}")
             resident, stream = RESIDENT_CANDIDATES[0], STREAM_CHUNK
         _CHUNK_LIMITS[key] = (resident, stream)

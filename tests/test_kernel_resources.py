@@ -54,3 +54,33 @@ def test_script_refuses_bad_arguments(capsys):
     assert "--targets" in capsys.readouterr().err
     assert kernel_resources.main(["--targets", "cuda:90", "--k", "12"]) == 2
     assert "--k 12" in capsys.readouterr().err
+
+
+@needs_cuobjdump
+def test_chunk_limits_probe_picks_the_longest_spill_free_chunks(monkeypatch):
+    """chunk_limits' GPU branch, with the device's target faked as an H100/H200 (sm_90): the chosen
+    resident and streaming chunks compile without spilling and the next candidate spills."""
+    import contextlib
+
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    from splat_train.kernels import fused_raster as fr
+
+    class FakeDriver:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    monkeypatch.setattr(driver, "_active", FakeDriver())
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(fr, "_CHUNK_LIMITS", {})
+    resident, stream = fr.chunk_limits("cuda:0")
+    assert fr.chunk_limits("cuda:0") == (resident, stream) and list(fr._CHUNK_LIMITS) == ["cuda:0"]
+    for chosen, candidates, is_resident in ((resident, fr.RESIDENT_CANDIDATES, True),
+                                            (stream, fr.STREAM_CANDIDATES, False)):
+        i = candidates.index(chosen)
+        assert resources.compile_config("cuda:90", is_resident, chosen, fr.NUM_WARPS)["spill_bytes"] == 0 or i == 0
+        if i + 1 < len(candidates):
+            nxt = resources.compile_config("cuda:90", is_resident, candidates[i + 1], fr.NUM_WARPS)
+            assert nxt["spill_bytes"] > 0
