@@ -45,20 +45,24 @@ def _percentile(values, q):
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
-def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str):
-    from splat_train.trainer import evaluate
+def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str, ckpt=None):
+    from splat_train.trainer import checkpoint, evaluate
     from splat_train.trainer.cli import parse_args
     from splat_train.trainer.loop import Trainer
     from splat_train.trainer.profiling import memory_model
 
     cfg = parse_args(["default", *flags])
     trainer = Trainer(cfg, ctx, scene)
+    start = 0
+    if ckpt:  # a trained model, re-sharded for this world size; steps continue from its step
+        trainer.load_state_dict(checkpoint.load_shard(ckpt, ctx.rank, ctx.world_size), restore_rng=False)
+        start = trainer.step
     trainer.timer.enabled = True
     trainer.timer.cuda = ctx.device.type == "cuda"
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     rows = []
-    for step in range(steps):
+    for step in range(start, start + steps):
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         t0 = time.perf_counter()
@@ -71,9 +75,9 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
                          num_gaussians=out["num_gaussians"]))
     steady = rows[warmup:] or rows
     peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
-    trainer.step = steps
+    trainer.step = start + steps
     trainer.timer.enabled = False
-    metrics = evaluate.run_eval(trainer, steps) if len(trainer.testset) else None
+    metrics = evaluate.run_eval(trainer, trainer.step) if len(trainer.testset) else None
     phases = {}
     for name in steady[0]["phases"]:
         phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in steady)
@@ -93,7 +97,7 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
         bytes_recv_per_iter=per_iter("bytes_recv"), peak_memory_bytes=peak,
         num_gaussians_local=steady[-1]["num_gaussians"],
         memory_model=memory_model(cfg.sh_degree, ctx.world_size, ctx.device),
-        batch_size=cfg.batch_size, steps=steps, warmup=warmup,
+        batch_size=cfg.batch_size, steps=steps, warmup=warmup, start_step=start,
         test_psnr=(metrics or {}).get("psnr"), test_ssim=(metrics or {}).get("ssim"),
         fused_tiles=trainer.last_fused_stats or None,
         ssim_backend=cfg.ssim_backend if cfg.ssim_backend != "auto" else _ssim_backend(ctx.device),
@@ -133,6 +137,7 @@ def run(args, on_result=None) -> dict:
     if args.device == "cpu" or not torch.cuda.is_available():
         variants.pop("gsplat-dist", None)  # gsplat's CUDA ops only
     check_variants(variants)
+    start = ckpt_step(args.ckpt) if args.ckpt else 0
     scene = build_scene(args)
     results = []
     baseline = next(iter(variants), None)
@@ -142,16 +147,19 @@ def run(args, on_result=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for world_size in args.world_sizes:
             for name, extra in variants.items():
-                flags = ["--device", args.device, "--batch_size", str(args.batch_size), "--max_steps", str(args.steps),
-                         "--refine_start_iter", str(args.steps + 1), "--result_dir", f"{tmp}/{name}_{world_size}",
+                end = start + args.steps  # densification and pruning stages stay off in the window
+                flags = ["--device", args.device, "--batch_size", str(args.batch_size), "--max_steps", str(end),
+                         "--refine_start_iter", str(end + 1), "--refine_stop_iter", str(end + 2),
+                         "--prune_stage2_step", "0", "--prune_stage3_step", "0",
+                         "--result_dir", f"{tmp}/{name}_{world_size}",
                          "--num_traj_frames", "0", "--no_save_eval_images", *shlex.split(extra)]
                 if args.data_dir:
                     flags += ["--data_dir", args.data_dir, "--data_factor", str(args.data_factor)]
                 files = [f"{tmp}/{name}_{world_size}_rank{r}.json" for r in range(world_size)]
                 t0 = time.perf_counter()
                 try:
-                    rc = launch(_worker_entry, (scene, flags, args.steps, args.warmup, f"{tmp}/{name}_{world_size}"),
-                                nproc_per_node=world_size, device=args.device)
+                    rc = launch(_worker_entry, (scene, flags, args.steps, args.warmup, f"{tmp}/{name}_{world_size}",
+                                                args.ckpt), nproc_per_node=world_size, device=args.device)
                 except Exception as e:  # one process runs in this one: record the failure, go on
                     print(f"bench: {name} W={world_size} failed: {e}", file=sys.stderr, flush=True)
                     rc = f"{type(e).__name__}: {e}"
@@ -187,12 +195,29 @@ def check_variants(variants: dict) -> None:
                              + " ".join(lines[:6])) from None
 
 
-def _worker_entry(ctx, scene, flags, steps, warmup, prefix):
-    _worker(ctx, scene, flags, steps, warmup, f"{prefix}_rank{ctx.rank}.json")
+def _worker_entry(ctx, scene, flags, steps, warmup, prefix, ckpt):
+    _worker(ctx, scene, flags, steps, warmup, f"{prefix}_rank{ctx.rank}.json", ckpt)
+
+
+def ckpt_step(files: list) -> int:
+    """The completed step of a run's checkpoint shards (``ckpt_<step>_rank<r>.pt``, all of one step).
+    Raises ValueError naming a missing file or a set that mixes steps."""
+    steps = set()
+    for f in files:
+        m = re.fullmatch(r"ckpt_(\d+)_rank\d+\.pt", Path(f).name)
+        if not Path(f).is_file():
+            raise ValueError(f"--ckpt: no such file: {f}")
+        if m is None:
+            raise ValueError(f"--ckpt: {f} is not named ckpt_<step>_rank<r>.pt")
+        steps.add(int(m.group(1)))
+    if len(steps) != 1:
+        raise ValueError(f"--ckpt: the files mix steps {sorted(steps)}; pass every rank's file of one step")
+    return steps.pop()
 
 
 def scene_summary(args, scene) -> dict:
     return dict(source=args.data_dir or f"synthetic {args.synthetic_gaussians} Gaussians at {args.resolution}",
+                ckpt=[str(f) for f in args.ckpt] if args.ckpt else None,
                 data_factor=args.data_factor if args.data_dir else None, num_cameras=len(scene.cameras),
                 image_size=[scene.cameras[0].width, scene.cameras[0].height],
                 num_points=0 if scene.points is None else len(scene.points))
@@ -208,7 +233,8 @@ def markdown(report: dict) -> str:
     head = ("| variant | W | ms/iter (median) | p90 | images/s | vs baseline | fwd bytes/rank | bwd bytes/rank "
             "| collectives/iter | isects per rank (min-max) | peak mem/rank (GiB) | model (B/G) | test PSNR "
             "| fused tiles: in budget / resident |")
-    lines = [f"Scene: {report['scene']['source']}, {report['scene']['num_cameras']} cameras "
+    start = f" from {len(report['scene']['ckpt'])} checkpoint shard(s)" if report["scene"].get("ckpt") else ""
+    lines = [f"Scene: {report['scene']['source']}{start}, {report['scene']['num_cameras']} cameras "
              f"{report['scene']['image_size'][0]}x{report['scene']['image_size'][1]}; baseline: {base}; "
              f"SSIM: {report['variants'][0].get('ranks', [{}])[0].get('ssim_backend', '?')}", "", head,
              "|" + "---|" * 14]
@@ -285,6 +311,9 @@ def parse(argv):
     p.add_argument("--world_sizes", type=int, nargs="+", default=[1])
     p.add_argument("--variants", nargs="*", help=f"subset of {list(DEFAULT_VARIANTS)}")
     p.add_argument("--variant", action="append", help='extra variant NAME="--flags ..."')
+    p.add_argument("--ckpt", nargs="+", help="start every variant from these checkpoint shards (every rank's "
+                   "ckpt_<step>_rank<r>.pt of one step, any world size) instead of the initial model; pass "
+                   "the --data_dir / --data_factor of the run that wrote them")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--batch_size", type=int, default=1)

@@ -89,3 +89,41 @@ def test_bad_variant_flags_are_refused_before_anything_runs(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--variant broken=" in err and "--raster" in err
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_bench_starts_from_checkpoint_shards_of_another_world_size(tmp_path):
+    """--ckpt: a 2-rank run's shards, benchmarked at W=1 and 2, continue from the saved step with
+    every saved Gaussian (re-sharded), densification off in the window."""
+    import torch
+
+    from splat_train.trainer.cli import main
+
+    run = tmp_path / "run"
+    assert main(["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "6",
+                 "--synthetic_num_gaussians", "300", "--num_traj_frames", "0", "--device", "cpu",
+                 "--refine_start_iter", "2", "--refine_every", "2", "--grow_grad2d", "0.00005",
+                 "--max_steps", "4", "--save_steps", "4", "--nproc_per_node", "2", "--result_dir", str(run)]) == 0
+    shards = [run / "ckpts" / f"ckpt_4_rank{r}.pt" for r in (0, 1)]
+    saved = sum(torch.load(f, map_location="cpu", weights_only=False)["params"]["means"].shape[0] for f in shards)
+    out = tmp_path / "bench"
+    rc = bench.main(["--device", "cpu", "--resolution", "32x32", "--num_cameras", "6", "--steps", "3", "--warmup", "1",
+                     "--world_sizes", "1", "2", "--variants", "ours-packed", "--ckpt", *map(str, shards),
+                     "--out", str(out)])
+    assert rc == 0
+    rep = json.loads((out / "bench.json").read_text())
+    assert rep["scene"]["ckpt"] == [str(f) for f in shards]
+    for e in rep["variants"]:
+        assert all(r["start_step"] == 4 for r in e["ranks"])
+        assert sum(r["num_gaussians_local"] for r in e["ranks"]) == saved  # nothing densified or lost
+    assert "from 2 checkpoint shard(s)" in (out / "bench.md").read_text()
+
+
+def test_bench_refuses_missing_or_mixed_checkpoints(tmp_path, capsys):
+    missing = tmp_path / "ckpt_4_rank0.pt"
+    assert bench.main([*TINY, "--ckpt", str(missing), "--out", str(tmp_path / "b")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    a, b = tmp_path / "ckpt_4_rank0.pt", tmp_path / "ckpt_8_rank1.pt"
+    a.write_bytes(b"x")
+    b.write_bytes(b"x")
+    assert bench.main([*TINY, "--ckpt", str(a), str(b), "--out", str(tmp_path / "b")]) == 2
+    assert "mix steps" in capsys.readouterr().err
