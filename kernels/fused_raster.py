@@ -614,8 +614,6 @@ def fused_raster_loss(
     budget = tile_budget(means2d.device) if budget is None else int(budget)
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
-    if budget > 0 and budget & (budget - 1):
-        budget = 1 << (budget.bit_length() - 1)  # block sizes are powers of two
     default_resident, default_stream = chunk_limits(means2d.device)
     resident_max = default_resident if resident_max is None else int(resident_max)
     stream_chunk = default_stream if stream_chunk is None else int(stream_chunk)

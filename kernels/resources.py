@@ -56,11 +56,15 @@ def _cuda_usage(cubin: bytes) -> dict:
 
 
 def _hip_usage(amdgcn: str) -> dict:
+    """From the AMDGCN assembly's kernel metadata: VGPRs per lane, scratch (private segment) bytes
+    per lane, which is where spilled registers go, and the static LDS (group segment) size."""
     def field(name):
         m = re.search(rf"\.{name}:\s+(\d+)", amdgcn)
-        return int(m.group(1)) if m else 0
+        if m is None:
+            raise RuntimeError(f"the AMDGCN metadata has no .{name}")
+        return int(m.group(1))
 
-    return dict(registers=field("vgpr_count"), spill_bytes=4 * field("vgpr_spill_count"),
+    return dict(registers=field("vgpr_count"), spill_bytes=field("private_segment_fixed_size"),
                 static_shared_bytes=field("group_segment_fixed_size"))
 
 

@@ -136,8 +136,8 @@ def run(args, on_result=None) -> dict:
         variants[name] = flags
     if args.device == "cpu" or not torch.cuda.is_available():
         variants.pop("gsplat-dist", None)  # gsplat's CUDA ops only
-    check_variants(variants)
     start = ckpt_step(args.ckpt) if args.ckpt else 0
+    check_variants(variants, lambda extra: variant_flags(args, start, extra, "bench-check"))
     scene = build_scene(args)
     results = []
     baseline = next(iter(variants), None)
@@ -147,14 +147,7 @@ def run(args, on_result=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for world_size in args.world_sizes:
             for name, extra in variants.items():
-                end = start + args.steps  # densification and pruning stages stay off in the window
-                flags = ["--device", args.device, "--batch_size", str(args.batch_size), "--max_steps", str(end),
-                         "--refine_start_iter", str(end + 1), "--refine_stop_iter", str(end + 2),
-                         "--prune_stage2_step", "0", "--prune_stage3_step", "0",
-                         "--result_dir", f"{tmp}/{name}_{world_size}",
-                         "--num_traj_frames", "0", "--no_save_eval_images", *shlex.split(extra)]
-                if args.data_dir:
-                    flags += ["--data_dir", args.data_dir, "--data_factor", str(args.data_factor)]
+                flags = variant_flags(args, start, extra, f"{tmp}/{name}_{world_size}")
                 files = [f"{tmp}/{name}_{world_size}_rank{r}.json" for r in range(world_size)]
                 t0 = time.perf_counter()
                 try:
@@ -176,8 +169,26 @@ def run(args, on_result=None) -> dict:
     return report()
 
 
-def check_variants(variants: dict) -> None:
-    """Parse every variant's flags before anything runs; raise ValueError naming a bad one."""
+def variant_flags(args, start: int, extra: str, result_dir: str) -> list[str]:
+    """The trainer flags of one variant: the bench's own, then the variant's.
+
+    The window [start, start + steps) trains without densifying, resetting opacities or pruning:
+    from the initial model (start 0) gsplat's strategy still accumulates its gradient statistics,
+    as in the first steps of a run; from a checkpoint (start > 0) the strategy is past its stop
+    step, as in the late steps of a run. Variant flags come last and win."""
+    end = start + args.steps
+    flags = ["--device", args.device, "--batch_size", str(args.batch_size), "--max_steps", str(end),
+             "--refine_start_iter", str(end + 1), "--refine_stop_iter", str(start if start > 0 else end + 2),
+             "--reset_every", str(end + 1), "--prune_stage2_step", "0", "--prune_stage3_step", "0",
+             "--result_dir", result_dir, "--num_traj_frames", "0", "--no_save_eval_images"]
+    if args.data_dir:
+        flags += ["--data_dir", args.data_dir, "--data_factor", str(args.data_factor)]
+    return flags + shlex.split(extra)
+
+
+def check_variants(variants: dict, flags_of) -> None:
+    """Parse and validate every variant's full flag list (``flags_of(extra)``) before anything
+    runs; raise ValueError naming a bad one."""
     import contextlib
     import io
 
@@ -187,7 +198,9 @@ def check_variants(variants: dict) -> None:
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):
-                parse_args(["default", *shlex.split(extra)])
+                parse_args(["default", *flags_of(extra)])
+        except ValueError as e:  # config validation (flags that parse but do not go together)
+            raise ValueError(f"--variant {name}={extra!r}: {e}") from None
         except SystemExit:
             text = re.sub("[\u2500-\u257f]", " ", err.getvalue())  # tyro's box drawing
             lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "full helptext" not in ln]
@@ -244,7 +257,8 @@ def markdown(report: dict) -> str:
             by_w[e["world_size"]] = iteration_ms(e)
     for e in report["variants"]:
         if "ranks" not in e:
-            lines.append(f"| {e['variant']} | {e['world_size']} | {e['error']} |" + " |" * 11)
+            error = " ".join(str(e["error"]).split()).replace("|", "/")  # one table cell
+            lines.append(f"| {e['variant']} | {e['world_size']} | {error} |" + " |" * 11)
             continue
         ranks, ms = e["ranks"], iteration_ms(e)
         imgs = e["world_size"] * ranks[0]["batch_size"] * 1000.0 / ms
@@ -273,8 +287,9 @@ def _fused_cell(ranks) -> str:
     fused = [r["fused_tiles"] for r in ranks if r.get("fused_tiles")]
     if not fused:
         return "-"
-    return (f"{100 * np.mean([f['fraction_fused'] for f in fused]):.1f}% / "
-            f"{100 * np.mean([f.get('fraction_resident', f['fraction_fused']) for f in fused]):.1f}%")
+    resident = [f.get("fraction_resident") for f in fused]
+    resident = "-" if None in resident else f"{100 * np.mean(resident):.1f}%"  # the CPU reference has none
+    return f"{100 * np.mean([f['fraction_fused'] for f in fused]):.1f}% / {resident}"
 
 
 def chart(report: dict, path: Path) -> None:
@@ -326,6 +341,16 @@ def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     if args.warmup >= args.steps:
         print("error: --warmup must be smaller than --steps", file=sys.stderr)
+        return 2
+    from splat_train.trainer.launch import LaunchError, detect_external
+
+    try:
+        external = detect_external() is not None
+    except LaunchError:  # a launcher's variables, incomplete
+        external = True
+    if external:
+        print("error: splat-train bench starts its own ranks for each --world_sizes entry; run it directly, "
+              "not under torchrun / mpirun / srun", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

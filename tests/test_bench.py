@@ -89,6 +89,17 @@ def test_bad_variant_flags_are_refused_before_anything_runs(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--variant broken=" in err and "--raster" in err
     assert not (tmp_path / "bench.json").exists()
+    # flags that parse but that the trainer's validation refuses together
+    rc = bench.main([*TINY, "--variants", "ours-dense", "--variant", "clash=--raster fused --app_opt",
+                     "--out", str(tmp_path)])
+    assert rc == 2 and "--variant clash=" in capsys.readouterr().err
+
+
+def test_bench_refuses_to_run_under_an_external_launcher(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert bench.main([*TINY, "--out", str(tmp_path)]) == 2
+    assert "run it directly" in capsys.readouterr().err
 
 
 def test_bench_starts_from_checkpoint_shards_of_another_world_size(tmp_path):

@@ -111,3 +111,17 @@ def test_load_shard_reshards_params_adam_and_strategy_state(w2_run):
                            torch.cat([s["optimizers"]["sh0"]["state"][0]["exp_avg_sq"] for s in saved])[r::3])
     same = load_shard(files, rank=1, world_size=2)
     assert torch.equal(same["params"]["quats"], saved[1]["params"]["quats"])
+
+
+def test_load_shard_refuses_an_incomplete_or_mixed_set(w2_run):
+    """One shard of a two-rank run, or shards of two steps, would silently drop Gaussians."""
+    from splat_train.trainer.checkpoint import load_shard
+
+    with pytest.raises(ValueError, match="one file per rank"):
+        load_shard([w2_run / "ckpts/ckpt_4_rank0.pt"], rank=0, world_size=1)
+    with pytest.raises(ValueError, match="one file per rank"):
+        load_shard([w2_run / "ckpts/ckpt_4_rank0.pt", w2_run / "ckpts/ckpt_8_rank1.pt"], rank=0, world_size=1)
+    # rank order comes from the files' contents, not the order they are passed in
+    files = [w2_run / f"ckpts/ckpt_4_rank{r}.pt" for r in (1, 0)]
+    assert torch.equal(load_shard(files, rank=0, world_size=2)["params"]["means"],
+                       torch.load(files[1], weights_only=False)["params"]["means"])

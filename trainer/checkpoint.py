@@ -120,7 +120,8 @@ def load_shard(files: list[Path], rank: int, world_size: int) -> dict:
     Same world size: the rank's own file as saved. Otherwise: every per-Gaussian tensor
     (parameters, Adam moments, strategy accumulators) concatenated in the old rank order and
     re-split ``rank::world_size``; scalars and RNG from old rank ``rank`` (or 0).
-    Raises ValueError naming a file that is not a splat-train checkpoint.
+    Raises ValueError naming a file that is not a splat-train checkpoint, and when the files are
+    not exactly one per rank of one step of one run (a missing shard would drop its Gaussians).
     """
     states = []
     for f in files:
@@ -130,6 +131,14 @@ def load_shard(files: list[Path], rank: int, world_size: int) -> dict:
             raise ValueError(f"cannot read checkpoint {f}: {e}") from e
         if "params" not in states[-1]:
             raise ValueError(f"{f} is not a splat-train checkpoint (no 'params')")
+    by_rank = sorted(zip(files, states), key=lambda fs: int(fs[1].get("rank", 0)))
+    files, states = [f for f, _ in by_rank], [st for _, st in by_rank]
+    saved_world = {int(st.get("world_size", len(states))) for st in states}
+    ranks = [int(st.get("rank", i)) for i, st in enumerate(states)]
+    steps = {int(st.get("step", 0)) for st in states}
+    if saved_world != {len(states)} or ranks != list(range(len(states))) or len(steps) != 1:
+        raise ValueError(f"checkpoints {[str(f) for f in files]} are not one file per rank of one step "
+                         f"(ranks {ranks} of world size {sorted(saved_world)}, steps {sorted(steps)})")
     if len(states) == world_size:
         return states[rank]
     base = dict(states[rank] if rank < len(states) else states[0])

@@ -215,8 +215,8 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
 
     A failure on one rank ends the others within a bounded time (spawn terminates the survivors;
     external launchers do the same), with that rank's error printed on stderr. Under an external
-    launcher (torchrun, mpirun, srun) a successful rank ends its process here (``end_rank``); with
-    one process the call returns 0 and the process goes on.
+    launcher (torchrun, mpirun, srun) with more than one rank, a successful rank ends its process
+    here (``end_rank``); with one process the call returns 0 and the process goes on.
     """
     external = detect_external()
     if external is not None:
@@ -224,8 +224,10 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
         os.environ.setdefault("MASTER_PORT", str(external["master_port"]))
         ctx = init_context(external["rank"], external["world_size"], external["local_rank"], device)
         fn(ctx, *args)
-        del ctx
-        end_rank()
+        if ctx.world_size > 1:
+            del ctx
+            end_rank()
+        return 0
     nproc = num_local_processes(nproc_per_node, device)
     if nproc > 1 and device != "cpu" and torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise LaunchError(f"--nproc_per_node {nproc} exceeds the {torch.cuda.device_count()} visible GPUs")

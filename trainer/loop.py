@@ -393,6 +393,8 @@ def evaluate_only(trainer: Trainer, files: list[Path]) -> dict:
     metrics = evaluate.run_eval(trainer, trainer.step)
     evaluate.render_trajectory(trainer, trainer.step)
     export.export_merged(trainer, trainer.step)
+    if trainer.writer is not None:
+        trainer.writer.close()
     return metrics
 
 
