@@ -137,10 +137,7 @@ def chunk_limits(device) -> Tuple[int, int]:
     key = str(dev)
     if key not in _CHUNK_LIMITS:
         try:
-            from triton.runtime import driver
-
-            with torch.cuda.device(dev):
-                target = driver.active.get_current_target()
+            target = resources.device_target(dev)
             resident = resources.largest_spill_free(
                 lambda k: resources.compile_config(target, True, k, NUM_WARPS), RESIDENT_CANDIDATES)
             stream = resources.largest_spill_free(

@@ -66,6 +66,8 @@ import os
 import torch
 from torch import Tensor
 
+from .resources import spill_free_warps
+
 try:  # the CPU-only torch wheel may ship without Triton; then nothing here can run
     import triton
     import triton.language as tl
@@ -255,6 +257,7 @@ def ssim_forward_into(img1: Tensor, img2: Tensor, padding: str, partials: Tensor
         height, width, out_h, out_w, origin, batch * 3 * out_h * out_w,
         *img1.stride(), *img2.stride(),
         C1=C1, C2=C2, WINDOW=WINDOW, BLOCK=BLOCK, SAVE=maps is not None,
+        num_warps=spill_free_warps("ssim_forward", img1.device),
     )
     return (partials.double().sum() / (batch * 3 * out_h * out_w)).float()
 
@@ -272,7 +275,7 @@ def ssim_backward_into(grad_output: Tensor, img1: Tensor, img2: Tensor, padding:
         img1, img2, _gaussian_taps(img1.device), maps, scale, grad,
         height, width, out_h, out_w, origin, batch * 3 * out_h * out_w,
         *img1.stride(), *img2.stride(),
-        WINDOW=WINDOW, BLOCK=BLOCK,
+        WINDOW=WINDOW, BLOCK=BLOCK, num_warps=spill_free_warps("ssim_backward", img1.device),
     )
     return grad
 

@@ -20,23 +20,49 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Union
+from typing import Callable, Iterable, Optional, Union
 
-INT_POINTERS = ("offsets_ptr", "flatten_ptr", "tile_ids_ptr")
-INT_SCALARS = ("width", "height", "tile_width", "num_tiles")
-
-
-def _signature(kernel, constants: dict) -> tuple[dict, dict]:
+def _signature(kernel, constants: dict, pointers: dict, scalars: dict) -> tuple[dict, dict]:
+    """Triton signature of ``kernel``: constexpr for ``constants``; a ``*_ptr`` argument is
+    ``pointers.get(name, "*fp32")``, any other ``scalars.get(name, "i32")``."""
     sig = {}
     for name in kernel.arg_names:
         if name in constants:
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
-            sig[name] = "*i32" if name in INT_POINTERS else "*fp32"
+            sig[name] = pointers.get(name, "*fp32")
         else:
-            sig[name] = "i32" if name in INT_SCALARS else "fp32"
+            sig[name] = scalars.get(name, "i32")
     names = list(kernel.arg_names)
     return sig, {(names.index(k),): v for k, v in constants.items()}
+
+
+def kernel_specs() -> dict:
+    """Every Triton kernel of splat_train.kernels at the configuration its host code launches:
+    name -> (jit function, constexpr values, pointer element types, scalar types, num_warps)."""
+    from . import fused_raster as fr
+    from . import fused_ssim as fs
+    from . import sparse_comm as sc
+
+    raster = dict(HAS_BG=True, RETURN_IMAGE=False, ABSGRAD=False, TS=fr.TILE_SIZE, WIN=fr.SSIM_WINDOW)
+    raster_ptrs = {n: "*i32" for n in ("offsets_ptr", "flatten_ptr", "tile_ids_ptr")}
+    raster_scalars = {"l1_scale": "fp32", "ssim_scale": "fp32"}
+    ints = {n: "*i32" for n in ("bits_ptr", "bitmap_ptr", "counts_ptr", "offsets_ptr", "packed_ptr")}
+    rows = dict(BLOCK_R=sc.BLOCK_ROWS, BLOCK_D=16)
+    return {
+        "fused_raster_resident": (fr._fused_raster_loss_kernel, dict(raster, RESIDENT=True, K=8), raster_ptrs,
+                                  raster_scalars, fr.NUM_WARPS),
+        "fused_raster_streaming": (fr._fused_raster_loss_kernel, dict(raster, RESIDENT=False, K=8), raster_ptrs,
+                                   raster_scalars, fr.NUM_WARPS),
+        "ssim_forward": (fs._ssim_fwd_kernel, dict(C1=fs.C1, C2=fs.C2, WINDOW=fs.WINDOW, BLOCK=fs.BLOCK, SAVE=True),
+                         {}, {}, 4),
+        "ssim_backward": (fs._ssim_bwd_kernel, dict(WINDOW=fs.WINDOW, BLOCK=fs.BLOCK), {}, {}, 4),
+        "sparse_mark": (sc._mark_kernel, rows, ints, {}, 4),
+        "sparse_count": (sc._count_kernel, dict(BLOCK_R=sc.BLOCK_ROWS), ints, {}, 4),
+        "sparse_compact": (sc._compact_kernel, rows, ints, {}, 4),
+        "sparse_scatter_add": (sc._scatter_kernel, dict(rows, MODE=2), dict(ints, index_ptr="*i64",
+                                                                            packed_ptr="*fp32"), {}, 4),
+    }
 
 
 def _cuda_usage(cubin: bytes) -> dict:
@@ -84,31 +110,42 @@ def target_name(gpu) -> str:
     return f"{gpu.backend}:{gpu.arch}"
 
 
-def compile_config(target: Union[str, object], resident: bool, K: int, num_warps: int) -> dict:
-    """Compile one configuration of ``_fused_raster_loss_kernel`` for ``target`` (a "cuda:90" /
-    "hip:gfx942" string or a triton GPUTarget). Returns {target, variant, K, num_warps, threads,
-    compile_s, registers (per thread), spill_bytes (per thread), shared_bytes}. Raises ValueError
-    for an unknown target, and whatever Triton raises when the configuration does not compile."""
+def compile_kernel(name: str, target: Union[str, object], num_warps: Optional[int] = None,
+                   **constants) -> dict:
+    """Compile kernel ``name`` of :func:`kernel_specs` for ``target`` (a "cuda:90" / "hip:gfx942"
+    string or a triton GPUTarget), with ``constants`` overriding its constexpr values. Returns
+    {kernel, target, num_warps, threads, compile_s, registers (per thread), spill_bytes (per
+    thread), shared_bytes}. Raises ValueError for an unknown target or kernel, and whatever Triton
+    raises when the kernel does not compile for that target."""
     import triton
     from triton.compiler import ASTSource
 
-    from . import fused_raster as fr
-
+    specs = kernel_specs()
+    if name not in specs:
+        raise ValueError(f"unknown kernel {name!r}; one of {sorted(specs)}")
+    fn, consts, pointers, scalars, default_warps = specs[name]
+    num_warps = default_warps if num_warps is None else num_warps
     gpu = parse_target(target) if isinstance(target, str) else target
-    backend, warp = gpu.backend, gpu.warp_size
-    constants = dict(HAS_BG=True, RETURN_IMAGE=False, ABSGRAD=False, RESIDENT=resident, K=K,
-                     TS=fr.TILE_SIZE, WIN=fr.SSIM_WINDOW)
-    sig, constexprs = _signature(fr._fused_raster_loss_kernel, constants)
+    sig, constexprs = _signature(fn, dict(consts, **constants), pointers, scalars)
     t0 = time.perf_counter()
-    compiled = triton.compile(ASTSource(fn=fr._fused_raster_loss_kernel, signature=sig, constexprs=constexprs),
-                              target=gpu, options=dict(num_warps=num_warps))
+    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=gpu,
+                              options=dict(num_warps=num_warps))
     seconds = time.perf_counter() - t0
-    usage = _cuda_usage(compiled.asm["cubin"]) if backend == "cuda" else _hip_usage(compiled.asm["amdgcn"])
+    if gpu.backend == "cuda":
+        usage = _cuda_usage(compiled.asm["cubin"])
+    else:
+        usage = _hip_usage(compiled.asm["amdgcn"])
     usage["shared_bytes"] = max(int(compiled.metadata.shared), usage.pop("static_shared_bytes"))
-    return dict(target=target_name(gpu), variant="resident" if resident else "streaming", K=K, num_warps=num_warps,
-                threads=num_warps * warp, compile_s=round(seconds, 1), **usage)
+    return dict(kernel=name, target=target_name(gpu), num_warps=num_warps, threads=num_warps * gpu.warp_size,
+                compile_s=round(seconds, 1), **usage)
 
 
+def compile_config(target: Union[str, object], resident: bool, K: int, num_warps: int) -> dict:
+    """One configuration of the fused rasterization kernel (:func:`compile_kernel`), with
+    ``variant`` ("resident" / "streaming") and ``K`` (Gaussians per chunk) in the result."""
+    name = "fused_raster_resident" if resident else "fused_raster_streaming"
+    row = compile_kernel(name, target, num_warps, RESIDENT=resident, K=K)
+    return dict(row, variant="resident" if resident else "streaming", K=K)
 
 
 def largest_spill_free(usage: Callable[[int], dict], candidates: Iterable[int]) -> int:
@@ -122,3 +159,46 @@ def largest_spill_free(usage: Callable[[int], dict], candidates: Iterable[int]) 
             break
         best = k
     return best
+
+
+def device_target(device):
+    """The triton GPUTarget of a CUDA / ROCm torch device (Triton's driver, for that device)."""
+    import torch
+    from triton.runtime import driver
+
+    with torch.cuda.device(device):
+        return driver.active.get_current_target()
+
+
+WARP_CANDIDATES = (4, 8, 16)
+_WARPS: dict = {}
+
+
+def spill_free_warps(name: str, device, default: int = 4, candidates: Iterable[int] = WARP_CANDIDATES) -> int:
+    """The fewest warps (wavefronts on AMD) per program, of ``candidates``, at which kernel ``name``
+    compiles for ``device`` without spilling; more warps share a tile's work, so each thread holds
+    less. ``default`` on CPU / the interpreter, when every candidate spills, or (with a warning)
+    when the compile probe fails. Cached per (kernel, device); Triton caches the compiles."""
+    import warnings
+
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return default
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = (name, str(dev))
+    if key not in _WARPS:
+        chosen = default
+        try:
+            target = device_target(dev)
+            for w in candidates:
+                if compile_kernel(name, target, w)["spill_bytes"] == 0:
+                    chosen = w
+                    break
+        except Exception as e:  # pragma: no cover - depends on the GPU toolchain
+            warnings.warn(f"{name}: could not measure register use on {dev} ({type(e).__name__}: {e}); "
+                          f"launching with {default} warps")
+        _WARPS[key] = chosen
+    return _WARPS[key]

@@ -2,6 +2,7 @@
 spills and shared memory each configuration uses, on any machine (no GPU needed).
 
     python -m splat_train.scripts.kernel_resources --targets cuda:90 hip:gfx942 --k 16 32 64
+    python -m splat_train.scripts.kernel_resources --all_kernels     # every kernel, both vendors
 
 Triton compiles the kernel for the named target (``cuda:<compute capability>`` or
 ``hip:<gfx arch>``) exactly as it would on that GPU at first launch; the resource counts are read
@@ -25,18 +26,27 @@ import os
 import sys
 from pathlib import Path
 
-from splat_train.kernels.resources import compile_config, parse_target
+from splat_train.kernels.resources import compile_config, compile_kernel, kernel_specs, parse_target
+
+
+def _error(e: Exception) -> str:
+    text = str(e).splitlines()[0][:120] if str(e) else ""
+    return f"{type(e).__name__}: {text}"
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| target | variant | K | warps | threads | registers/thread | spill bytes/thread | shared bytes |",
-             "|---|---|---|---|---|---|---|---|"]
+    """Fused-raster sweep rows (with variant and K) or whole-package rows (kernel at its launch config)."""
+    sweep = any("variant" in r for r in rows)
+    first = "| target | variant | K | warps |" if sweep else "| target | kernel | warps |"
+    lines = [first + " threads | registers/thread | spill bytes/thread | shared bytes |",
+             "|" + "---|" * (8 if sweep else 7)]
     for r in rows:
+        key = f"| {r['target']} | {r['variant']} | {r['K']} | {r['num_warps']} |" if sweep else \
+            f"| {r['target']} | {r['kernel']} | {r['num_warps']} |"
         if "error" in r:
-            lines.append(f"| {r['target']} | {r['variant']} | {r['K']} | {r['num_warps']} | - | error: {r['error']} | | |")
-            continue
-        lines.append(f"| {r['target']} | {r['variant']} | {r['K']} | {r['num_warps']} | {r['threads']} | "
-                     f"{r['registers']} | {r['spill_bytes']} | {r['shared_bytes']} |")
+            lines.append(f"{key} - | error: {r['error']} | | |")
+        else:
+            lines.append(f"{key} {r['threads']} | {r['registers']} | {r['spill_bytes']} | {r['shared_bytes']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -47,6 +57,9 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="+", default=["streaming", "resident"], choices=["streaming", "resident"])
     p.add_argument("--k", type=int, nargs="+", default=[8, 16, 32])
     p.add_argument("--num_warps", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--all_kernels", action="store_true",
+                   help="instead of the fused-raster sweep: every Triton kernel of the package at the "
+                        "configuration its host code launches (a portability check)")
     p.add_argument("--json", help="also write the rows to this JSON file")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     for k in args.k:
@@ -61,15 +74,22 @@ def main(argv=None) -> int:
             return 2
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the default Triton uses at launch
     rows = []
-    for target in args.targets:
+    if args.all_kernels:
+        for target in args.targets:
+            for name in kernel_specs():
+                try:
+                    rows.append(compile_kernel(name, target))
+                except Exception as e:  # a kernel that does not compile for a target is a result too
+                    rows.append(dict(target=target, kernel=name, num_warps="-", error=_error(e)))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    for target in [] if args.all_kernels else args.targets:
         for variant in args.variants:
             for k in args.k:
                 for w in args.num_warps:
                     try:
                         row = compile_config(target, variant == "resident", k, w)
                     except Exception as e:  # a configuration that does not compile is a result too
-                        row = dict(target=target, variant=variant, K=k, num_warps=w,
-                                   error=f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+                        row = dict(target=target, variant=variant, K=k, num_warps=w, error=_error(e))
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
     if args.json:

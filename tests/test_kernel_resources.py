@@ -84,3 +84,50 @@ def test_chunk_limits_probe_picks_the_longest_spill_free_chunks(monkeypatch):
         if i + 1 < len(candidates):
             nxt = resources.compile_config("cuda:90", is_resident, candidates[i + 1], fr.NUM_WARPS)
             assert nxt["spill_bytes"] > 0
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+def test_every_triton_kernel_compiles_for_both_vendors(target):
+    """Portability: every kernel of the package builds for NVIDIA sm_90 and AMD gfx942 (64-wide
+    wavefronts) at the configuration its host code launches."""
+    for name in resources.kernel_specs():
+        row = resources.compile_kernel(name, target)
+        assert row["kernel"] == name and row["registers"] > 0 and row["spill_bytes"] >= 0, row
+
+
+@needs_cuobjdump
+def test_spill_free_warps_takes_the_fewest_warps_that_do_not_spill(monkeypatch):
+    import contextlib
+
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class FakeDriver:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    monkeypatch.setattr(driver, "_active", FakeDriver())
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(resources, "_WARPS", {})
+    assert resources.spill_free_warps("ssim_backward", "cpu") == 4  # CPU / interpreter: the default
+    warps = resources.spill_free_warps("ssim_backward", "cuda:0")
+    assert warps in resources.WARP_CANDIDATES
+    assert resources.compile_kernel("ssim_backward", "cuda:90", warps)["spill_bytes"] == 0
+    for fewer in (w for w in resources.WARP_CANDIDATES if w < warps):
+        assert resources.compile_kernel("ssim_backward", "cuda:90", fewer)["spill_bytes"] > 0
+    assert resources._WARPS == {("ssim_backward", "cuda:0"): warps}
+
+
+def test_unknown_kernel_is_refused():
+    with pytest.raises(ValueError, match="unknown kernel"):
+        resources.compile_kernel("no_such_kernel", "cuda:90")
+
+
+def test_script_all_kernels_lists_each_kernel_once_per_target(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    assert kernel_resources.main(["--all_kernels", "--targets", "hip:gfx942", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["kernel"] for r in rows] == list(resources.kernel_specs())
+    assert "| hip:gfx942 | ssim_forward |" in capsys.readouterr().out
