@@ -134,8 +134,8 @@ def run(args, on_result=None) -> dict:
     for spec in args.variant or []:
         name, _, flags = spec.partition("=")
         variants[name] = flags
-    if args.device == "cpu" or not torch.cuda.is_available():
-        variants.pop("gsplat-dist", None)  # gsplat's CUDA ops only
+    if (args.device == "cpu" or not torch.cuda.is_available()) and variants.pop("gsplat-dist", None) is not None:
+        print("bench: gsplat-dist skipped (gsplat's distributed rasterization needs a GPU)", file=sys.stderr)
     start = ckpt_step(args.ckpt) if args.ckpt else 0
     check_variants(variants, lambda extra: variant_flags(args, start, extra, "bench-check"))
     scene = build_scene(args)
@@ -159,6 +159,10 @@ def run(args, on_result=None) -> dict:
                 wall = time.perf_counter() - t0
                 if rc != 0:
                     error = f"exit code {rc}" if isinstance(rc, int) else rc
+                    reasons = [Path(f[:-len(".json")] + ".error") for f in files]
+                    reasons = [r.read_text() for r in reasons if r.exists()]
+                    if isinstance(rc, int) and reasons:
+                        error += f": {reasons[0]}"
                     results.append(dict(variant=name, world_size=world_size, flags=extra, error=error))
                 else:
                     ranks = [json.loads(Path(f).read_text()) for f in files]
@@ -204,12 +208,17 @@ def check_variants(variants: dict, flags_of) -> None:
         except SystemExit:
             text = re.sub("[\u2500-\u257f]", " ", err.getvalue())  # tyro's box drawing
             lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "full helptext" not in ln]
+            lines = lines[1:] if len(lines) > 1 else lines  # the first is the box's title
             raise ValueError(f"--variant {name}={extra!r}: splat-train rejects these flags: "
                              + " ".join(lines[:6])) from None
 
 
 def _worker_entry(ctx, scene, flags, steps, warmup, prefix, ckpt):
-    _worker(ctx, scene, flags, steps, warmup, f"{prefix}_rank{ctx.rank}.json", ckpt)
+    try:
+        _worker(ctx, scene, flags, steps, warmup, f"{prefix}_rank{ctx.rank}.json", ckpt)
+    except Exception as e:  # the parent reports the first line of it in the variant's row
+        Path(f"{prefix}_rank{ctx.rank}.error").write_text(f"{type(e).__name__}: {e}")
+        raise
 
 
 def ckpt_step(files: list) -> int:
@@ -352,8 +361,7 @@ def main(argv=None) -> int:
         print("error: splat-train bench starts its own ranks for each --world_sizes entry; run it directly, "
               "not under torchrun / mpirun / srun", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)  # created by the first write: a refused run leaves nothing behind
 
     def write(report: dict) -> str:
         table = markdown(report)

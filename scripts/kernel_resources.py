@@ -58,14 +58,21 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, nargs="+", default=[8, 16, 32])
     p.add_argument("--num_warps", type=int, nargs="+", default=[4, 8])
     p.add_argument("--all_kernels", action="store_true",
-                   help="instead of the fused-raster sweep: every Triton kernel of the package at the "
-                        "configuration its host code launches (a portability check)")
+                   help="instead of the fused-raster sweep: every Triton kernel of the package at its "
+                        "default launch configuration (a portability check; at run time the SSIM kernels "
+                        "take the fewest warps that do not spill on the device)")
     p.add_argument("--json", help="also write the rows to this JSON file")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     for k in args.k:
         if k < 1 or k & (k - 1):
             print(f"error: --k {k}: chunk lengths must be powers of two", file=sys.stderr)
             return 2
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        print("error: kernel_resources needs Triton (pip install 'triton>=3.3'; CPU-only torch wheels ship "
+              "without it)", file=sys.stderr)
+        return 2
     for target in args.targets:
         try:
             parse_target(target)

@@ -73,22 +73,27 @@ def test_same_initial_model_gives_the_same_result_dense_and_packed(report):
 
 def test_a_variant_that_fails_keeps_the_others_and_exits_nonzero(tmp_path):
     # mcmc relocates with gsplat's CUDA op: on CPU it fails when the trainer is built (in process)
-    rc = bench.main([*TINY, "--variants", "ours-dense", "--variant", "mcmc=--strategy mcmc", "--out", str(tmp_path)])
+    rc = bench.main([*TINY, "--variants", "ours-dense", "--variant", "mcmc=--strategy mcmc", "--world_sizes", "1", "2",
+                     "--out", str(tmp_path)])
     assert rc == 1
     rep = json.loads((tmp_path / "bench.json").read_text())
-    by_name = {e["variant"]: e for e in rep["variants"]}
-    assert "ranks" in by_name["ours-dense"]
-    assert "GPU" in by_name["mcmc"]["error"]
-    assert "| mcmc | 1 | ValueError" in (tmp_path / "bench.md").read_text()
+    by_key = {(e["variant"], e["world_size"]): e for e in rep["variants"]}
+    assert "ranks" in by_key["ours-dense", 1] and "ranks" in by_key["ours-dense", 2]
+    assert "GPU" in by_key["mcmc", 1]["error"]
+    # in spawned ranks: the exit code and the rank's own error
+    assert by_key["mcmc", 2]["error"].startswith("exit code 2: ValueError") and "GPU" in by_key["mcmc", 2]["error"]
+    table = (tmp_path / "bench.md").read_text()
+    assert "| mcmc | 1 | ValueError" in table and "| mcmc | 2 | exit code 2: ValueError" in table
 
 
 def test_bad_variant_flags_are_refused_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "out"
     rc = bench.main([*TINY, "--variants", "ours-dense", "--variant", "broken=--raster no-such-kernel",
-                     "--out", str(tmp_path)])
+                     "--out", str(out)])
     assert rc == 2
     err = capsys.readouterr().err
-    assert "--variant broken=" in err and "--raster" in err
-    assert not (tmp_path / "bench.json").exists()
+    assert "--variant broken=" in err and "--raster" in err and err.lower().count("invalid choice") == 1
+    assert not out.exists()  # a refused run leaves nothing behind
     # flags that parse but that the trainer's validation refuses together
     rc = bench.main([*TINY, "--variants", "ours-dense", "--variant", "clash=--raster fused --app_opt",
                      "--out", str(tmp_path)])

@@ -131,3 +131,12 @@ def test_script_all_kernels_lists_each_kernel_once_per_target(tmp_path, capsys):
     rows = json.loads(out.read_text())
     assert [r["kernel"] for r in rows] == list(resources.kernel_specs())
     assert "| hip:gfx942 | ssim_forward |" in capsys.readouterr().out
+
+
+def test_script_without_triton_says_so(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    assert kernel_resources.main(["--targets", "cuda:90"]) == 2
+    assert "needs Triton" in capsys.readouterr().err

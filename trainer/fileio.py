@@ -14,6 +14,18 @@ from pathlib import Path
 from typing import Callable
 
 
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# Read once, at import (single-threaded): os.umask can only be read by setting it. mkstemp creates
+# 0600 files; the final file gets the mode an ordinary open() would give it (0666 & ~umask), so a
+# team can read each other's checkpoints and PLYs.
+_FILE_MODE = 0o666 & ~_read_umask()
+
+
 def _fsync_directory(directory: str) -> None:
     """Persist a rename (POSIX); a no-op where directories cannot be opened."""
     try:
@@ -38,6 +50,7 @@ def atomic_write(path: "str | os.PathLike", write_fn: Callable[[str], None]) -> 
         write_fn(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
