@@ -56,17 +56,14 @@ def test_script_refuses_bad_arguments(capsys):
     assert "--k 12" in capsys.readouterr().err
 
 
-@needs_cuobjdump
-def test_chunk_limits_probe_picks_the_longest_spill_free_chunks(monkeypatch):
-    """chunk_limits' GPU branch, with the device's target faked as an H100/H200 (sm_90): the chosen
-    resident and streaming chunks compile without spilling and the next candidate spills."""
+@pytest.fixture
+def fake_sm90_device(monkeypatch):
+    """Make "cuda:0" look like an H100/H200 (sm_90) to the run-time probes, without a GPU."""
     import contextlib
 
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
-
-    from splat_train.kernels import fused_raster as fr
 
     class FakeDriver:
         def get_current_target(self):
@@ -74,6 +71,14 @@ def test_chunk_limits_probe_picks_the_longest_spill_free_chunks(monkeypatch):
 
     monkeypatch.setattr(driver, "_active", FakeDriver())
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+
+
+@needs_cuobjdump
+def test_chunk_limits_probe_picks_the_longest_spill_free_chunks(fake_sm90_device, monkeypatch):
+    """chunk_limits' GPU branch on the faked sm_90 device: the chosen resident and streaming chunks
+    compile without spilling and the next candidate spills."""
+    from splat_train.kernels import fused_raster as fr
+
     monkeypatch.setattr(fr, "_CHUNK_LIMITS", {})
     resident, stream = fr.chunk_limits("cuda:0")
     assert fr.chunk_limits("cuda:0") == (resident, stream) and list(fr._CHUNK_LIMITS) == ["cuda:0"]
@@ -97,19 +102,7 @@ def test_every_triton_kernel_compiles_for_both_vendors(target):
 
 
 @needs_cuobjdump
-def test_spill_free_warps_takes_the_fewest_warps_that_do_not_spill(monkeypatch):
-    import contextlib
-
-    import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
-
-    class FakeDriver:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-    monkeypatch.setattr(driver, "_active", FakeDriver())
-    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+def test_spill_free_warps_takes_the_fewest_warps_that_do_not_spill(fake_sm90_device, monkeypatch):
     monkeypatch.setattr(resources, "_WARPS", {})
     assert resources.spill_free_warps("ssim_backward", "cpu") == 4  # CPU / interpreter: the default
     warps = resources.spill_free_warps("ssim_backward", "cuda:0")
