@@ -70,6 +70,15 @@ def with_edge_cases(means, scales, opacities):
     return means, scales, opacities
 
 
+def edge_case_scene(n, num_cameras, width, height, gen, dtype=torch.float32, **gaussian_kwargs):
+    """random_gaussians with the edge cases written in, and random cameras:
+    (means, quats, scales, opacities, viewmats, Ks)."""
+    means, quats, scales, opacities = random_gaussians(n, gen, dtype, **gaussian_kwargs)
+    means, scales, opacities = with_edge_cases(means, scales, opacities)
+    viewmats, Ks = random_cameras(num_cameras, width, height, gen, dtype)
+    return means, quats, scales, opacities, viewmats, Ks
+
+
 def project_and_bin(means, quats, scales, opacities, viewmats, Ks, width, height, packed=False, **kw):
     """Reference projection + tile binning. Returns a dict of everything rasterization needs."""
     C = viewmats.shape[0]
@@ -117,9 +126,7 @@ def gsplat_projection(means, quats, scales, viewmats, Ks, width, height, **kw):
 def test_projection_matches_gsplat(dtype):
     gen = torch.Generator().manual_seed(1)
     W, H = 97, 71
-    means, quats, scales, opacities = random_gaussians(300, gen, dtype, depth=(0.5, 12.0))
-    means, scales, _ = with_edge_cases(means, scales, opacities)
-    viewmats, Ks = random_cameras(3, W, H, gen, dtype)
+    means, quats, scales, _, viewmats, Ks = edge_case_scene(300, 3, W, H, gen, dtype, depth=(0.5, 12.0))
     params = [p.clone().requires_grad_() for p in (means, quats, scales, viewmats)]
     radii, means2d, depths, conics, comp = ref.fully_fused_projection(
         params[0], None, params[1], params[2], params[3], Ks, W, H, near_plane=0.5, far_plane=15.0,
@@ -215,9 +222,7 @@ def test_projection_culled_pass_no_gradient():
 def test_projection_packed_matches_dense():
     gen = torch.Generator().manual_seed(5)
     W, H = 50, 40
-    means, quats, scales, opacities = random_gaussians(200, gen)
-    means, scales, opacities = with_edge_cases(means, scales, opacities)
-    viewmats, Ks = random_cameras(3, W, H, gen)
+    means, quats, scales, opacities, viewmats, Ks = edge_case_scene(200, 3, W, H, gen)
     dense = ref.fully_fused_projection(means, None, quats, scales, viewmats, Ks, W, H, opacities=opacities)
     packed = ref.fully_fused_projection(
         means, None, quats, scales, viewmats, Ks, W, H, packed=True, opacities=opacities
@@ -572,9 +577,7 @@ def test_end_to_end_no_nan_and_no_gradient_from_culled():
     """Projection -> SH -> rasterization with culled Gaussians: finite, culled grads exactly 0."""
     gen = torch.Generator().manual_seed(71)
     W, H = 48, 40
-    means, quats, scales, opacities = random_gaussians(120, gen)
-    means, scales, opacities = with_edge_cases(means, scales, opacities)
-    viewmats, Ks = random_cameras(2, W, H, gen)
+    means, quats, scales, opacities, viewmats, Ks = edge_case_scene(120, 2, W, H, gen)
     sh = torch.randn(120, 16, 3, generator=gen) * 0.3
     params = [t.clone().requires_grad_() for t in (means, quats, scales, opacities, sh)]
     s = project_and_bin(params[0], params[1], params[2], params[3], viewmats, Ks, W, H, near_plane=0.5, far_plane=15.0)
