@@ -126,7 +126,7 @@ def build_scene(args):
 def run(args, on_result=None) -> dict:
     """Train every variant at every world size; ``on_result(report)`` is called after each one
     (the report so far), so a run cut short by a time limit keeps what it measured."""
-    from splat_train.trainer.launch import launch
+    from splat_train.trainer.launch import TIMED_OUT, launch
 
     variants = dict(DEFAULT_VARIANTS)
     if args.variants:
@@ -152,13 +152,16 @@ def run(args, on_result=None) -> dict:
                 t0 = time.perf_counter()
                 try:
                     rc = launch(_worker_entry, (scene, flags, args.steps, args.warmup, f"{tmp}/{name}_{world_size}",
-                                                args.ckpt), nproc_per_node=world_size, device=args.device)
+                                                args.ckpt), nproc_per_node=world_size, device=args.device,
+                                timeout_s=args.variant_timeout or None)
                 except Exception as e:  # one process runs in this one: record the failure, go on
                     print(f"bench: {name} W={world_size} failed: {e}", file=sys.stderr, flush=True)
                     rc = f"{type(e).__name__}: {e}"
                 wall = time.perf_counter() - t0
                 if rc != 0:
                     error = f"exit code {rc}" if isinstance(rc, int) else rc
+                    if rc == TIMED_OUT and args.variant_timeout:
+                        error = f"timed out after {args.variant_timeout:g} s (ranks' stacks on stderr)"
                     reasons = [Path(f[:-len(".json")] + ".error") for f in files]
                     reasons = [r.read_text() for r in reasons if r.exists()]
                     if isinstance(rc, int) and reasons:
@@ -342,6 +345,9 @@ def parse(argv):
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--batch_size", type=int, default=1)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--variant_timeout", type=float, default=0.0,
+                   help="seconds a multi-rank variant may run before its ranks print their stacks and are "
+                   "stopped, recorded as timed out (0: no limit)")
     p.add_argument("--out", default="results/bench")
     return p.parse_args(argv)
 
@@ -350,6 +356,9 @@ def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     if args.warmup >= args.steps:
         print("error: --warmup must be smaller than --steps", file=sys.stderr)
+        return 2
+    if args.variant_timeout < 0:
+        print("error: --variant_timeout must be >= 0 seconds (0: no limit)", file=sys.stderr)
         return 2
     from splat_train.trainer.launch import LaunchError, detect_external
 

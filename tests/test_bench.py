@@ -86,6 +86,19 @@ def test_a_variant_that_fails_keeps_the_others_and_exits_nonzero(tmp_path):
     assert "| mcmc | 1 | ValueError" in table and "| mcmc | 2 | exit code 2: ValueError" in table
 
 
+def test_a_variant_past_its_timeout_is_stopped_and_recorded(tmp_path, capsys):
+    # two spawned ranks cannot even start within 1 s: the variant is stopped, the stacks printed
+    rc = bench.main([*TINY, "--variants", "ours-dense", "--world_sizes", "1", "2", "--variant_timeout", "1",
+                     "--out", str(tmp_path)])
+    assert rc == 1
+    by_key = {(e["variant"], e["world_size"]): e for e in json.loads((tmp_path / "bench.json").read_text())["variants"]}
+    assert "ranks" in by_key["ours-dense", 1]  # one rank runs in process, unbounded
+    assert by_key["ours-dense", 2]["error"].startswith("timed out after 1 s")
+    assert "still running after 1 s" in capsys.readouterr().err
+    assert bench.main([*TINY, "--variant_timeout", "-1", "--out", str(tmp_path / "neg")]) == 2
+    assert "--variant_timeout" in capsys.readouterr().err
+
+
 def test_bad_variant_flags_are_refused_before_anything_runs(tmp_path, capsys):
     out = tmp_path / "out"
     rc = bench.main([*TINY, "--variants", "ours-dense", "--variant", "broken=--raster no-such-kernel",

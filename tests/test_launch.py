@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from splat_train.trainer.launch import DistContext, LaunchError, detect_external, launch, num_local_processes
+from splat_train.trainer.launch import (TIMED_OUT, DistContext, LaunchError, detect_external, launch,
+                                        num_local_processes)
 
 
 def test_no_launcher_means_spawn():
@@ -61,6 +62,24 @@ def test_failure_on_one_rank_ends_all_ranks(capfd):
     assert rc != 0
     assert time.monotonic() - start < 120
     assert "boom on rank one" in capfd.readouterr().err
+
+
+def _rank_one_never_joins(ctx: DistContext):
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 1:
+        time.sleep(3600)  # a rank stuck outside the collective its peer waits in
+    dist.all_reduce(torch.ones(1))
+
+
+def test_timeout_prints_every_rank_stack_and_stops_them(capfd):
+    rc = launch(_rank_one_never_joins, (), nproc_per_node=2, device="cpu", timeout_s=5)
+    assert rc == TIMED_OUT
+    err = capfd.readouterr().err
+    assert "still running after 5 s" in err
+    # faulthandler's dump of each rank: rank 1 in time.sleep, rank 0 in the all_reduce
+    assert err.count("_rank_one_never_joins") >= 2, err
 
 
 MPI_SCRIPT = """

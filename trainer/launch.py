@@ -18,9 +18,12 @@ backend is ``nccl`` on GPUs (RCCL answers to that name on ROCm) and ``gloo`` on 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
+import signal
 import socket
 import sys
+import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -159,6 +162,8 @@ def _free_store(world_size: int, attempts: int = 5):
 
 
 def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callable, args: tuple) -> None:
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>` prints where this rank is (all threads)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     if device == "cpu" or not torch.cuda.is_available():
         # CPU ranks share the host's cores: oversubscribed intra-op threads slow every rank down
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
@@ -210,13 +215,18 @@ def num_local_processes(nproc_per_node: int, device: str) -> int:
     return 1
 
 
-def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device: str = "auto") -> int:
+def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device: str = "auto",
+           timeout_s: Optional[float] = None) -> int:
     """Run ``fn(ctx, *args)`` on every rank; return the exit code (0 when every rank succeeded).
 
     A failure on one rank ends the others within a bounded time (spawn terminates the survivors;
     external launchers do the same), with that rank's error printed on stderr. Under an external
     launcher (torchrun, mpirun, srun) with more than one rank, a successful rank ends its process
     here (``end_rank``); with one process the call returns 0 and the process goes on.
+
+    ``timeout_s`` (spawned ranks only): a run still going after that many seconds has each rank
+    print its Python stack (SIGUSR1, all threads) and is then terminated; the call returns
+    :data:`TIMED_OUT`. A one-process run (in this process) is not bounded.
     """
     external = detect_external()
     if external is not None:
@@ -235,15 +245,41 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
         fn(init_context(0, 1, 0, device), *args)
         return 0
     store = _free_store(nproc)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        mp.start_processes(_worker, args=(nproc, store.port, device, fn, args), nprocs=nproc,
-                           join=True, start_method="spawn")
+        procs = mp.start_processes(_worker, args=(nproc, store.port, device, fn, args), nprocs=nproc,
+                                   join=False, start_method="spawn")
+        while not procs.join(timeout=1.0):
+            if deadline is not None and time.monotonic() > deadline:
+                _stop_hung(procs.processes, timeout_s)
+                return TIMED_OUT
     except mp.ProcessExitedException as e:
         return e.exit_code if e.exit_code and e.exit_code > 0 else 1
     except mp.ProcessRaisedException as e:  # pragma: no cover - _worker catches everything
         print(str(e), file=sys.stderr)
         return 1
     return 0
+
+
+TIMED_OUT = 124  # launch()'s exit code for a run stopped at its timeout (as coreutils' timeout)
+
+
+def _stop_hung(processes: list, timeout_s: float) -> None:
+    """Have every live rank print its stack, then terminate them all (SIGTERM, then SIGKILL)."""
+    print(f"error: the ranks were still running after {timeout_s:g} s; their stacks follow, then they are "
+          "terminated", file=sys.stderr, flush=True)
+    live = [p for p in processes if p.is_alive()]
+    if hasattr(signal, "SIGUSR1"):
+        for p in live:
+            os.kill(p.pid, signal.SIGUSR1)
+        time.sleep(2.0)  # faulthandler writes from a signal handler: give it a moment
+    for p in live:
+        p.terminate()
+    for p in live:
+        p.join(10.0)
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def free_port() -> int:
