@@ -83,7 +83,9 @@ def check_case(img1, img2, padding, kind, got):
     ref_grad = 2.0 * ref_grad
     assert abs(got["value"].item() - ref_value.item()) <= VALUE_ATOL, (got["value"], ref_value)
     assert got["poisoned_value"].item() == got["value"].item()
-    assert got["no_grad_value"].item() == got["value"].item()
+    # inference compiles the kernel without its map stores (SAVE=False): on a GPU that build may
+    # order the float32 sums differently (seen on the H200: 1 ulp), so equal to rounding only
+    assert got["no_grad_value"].item() == pytest.approx(got["value"].item(), rel=1e-6, abs=1e-9)
     assert got["via_losses_value"].item() == got["value"].item()
     assert torch.equal(got["via_losses_grad"], got["grad"])
     assert torch.equal(got["poisoned_grad"], got["grad"])
