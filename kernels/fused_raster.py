@@ -21,7 +21,10 @@ is tile-local (ByteSplat §4.2):
     Renormalizing keeps the statistics unbiased at tile borders: zero padding instead (an earlier
     version) adds the contrast between the content and the zeros to every border window's
     variance, which drove SSIM towards 1 and left the D-SSIM term and its gradient about a third of
-    the full-image one on juicebox; densification then grew 35% fewer Gaussians (-0.5 dB).
+    the full-image one on juicebox, and densification grew 35% fewer Gaussians. Renormalized, the
+    Gaussian count is back (416k vs 381k unfused) and test SSIM rose (0.921 -> 0.934), but test
+    PSNR after 7,000 steps did not (26.70 -> 26.23 dB, one seed; unfused 27.23): a tile-local SSIM
+    still costs quality (docs/MEASURED_H200.md).
 
 Compositing rules (gsplat 1.5.3 RasterizeToPixels3DGSFwd.cu / RasterizeToPixels3DGSBwd.cu,
 as mirrored by kernels/reference.py): pixel centre (x + 0.5, y + 0.5); delta = mean - centre;
@@ -45,8 +48,9 @@ decides whether the state stays on chip; ``chunk_limits`` picks, per device, the
 that compile without spilling (ahead-of-time compiles for sm_90: resident K = 128, what the
 shared-memory budget would allow, spills 12.6 KB per thread; K = 8 spills nothing).
 Both give the same loss and gradients (to float32 rounding). The SSIM filtering of a tile is
-Gy X Gx^T on 16x16 blocks (``tl.dot``, IEEE fp32), the matrices above; its backward is
-Gy^T M Gx of per-pixel coefficient maps. No warp-size
+computed as a normalized convolution, (G X G^T) / (G M G^T) on 16x16 blocks (``tl.dot``, IEEE
+fp32; G the banded matrix of the 1D window, M the tile's in-image mask), which equals Gy X Gx^T
+above; its backward is G (D / (G M G^T)) G^T of per-pixel coefficient maps. No warp-size
 assumption and no vendor intrinsics; runs under TRITON_INTERPRET=1.
 
 ``reference_fused_loss`` (marked REFERENCE below) is the plain-PyTorch definition the kernel is
@@ -84,8 +88,8 @@ STREAM_CHUNK = 8  # streaming chunk on CPU / the interpreter, and on a GPU when 
 NUM_WARPS = 8  # warps (NVIDIA) / wavefronts (AMD) per program; untuned, the lead measures on GPU
 # Chunk lengths tried on a GPU, increasing; the largest that compiles without spilling is used
 # (chunk_limits). Ahead-of-time compiles at NUM_WARPS 8 (scripts/kernel_resources.py): sm_90
-# resident 8 = 177 registers and no spill, 16 spills 32 B/thread, 128 spills 12.6 KB/thread;
-# gfx942 resident 16 = 245 VGPRs and no spill.
+# resident 8 = 175 registers and no spill, 16 spills 24 B/thread (zero-padded SSIM: 177 / 32 B),
+# 128 spills 12.6 KB/thread (zero-padded SSIM); gfx942 resident 16 = 226 VGPRs and no spill.
 RESIDENT_CANDIDATES = (8, 16, 32, 64, 128)
 STREAM_CANDIDATES = (8, 16, 32)
 
@@ -186,6 +190,17 @@ def tile_windows(tile_size: int = TILE_SIZE, dtype: torch.dtype = torch.float32,
         G[v:, :] = 0.0
         out[v, :v] = G[:v] / G[:v].sum(dim=1, keepdim=True)
     return out.to(dtype=dtype, device=device)
+
+
+_WINDOWS: Dict[str, Tensor] = {}
+
+
+def _device_window(device: torch.device) -> Tensor:
+    """The kernel's 1D window (:func:`ssim_window_1d`, float32) on ``device``, copied once per device."""
+    key = str(device)
+    if key not in _WINDOWS:
+        _WINDOWS[key] = ssim_window_1d().to(device)
+    return _WINDOWS[key]
 
 
 def tile_local_ssim_map(img: Tensor, gt: Tensor, tile_size: int = TILE_SIZE) -> Tensor:
@@ -297,22 +312,28 @@ def _forward_chunk(ks, cr, cg, cbl, alpha, keep, log1m, log_t, stop_idx, out_r, 
 
 
 @triton.jit
-def _blur(x, Gy, GxT):
-    """Separable filter Gy X Gx^T of a [TS, TS] block (its transpose: _blur(m, GyT, Gx))."""
-    return tl.dot(tl.dot(Gy, x, input_precision="ieee"), GxT, input_precision="ieee")
+def _blur(x, G):
+    """Tile-truncated separable Gaussian filter G X G^T of a [TS, TS] block (G symmetric)."""
+    return tl.dot(tl.dot(G, x, input_precision="ieee"), G, input_precision="ieee")
 
 
 @triton.jit
-def _ssim_channel(x, y, m, Gy, GxT, TS: tl.constexpr):
-    """Tile-local SSIM of one channel: x, y, m (in-image mask) [P] -> (sum of m * ssim, dsum/dx [P])."""
+def _ssim_channel(x, y, m, G, inv_n, TS: tl.constexpr):
+    """Tile-local SSIM of one channel: x, y, m (in-image mask) [P], inv_n [TS, TS] (1 / the
+    window's in-tile weight, 0 outside the image) -> (sum of m * ssim, dsum/dx [P]).
+
+    The renormalized filter of ``tile_windows`` as a normalized convolution: x and y are zero
+    outside the image, so Gy X Gx^T = (G X G^T) * inv_n with inv_n = 1 / (G M G^T); its
+    transpose is G (D * inv_n) G^T. One symmetric G keeps the register footprint of the
+    zero-padded version (four distinct matrices spilled at K = 8 on sm_90)."""
     x = tl.reshape(x, (TS, TS))
     y = tl.reshape(y, (TS, TS))
     m = tl.reshape(m, (TS, TS))
-    mu_x = _blur(x, Gy, GxT)
-    mu_y = _blur(y, Gy, GxT)
-    var_x = _blur(x * x, Gy, GxT) - mu_x * mu_x
-    var_y = _blur(y * y, Gy, GxT) - mu_y * mu_y
-    cov = _blur(x * y, Gy, GxT) - mu_x * mu_y
+    mu_x = _blur(x, G) * inv_n
+    mu_y = _blur(y, G) * inv_n
+    var_x = _blur(x * x, G) * inv_n - mu_x * mu_x
+    var_y = _blur(y * y, G) * inv_n - mu_y * mu_y
+    cov = _blur(x * y, G) * inv_n - mu_x * mu_y
     a1 = 2.0 * mu_x * mu_y + _C1
     a2 = 2.0 * cov + _C2
     b1 = mu_x * mu_x + mu_y * mu_y + _C1
@@ -323,9 +344,7 @@ def _ssim_channel(x, y, m, Gy, GxT, TS: tl.constexpr):
     d_mu = m * (2.0 * mu_y * (a2 - a1) - 2.0 * mu_x * s * (b2 - b1)) / den  # d s / d mu_x
     d_xx = -m * s / b2  # d s / d E[x^2]
     d_xy = 2.0 * m * a1 / den  # d s / d E[xy]
-    GyT = tl.trans(Gy)
-    Gx = tl.trans(GxT)
-    dx = _blur(d_mu, GyT, Gx) + 2.0 * x * _blur(d_xx, GyT, Gx) + y * _blur(d_xy, GyT, Gx)
+    dx = _blur(d_mu * inv_n, G) + 2.0 * x * _blur(d_xx * inv_n, G) + y * _blur(d_xy * inv_n, G)
     return total, tl.reshape(dx, (TS * TS,))
 
 
@@ -366,7 +385,7 @@ def _fused_raster_loss_kernel(
     image_ptr, partial_ptr,
     width, height, tile_width, num_tiles, l1_scale, ssim_scale,
     HAS_BG: tl.constexpr, RETURN_IMAGE: tl.constexpr, ABSGRAD: tl.constexpr,
-    RESIDENT: tl.constexpr, K: tl.constexpr, TS: tl.constexpr,
+    RESIDENT: tl.constexpr, K: tl.constexpr, TS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
     tile = tl.load(tile_ids_ptr + tl.program_id(0))  # flat (image, tile) id
     img = tile // num_tiles
@@ -422,14 +441,14 @@ def _fused_raster_loss_kernel(
     y_b = tl.load(gts_ptr + 3 * pix + 2, mask=in_img, other=0.0)
     m = in_img.to(tl.float32)
     r = tl.arange(0, TS)
-    rows_in = tl.minimum(height - ty * TS, TS)  # the tile's rows / columns inside the image
-    cols_in = tl.minimum(width - tx * TS, TS)
-    # the window restricted to those and renormalized (tile_windows): Gy [TS, TS], Gx^T [TS, TS]
-    Gy = tl.load(window_ptr + rows_in * TS * TS + r[:, None] * TS + r[None, :])
-    GxT = tl.load(window_ptr + cols_in * TS * TS + r[None, :] * TS + r[:, None])
-    s_r, ds_r = _ssim_channel(x_r, y_r, m, Gy, GxT, TS)
-    s_g, ds_g = _ssim_channel(x_g, y_g, m, Gy, GxT, TS)
-    s_b, ds_b = _ssim_channel(x_b, y_b, m, Gy, GxT, TS)
+    d = r[:, None] - r[None, :]
+    band = (d <= WIN // 2) & (d >= -(WIN // 2))
+    G = tl.load(window_ptr + (d + WIN // 2), mask=band, other=0.0)  # [TS, TS] banded 1D window
+    m2 = tl.reshape(m, (TS, TS))
+    inv_n = tl.where(m2 > 0, 1.0 / tl.maximum(_blur(m2, G), 1e-30), 0.0)  # 1 / in-tile window weight
+    s_r, ds_r = _ssim_channel(x_r, y_r, m, G, inv_n, TS)
+    s_g, ds_g = _ssim_channel(x_g, y_g, m, G, inv_n, TS)
+    s_b, ds_b = _ssim_channel(x_b, y_b, m, G, inv_n, TS)
     e_r = x_r - y_r
     e_g = x_g - y_g
     e_b = x_b - y_b
@@ -532,7 +551,7 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
     abs_buf = torch.zeros(R, 2, **f32) if absgrad else grads["means2d"]
     image = torch.full((I, height, width, 3), math.nan, **f32) if return_image else m2d.new_zeros(1)
     partial = torch.full((I * num_tiles, 2), math.nan, **f32)
-    window = tile_windows(TILE_SIZE, torch.float32, device).contiguous()
+    window = _device_window(device)
     denom = float(I * 3 * height * width)
     resident = counts <= min(budget, resident_max)
     tile_sets = [(True, resident.nonzero().squeeze(1)), (False, (~resident).nonzero().squeeze(1))]
@@ -550,7 +569,7 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
             image, partial, width, height, tw, num_tiles,
             (1.0 - ssim_lambda) / denom, ssim_lambda / denom,
             HAS_BG=backgrounds is not None, RETURN_IMAGE=return_image, ABSGRAD=absgrad,
-            RESIDENT=is_resident, K=K, TS=TILE_SIZE, num_warps=NUM_WARPS,
+            RESIDENT=is_resident, K=K, TS=TILE_SIZE, WIN=SSIM_WINDOW, num_warps=NUM_WARPS,
         )  # fmt: skip
     sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * height * width)  # [I, 2]: L1_i, SSIM_i
     loss = ((1.0 - ssim_lambda) * sums[:, 0] + ssim_lambda * (1.0 - sums[:, 1])).mean()

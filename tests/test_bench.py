@@ -87,7 +87,7 @@ def test_a_variant_that_fails_keeps_the_others_and_exits_nonzero(tmp_path):
 
 
 def test_a_variant_past_its_timeout_is_stopped_and_recorded(tmp_path, capsys):
-    # two spawned ranks cannot even start within 1 s: the variant is stopped, the stacks printed
+    # two spawned ranks cannot even start within 1 s: the variant is stopped and recorded
     rc = bench.main([*TINY, "--variants", "ours-dense", "--world_sizes", "1", "2", "--variant_timeout", "1",
                      "--out", str(tmp_path)])
     assert rc == 1

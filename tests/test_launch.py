@@ -74,10 +74,11 @@ def _rank_one_never_joins(ctx: DistContext):
 
 
 def test_timeout_prints_every_rank_stack_and_stops_them(capfd):
-    rc = launch(_rank_one_never_joins, (), nproc_per_node=2, device="cpu", timeout_s=5)
+    # 15 s: both ranks must be inside _worker (handler registered) before the stacks are asked for
+    rc = launch(_rank_one_never_joins, (), nproc_per_node=2, device="cpu", timeout_s=15)
     assert rc == TIMED_OUT
     err = capfd.readouterr().err
-    assert "still running after 5 s" in err
+    assert "still running after 15 s" in err
     # faulthandler's dump of each rank: rank 1 in time.sleep, rank 0 in the all_reduce
     assert err.count("_rank_one_never_joins") >= 2, err
 

@@ -225,8 +225,9 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
     here (``end_rank``); with one process the call returns 0 and the process goes on.
 
     ``timeout_s`` (spawned ranks only): a run still going after that many seconds has each rank
-    print its Python stack (SIGUSR1, all threads) and is then terminated; the call returns
-    :data:`TIMED_OUT`. A one-process run (in this process) is not bounded.
+    that got as far as ``_worker`` print its Python stack (SIGUSR1, all threads), is then
+    terminated, and the call returns :data:`TIMED_OUT`. A one-process run (in this process) is not
+    bounded.
     """
     external = detect_external()
     if external is not None:
@@ -251,6 +252,8 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
                                    join=False, start_method="spawn")
         while not procs.join(timeout=1.0):
             if deadline is not None and time.monotonic() > deadline:
+                if procs.join(timeout=0):  # every rank ended just now: not a timeout
+                    break
                 _stop_hung(procs.processes, timeout_s)
                 return TIMED_OUT
     except mp.ProcessExitedException as e:
@@ -264,22 +267,37 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
 TIMED_OUT = 124  # launch()'s exit code for a run stopped at its timeout (as coreutils' timeout)
 
 
-def _stop_hung(processes: list, timeout_s: float) -> None:
-    """Have every live rank print its stack, then terminate them all (SIGTERM, then SIGKILL)."""
+def _stop_hung(processes: list, timeout_s: float, grace_s: float = 10.0) -> None:
+    """Have every live rank print its stack, then terminate them all (SIGTERM, then SIGKILL),
+    within about ``2 + 2 * grace_s`` seconds whatever the ranks do. A rank still starting up
+    (before ``_worker`` registered its handler) ends on SIGUSR1 without a stack."""
     print(f"error: the ranks were still running after {timeout_s:g} s; their stacks follow, then they are "
           "terminated", file=sys.stderr, flush=True)
     live = [p for p in processes if p.is_alive()]
-    if hasattr(signal, "SIGUSR1"):
+
+    def signal_all(sig) -> None:
         for p in live:
-            os.kill(p.pid, signal.SIGUSR1)
+            try:
+                os.kill(p.pid, sig)
+            except ProcessLookupError:  # ended meanwhile
+                pass
+
+    def join_all(seconds: float) -> list:
+        until = time.monotonic() + seconds
+        for p in live:
+            p.join(max(0.0, until - time.monotonic()))
+        return [p for p in live if p.is_alive()]
+
+    if hasattr(signal, "SIGUSR1"):
+        signal_all(signal.SIGUSR1)
         time.sleep(2.0)  # faulthandler writes from a signal handler: give it a moment
-    for p in live:
-        p.terminate()
-    for p in live:
-        p.join(10.0)
-        if p.is_alive():
-            p.kill()
-            p.join()
+    signal_all(signal.SIGTERM)
+    if join_all(grace_s):
+        signal_all(getattr(signal, "SIGKILL", signal.SIGTERM))
+        stuck = join_all(grace_s)
+        if stuck:
+            print(f"warning: rank processes {[p.pid for p in stuck]} did not end on SIGKILL (stuck in the "
+                  "kernel or a driver call)", file=sys.stderr, flush=True)
 
 
 def free_port() -> int:

@@ -6,7 +6,9 @@
    and keep only the union of these winners; densification stays off from that step on
    (:func:`limit_densification`). Hardware-independent.
 3. Hardware-aware pruning, after ``--prune_stage3_step``: each tile of each training view should
-   hold at most ``B`` Gaussians (:func:`tile_budget`, what the fused kernel keeps on chip). In rounds,
+   hold at most ``B`` Gaussians (:func:`tile_budget`: the GPU's shared memory over a record plus its
+   column of per-pixel state, what ByteSplat's design keeps on chip; this project's kernel keeps
+   its chunks in registers and runs only lists up to ``chunk_limits`` (8 on sm_90) resident). In rounds,
    re-measuring after each, the Gaussians of over-budget tiles are ranked by
 
        score = (overload / B) / (importance + EPS)
