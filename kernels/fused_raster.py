@@ -1,12 +1,12 @@
 """Fused rasterization + tile-local loss + backward rasterization in ONE Triton kernel (ByteSplat §4).
 
-One program per (image, 16x16 tile) reads the tile's depth-sorted records, composites its pixels
-front to back, computes the photometric loss of its pixels against the ground truth and
-dL/dpixel in registers, then runs the backward compositing over the same Gaussians and adds each
-Gaussian's gradient ONCE per tile (a block reduction over the tile's pixels, then one atomic add
-per (Gaussian, tile) and field). Only the per-tile loss partial sums, the gradients and, when
-asked, the rendered image leave the chip. The loss needs no neighbouring tile because its SSIM
-is tile-local (ByteSplat §4.2):
+One program per (image, 16x16 tile) within the per-tile Gaussian budget (tiles over it fall back,
+see Implementation) reads the tile's depth-sorted records, composites its pixels front to back,
+computes the photometric loss of its pixels against the ground truth and dL/dpixel in registers,
+then runs the backward compositing over the same Gaussians and adds each Gaussian's gradient ONCE
+per tile (a block reduction over the tile's pixels, then one atomic add per (Gaussian, tile) and
+field). Only the per-tile loss partial sums, the gradients and, when asked, the rendered image leave
+the chip. The loss needs no neighbouring tile because its SSIM is tile-local (ByteSplat §4.2):
 
     per image i (H x W pixels, 3 channels, render X, ground truth Y, pixels p, channels ch):
       L1_i        = 1 / (3 H W) * sum_{p, ch} |X - Y|
@@ -19,12 +19,13 @@ is tile-local (ByteSplat §4.2):
     renormalized to sum 1 there: w*x = Gy X Gx^T with G_v[i, j] = g(i - j) / sum_{j' < v} g(i - j')
     for i, j < v (v = the tile's rows, resp. columns, inside the image; ``tile_windows``).
     Renormalizing keeps the statistics unbiased at tile borders: zero padding instead (an earlier
-    version) adds the contrast between the content and the zeros to every border window's
-    variance, which drove SSIM towards 1 and left the D-SSIM term and its gradient about a third of
-    the full-image one on juicebox, and densification grew 35% fewer Gaussians. Renormalized, the
-    Gaussian count is back (416k vs 381k unfused) and test SSIM rose (0.921 -> 0.934), but test
-    PSNR after 7,000 steps did not (26.70 -> 26.23 dB, one seed; unfused 27.23): a tile-local SSIM
-    still costs quality (docs/MEASURED_H200.md).
+    version) adds the contrast between the content and the zeros to every border window's variance,
+    which drove SSIM towards 1 and left the D-SSIM term and its gradient about a third of the
+    full-image one on juicebox, and densification grew 35% fewer Gaussians. Test PSNR after 7,000
+    steps on an H200 (docs/MEASURED_H200.md), 3 seeds each: juicebox fused 27.06 / 27.03 / 26.09 dB,
+    unfused 27.29 / 27.39 / 26.99; mouse fused 20.60 / 20.60 / 21.04, unfused 20.20 (seed 42,
+    previous session) / 19.54 / 19.16. The unfused trainer with this tile-local SSIM as its loss
+    (one seed) reached 26.92 on juicebox: the tile-local SSIM accounts for about 0.4 dB there.
 
 Compositing rules (gsplat 1.5.3 RasterizeToPixels3DGSFwd.cu / RasterizeToPixels3DGSBwd.cu,
 as mirrored by kernels/reference.py): pixel centre (x + 0.5, y + 0.5); delta = mean - centre;
@@ -34,24 +35,35 @@ next_T = T (1 - alpha) <= 1e-4; colour += alpha T c; finally colour += T backgro
 backward walks back to front from the final T (buffer of what lies behind each Gaussian), as
 RasterizeToPixels3DGSBwd.cu does; alpha's gradient is 0 where the 0.999 clamp is active.
 
-Implementation: pixels x Gaussians blocks. A tile's list is processed in chunks of K Gaussians as
-[256 pixels, K] blocks; transmittance is the exp of a per-pixel cumulative sum of ln(1 - alpha)
-(``tl.cumsum``), the back-to-front buffer a reverse cumulative sum. Two variants of one kernel:
-  - resident (tile count <= min(budget, resident_max)): one chunk, K = the longest such list
-    rounded up to a power of two; the records are loaded ONCE and the whole [256, K] alpha /
-    weight state stays in registers between forward, loss and backward;
-  - streaming (the other tiles): chunks of ``stream_chunk`` records, loaded from global memory
-    (in practice L1/L2, a tile's records are a few KB) once front to back and once back to front
-    (T recovered from the final T).
-The blocks live in registers, one value per thread per Gaussian of the chunk, so the chunk length
+Implementation: one program of NUM_WARPS warps per tile, one pixel per thread; three paths,
+chosen per tile by its Gaussian count n_t:
+  - resident (n_t <= min(budget, resident_max)): the list in one [256 pixels, K] block (K = the
+    longest such list rounded up to a power of two); transmittance is the exp of a per-pixel
+    cumulative sum of ln(1 - alpha) (``tl.cumsum``); the records are loaded ONCE and the whole
+    alpha / weight state stays in registers between forward, loss and backward;
+  - streaming (resident_max < n_t <= budget): the forward walks the list one Gaussian at a time
+    (T a running product, as gsplat's forward; no cross-thread work but one block reduction per
+    _STOP_CHECK Gaussians that ends the loop once every pixel has stopped), the backward in
+    [256, stream_chunk] chunks back to front from the last chunk any pixel composited (T
+    recovered from the final T by reverse cumulative sums);
+  - fallback (n_t > budget; ByteSplat §5.1, "conventional execution"): ``fallback`` renders
+    only these tiles (gsplat's tile masks), the kernel's LOSS_ONLY mode scores their pixels with
+    the same tile-local loss and writes dL/dpixel, and the fallback's backward turns that into
+    record gradients. Long lists run in gsplat's warp-parallel backward: a [256, K] block
+    reduction per chunk (below) costs more per Gaussian than gsplat's warp reductions, and a
+    tile's chunks run one after another, so the longest list bounds the kernel's time.
+The records are first gathered into list order (``_gather_records``, 36 bytes per intersection),
+so a tile reads consecutive addresses. Per chunk the nine gradient fields are summed over the
+tile's pixels in one multi-operand ``tl.reduce`` (one round of shared memory and barriers), then
+one atomic add per (Gaussian, tile, field). The blocks live in registers, so the chunk length
 decides whether the state stays on chip; ``chunk_limits`` picks, per device, the longest chunks
-that compile without spilling (ahead-of-time compiles for sm_90: resident K = 128, what the
-shared-memory budget would allow, spills 12.6 KB per thread; K = 8 spills nothing).
-Both give the same loss and gradients (to float32 rounding). The SSIM filtering of a tile is
-computed as a normalized convolution, (G X G^T) / (G M G^T) on 16x16 blocks (``tl.dot``, IEEE
-fp32; G the banded matrix of the 1D window, M the tile's in-image mask), which equals Gy X Gx^T
-above; its backward is G (D / (G M G^T)) G^T of per-pixel coefficient maps. No warp-size
-assumption and no vendor intrinsics; runs under TRITON_INTERPRET=1.
+that compile without spilling (ahead-of-time compiles for sm_90: resident K = 8 uses 175
+registers and no spill, K = 16 spills; streaming K = 8 170 registers). All paths give the same
+loss and gradients (to float32 rounding). The SSIM filtering of a tile is computed as a
+normalized convolution, (G X G^T) / (G M G^T) on 16x16 blocks (``tl.dot``, IEEE fp32; G the
+banded matrix of the 1D window, M the tile's in-image mask), which equals Gy X Gx^T above; its
+backward is G (D / (G M G^T)) G^T of per-pixel coefficient maps. No warp-size assumption and no
+vendor intrinsics; runs under TRITON_INTERPRET=1.
 
 ``reference_fused_loss`` (marked REFERENCE below) is the plain-PyTorch definition the kernel is
 tested against; it lives here rather than in kernels/reference.py because that file was being
@@ -62,9 +74,11 @@ gsplat 1.5.3 RasterizeToPixels3DGSFwd.cu / RasterizeToPixels3DGSBwd.cu; Wang et 
 Kerbl et al. 2023 eq. 7 ((1 - lambda) L1 + lambda D-SSIM).
 """
 
+import importlib
 import math
 import os
 import warnings
+from types import ModuleType
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -80,6 +94,7 @@ SSIM_WINDOW = 11  # Gaussian window side, pixels (Wang et al. 2004)
 SSIM_SIGMA = 1.5  # window standard deviation, pixels
 SSIM_C1 = 0.01**2
 SSIM_C2 = 0.03**2
+GRAD_NAMES = ("means2d", "conics", "colors", "opacities", "backgrounds")  # the differentiable inputs
 RECORD_BYTES = 9 * 4  # a resident record: means2d (2), conic (3), opacity (1), colour (3) fp32
 # On chip per resident Gaussian: its record plus its column of the [256, budget] alpha state.
 RESIDENT_BYTES_PER_GAUSSIAN = RECORD_BYTES + TILE_SIZE * TILE_SIZE * 4
@@ -96,6 +111,9 @@ STREAM_CANDIDATES = (8, 16, 32)
 _MAX_ALPHA = tl.constexpr(ref.MAX_ALPHA)
 _ALPHA_THRESHOLD = tl.constexpr(ref.ALPHA_THRESHOLD)
 _LOG_T_MIN = tl.constexpr(math.log(float(torch.tensor(ref.TRANSMITTANCE_MIN, dtype=torch.float32))))
+_T_MIN = tl.constexpr(ref.TRANSMITTANCE_MIN)
+_STOP_CHECK = tl.constexpr(32)  # Gaussians between the streaming forward's all-pixels-stopped checks
+RECORD_FIELDS = tl.constexpr(9)  # floats per gathered record: means2d (2), conic (3), opacity, colour (3)
 _C1 = tl.constexpr(SSIM_C1)
 _C2 = tl.constexpr(SSIM_C2)
 
@@ -268,21 +286,22 @@ def reference_fused_loss(
 
 
 @triton.jit
-def _load_chunk(means2d_ptr, conics_ptr, colors_ptr, opac_ptr, flatten_ptr, k0, end, px, py, in_img,
-                K: tl.constexpr):
-    """Records of list positions [k0, k0 + K) and their [P, K] per-pixel alpha terms."""
+def _load_chunk(rec_ptr, flatten_ptr, k0, end, px, py, in_img, K: tl.constexpr):
+    """Records of list positions [k0, k0 + K) and their [P, K] per-pixel alpha terms. ``rec_ptr``
+    holds the records gathered in list order, RECORD_FIELDS floats each (``_gather_records``)."""
     ks = k0 + tl.arange(0, K)
     in_list = ks < end
     gid = tl.load(flatten_ptr + ks, mask=in_list, other=0).to(tl.int64)
-    mx = tl.load(means2d_ptr + 2 * gid, mask=in_list, other=0.0)
-    my = tl.load(means2d_ptr + 2 * gid + 1, mask=in_list, other=0.0)
-    ca = tl.load(conics_ptr + 3 * gid, mask=in_list, other=0.0)
-    cb = tl.load(conics_ptr + 3 * gid + 1, mask=in_list, other=0.0)
-    cc = tl.load(conics_ptr + 3 * gid + 2, mask=in_list, other=0.0)
-    op = tl.load(opac_ptr + gid, mask=in_list, other=0.0)
-    cr = tl.load(colors_ptr + 3 * gid, mask=in_list, other=0.0)
-    cg = tl.load(colors_ptr + 3 * gid + 1, mask=in_list, other=0.0)
-    cbl = tl.load(colors_ptr + 3 * gid + 2, mask=in_list, other=0.0)
+    base = rec_ptr + ks.to(tl.int64) * RECORD_FIELDS
+    mx = tl.load(base, mask=in_list, other=0.0)
+    my = tl.load(base + 1, mask=in_list, other=0.0)
+    ca = tl.load(base + 2, mask=in_list, other=0.0)
+    cb = tl.load(base + 3, mask=in_list, other=0.0)
+    cc = tl.load(base + 4, mask=in_list, other=0.0)
+    op = tl.load(base + 5, mask=in_list, other=0.0)
+    cr = tl.load(base + 6, mask=in_list, other=0.0)
+    cg = tl.load(base + 7, mask=in_list, other=0.0)
+    cbl = tl.load(base + 8, mask=in_list, other=0.0)
     dx = mx[None, :] - px[:, None]  # [P, K], delta = mean - pixel centre
     dy = my[None, :] - py[:, None]
     sigma = 0.5 * (ca[None, :] * dx * dx + cc[None, :] * dy * dy) + cb[None, :] * dx * dy
@@ -292,6 +311,45 @@ def _load_chunk(means2d_ptr, conics_ptr, colors_ptr, opac_ptr, flatten_ptr, k0, 
     keep = in_list[None, :] & in_img[:, None] & (sigma >= 0) & (alpha >= _ALPHA_THRESHOLD)
     log1m = tl.where(keep, tl.log(1.0 - alpha), 0.0)
     return ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, keep, log1m
+
+
+@triton.jit
+def _forward_sequential(rec_ptr, start, end, px, py, in_img):
+    """Front-to-back compositing one Gaussian at a time, every pixel in its own thread, as
+    RasterizeToPixels3DGSFwd.cu does: T carried as a product, no cross-thread work except one
+    block reduction every STOP_CHECK Gaussians, which ends the tile's loop once every pixel has
+    stopped (gsplat's per-block early exit). Returns (T_final, stop_idx, colour r, g, b), all [P];
+    stop_idx = list position of the Gaussian a pixel stopped before (``end`` if none)."""
+    t = tl.where(in_img, 1.0, 0.0)
+    active = in_img
+    stop_idx = tl.zeros_like(px).to(tl.int32) + end
+    out_r = tl.zeros_like(px)
+    out_g = tl.zeros_like(px)
+    out_b = tl.zeros_like(px)
+    k0 = start
+    last = end
+    while k0 < last:
+        k1 = tl.minimum(k0 + _STOP_CHECK, end)
+        base = rec_ptr + k0.to(tl.int64) * RECORD_FIELDS
+        for k in range(k0, k1):
+            dx = tl.load(base) - px
+            dy = tl.load(base + 1) - py
+            sigma = 0.5 * (tl.load(base + 2) * dx * dx + tl.load(base + 4) * dy * dy) + tl.load(base + 3) * dx * dy
+            alpha = tl.minimum(tl.load(base + 5) * tl.exp(-sigma), _MAX_ALPHA)
+            keep = active & (sigma >= 0) & (alpha >= _ALPHA_THRESHOLD)
+            next_t = t * (1.0 - alpha)
+            stop = keep & (next_t <= _T_MIN)
+            stop_idx = tl.where(stop, k, stop_idx)
+            active = active & ~stop
+            w = tl.where(keep & ~stop, alpha * t, 0.0)
+            out_r += w * tl.load(base + 6)
+            out_g += w * tl.load(base + 7)
+            out_b += w * tl.load(base + 8)
+            t = tl.where(keep & ~stop, next_t, t)
+            base += RECORD_FIELDS
+        k0 = k1
+        last = tl.where(tl.max(active.to(tl.int32), axis=0) > 0, end, k0)
+    return t, stop_idx, out_r, out_g, out_b
 
 
 @triton.jit
@@ -349,43 +407,77 @@ def _ssim_channel(x, y, m, G, inv_n, TS: tl.constexpr):
 
 
 @triton.jit
+def _add9(a0, a1, a2, a3, a4, a5, a6, a7, a8, b0, b1, b2, b3, b4, b5, b6, b7, b8):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7, a8 + b8
+
+
+@triton.jit
+def _add_gradients(gid, mask, v_mx, v_my, v_sigma, dx, dy, v_op, v_r, v_g, v_b, v_means2d_ptr, v_conics_ptr,
+                   v_colors_ptr, v_opac_ptr, absgrad_ptr, ABSGRAD: tl.constexpr, TUPLE_REDUCE: tl.constexpr):
+    """Sums per-pixel gradient terms over the tile's pixels (axis 0; one multi-operand block
+    reduction, so one round of shared memory and barriers for all nine fields) and adds them to
+    the Gaussians' gradients, one atomic per (Gaussian, tile, field). Terms are [P] (one
+    Gaussian; gid, mask scalars) or [P, K] (a chunk; gid, mask [K]). TUPLE_REDUCE False (set
+    under TRITON_INTERPRET=1, whose tl.reduce runs element by element in Python) sums the fields
+    one by one: the same sums in another reduction order."""
+    if TUPLE_REDUCE:
+        s_mx, s_my, s_a, s_b, s_c, s_op, s_r, s_g, s_bl = tl.reduce(
+            (v_mx, v_my, v_sigma * dx * dx, v_sigma * dx * dy, v_sigma * dy * dy, v_op, v_r, v_g, v_b), 0, _add9)
+    else:  # the same sums one field at a time (the interpreter runs tl.reduce element by element)
+        s_mx = tl.sum(v_mx, axis=0)
+        s_my = tl.sum(v_my, axis=0)
+        s_a = tl.sum(v_sigma * dx * dx, axis=0)
+        s_b = tl.sum(v_sigma * dx * dy, axis=0)
+        s_c = tl.sum(v_sigma * dy * dy, axis=0)
+        s_op = tl.sum(v_op, axis=0)
+        s_r = tl.sum(v_r, axis=0)
+        s_g = tl.sum(v_g, axis=0)
+        s_bl = tl.sum(v_b, axis=0)
+    tl.atomic_add(v_means2d_ptr + 2 * gid, s_mx, mask=mask)
+    tl.atomic_add(v_means2d_ptr + 2 * gid + 1, s_my, mask=mask)
+    tl.atomic_add(v_conics_ptr + 3 * gid, 0.5 * s_a, mask=mask)
+    tl.atomic_add(v_conics_ptr + 3 * gid + 1, s_b, mask=mask)
+    tl.atomic_add(v_conics_ptr + 3 * gid + 2, 0.5 * s_c, mask=mask)
+    tl.atomic_add(v_opac_ptr + gid, s_op, mask=mask)
+    tl.atomic_add(v_colors_ptr + 3 * gid, s_r, mask=mask)
+    tl.atomic_add(v_colors_ptr + 3 * gid + 1, s_g, mask=mask)
+    tl.atomic_add(v_colors_ptr + 3 * gid + 2, s_bl, mask=mask)
+    if ABSGRAD:
+        a_x = tl.sum(tl.abs(v_mx), axis=0)
+        a_y = tl.sum(tl.abs(v_my), axis=0)
+        tl.atomic_add(absgrad_ptr + 2 * gid, a_x, mask=mask)
+        tl.atomic_add(absgrad_ptr + 2 * gid + 1, a_y, mask=mask)
+
+
+@triton.jit
 def _backward_chunk(ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, valid, t_before,
                     w, acc, g_r, g_g, g_b, v_means2d_ptr, v_conics_ptr, v_colors_ptr, v_opac_ptr,
-                    absgrad_ptr, ABSGRAD: tl.constexpr):
+                    absgrad_ptr, ABSGRAD: tl.constexpr, TUPLE_REDUCE: tl.constexpr):
     """Back-to-front gradients of one chunk; acc = per-pixel d colour . g of what lies behind it."""
     cdot = cr[None, :] * g_r[:, None] + cg[None, :] * g_g[:, None] + cbl[None, :] * g_b[:, None]
     wc = w * cdot  # [P, K], 0 where not valid
     behind = acc[:, None] + (tl.cumsum(wc, axis=1, reverse=True) - wc)
     v_alpha = tl.where(valid, t_before * cdot - behind / (1.0 - alpha), 0.0)
     unclamped = raw <= _MAX_ALPHA
-    v_op = tl.sum(tl.where(unclamped, vis * v_alpha, 0.0), axis=0)
+    v_op = tl.where(unclamped, vis * v_alpha, 0.0)
     v_sigma = tl.where(unclamped, -raw * v_alpha, 0.0)
     v_mx = v_sigma * (ca[None, :] * dx + cb[None, :] * dy)
     v_my = v_sigma * (cc[None, :] * dy + cb[None, :] * dx)
-    tl.atomic_add(v_means2d_ptr + 2 * gid, tl.sum(v_mx, axis=0), mask=in_list)
-    tl.atomic_add(v_means2d_ptr + 2 * gid + 1, tl.sum(v_my, axis=0), mask=in_list)
-    tl.atomic_add(v_conics_ptr + 3 * gid, 0.5 * tl.sum(v_sigma * dx * dx, axis=0), mask=in_list)
-    tl.atomic_add(v_conics_ptr + 3 * gid + 1, tl.sum(v_sigma * dx * dy, axis=0), mask=in_list)
-    tl.atomic_add(v_conics_ptr + 3 * gid + 2, 0.5 * tl.sum(v_sigma * dy * dy, axis=0), mask=in_list)
-    tl.atomic_add(v_opac_ptr + gid, v_op, mask=in_list)
-    tl.atomic_add(v_colors_ptr + 3 * gid, tl.sum(w * g_r[:, None], axis=0), mask=in_list)
-    tl.atomic_add(v_colors_ptr + 3 * gid + 1, tl.sum(w * g_g[:, None], axis=0), mask=in_list)
-    tl.atomic_add(v_colors_ptr + 3 * gid + 2, tl.sum(w * g_b[:, None], axis=0), mask=in_list)
-    if ABSGRAD:
-        tl.atomic_add(absgrad_ptr + 2 * gid, tl.sum(tl.abs(v_mx), axis=0), mask=in_list)
-        tl.atomic_add(absgrad_ptr + 2 * gid + 1, tl.sum(tl.abs(v_my), axis=0), mask=in_list)
+    _add_gradients(gid, in_list, v_mx, v_my, v_sigma, dx, dy, v_op, w * g_r[:, None], w * g_g[:, None],
+                   w * g_b[:, None], v_means2d_ptr, v_conics_ptr, v_colors_ptr, v_opac_ptr, absgrad_ptr, ABSGRAD,
+                   TUPLE_REDUCE)
     return acc + tl.sum(wc, axis=1)
 
 
 @triton.jit
 def _fused_raster_loss_kernel(
-    means2d_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, gts_ptr, window_ptr,
+    rec_ptr, bg_ptr, gts_ptr, window_ptr,
     offsets_ptr, flatten_ptr, tile_ids_ptr,
     v_means2d_ptr, v_conics_ptr, v_colors_ptr, v_opac_ptr, v_bg_ptr, absgrad_ptr,
-    image_ptr, partial_ptr,
+    image_ptr, partial_ptr, src_ptr, v_src_ptr,
     width, height, tile_width, num_tiles, l1_scale, ssim_scale,
-    HAS_BG: tl.constexpr, RETURN_IMAGE: tl.constexpr, ABSGRAD: tl.constexpr,
-    RESIDENT: tl.constexpr, K: tl.constexpr, TS: tl.constexpr, WIN: tl.constexpr,
+    HAS_BG: tl.constexpr, RETURN_IMAGE: tl.constexpr, ABSGRAD: tl.constexpr, TUPLE_REDUCE: tl.constexpr,
+    LOSS_ONLY: tl.constexpr, RESIDENT: tl.constexpr, K: tl.constexpr, TS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
     tile = tl.load(tile_ids_ptr + tl.program_id(0))  # flat (image, tile) id
     img = tile // num_tiles
@@ -401,35 +493,36 @@ def _fused_raster_loss_kernel(
     px = xi.to(tl.float32) + 0.5
     py = yi.to(tl.float32) + 0.5
 
-    # ---- forward compositing
-    log_t = tl.zeros([TS * TS], dtype=tl.float32)
-    stop_idx = tl.zeros([TS * TS], dtype=tl.int32) + end
-    out_r = tl.zeros([TS * TS], dtype=tl.float32)
-    out_g = tl.zeros([TS * TS], dtype=tl.float32)
-    out_b = tl.zeros([TS * TS], dtype=tl.float32)
-    if RESIDENT:  # the whole list in one chunk, kept for the backward
-        ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, keep, log1m = _load_chunk(
-            means2d_ptr, conics_ptr, colors_ptr, opac_ptr, flatten_ptr, start, end, px, py, in_img, K)
-        stop_idx, valid, t_before, w, log_t, out_r, out_g, out_b = _forward_chunk(
-            ks, cr, cg, cbl, alpha, keep, log1m, log_t, stop_idx, out_r, out_g, out_b)
-    else:
-        for k0 in range(start, end, K):
+    pix = (img.to(tl.int64) * height + yi) * width + xi  # [P] flat pixel index
+    if LOSS_ONLY:  # a tile over the budget, rendered by the fallback rasterizer into src
+        x_r = tl.load(src_ptr + 3 * pix, mask=in_img, other=0.0)
+        x_g = tl.load(src_ptr + 3 * pix + 1, mask=in_img, other=0.0)
+        x_b = tl.load(src_ptr + 3 * pix + 2, mask=in_img, other=0.0)
+    else:  # ---- forward compositing
+        if RESIDENT:  # the whole list in one chunk, its [P, K] state kept for the backward
+            log_t = tl.zeros([TS * TS], dtype=tl.float32)
+            stop_idx = tl.zeros([TS * TS], dtype=tl.int32) + end
+            out_r = tl.zeros([TS * TS], dtype=tl.float32)
+            out_g = tl.zeros([TS * TS], dtype=tl.float32)
+            out_b = tl.zeros([TS * TS], dtype=tl.float32)
             ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, keep, log1m = _load_chunk(
-                means2d_ptr, conics_ptr, colors_ptr, opac_ptr, flatten_ptr, k0, end, px, py, in_img, K)
+                rec_ptr, flatten_ptr, start, end, px, py, in_img, K)
             stop_idx, valid, t_before, w, log_t, out_r, out_g, out_b = _forward_chunk(
                 ks, cr, cg, cbl, alpha, keep, log1m, log_t, stop_idx, out_r, out_g, out_b)
-    t_final = tl.exp(log_t)
-    bg_r = 0.0
-    bg_g = 0.0
-    bg_b = 0.0
-    if HAS_BG:
-        bg_r = tl.load(bg_ptr + 3 * img)
-        bg_g = tl.load(bg_ptr + 3 * img + 1)
-        bg_b = tl.load(bg_ptr + 3 * img + 2)
-    x_r = tl.where(in_img, out_r + t_final * bg_r, 0.0)
-    x_g = tl.where(in_img, out_g + t_final * bg_g, 0.0)
-    x_b = tl.where(in_img, out_b + t_final * bg_b, 0.0)
-    pix = (img.to(tl.int64) * height + yi) * width + xi  # [P] flat pixel index
+            t_final = tl.exp(log_t)
+        else:
+            t_final, stop_idx, out_r, out_g, out_b = _forward_sequential(rec_ptr, start, end, px, py, in_img)
+            log_t = tl.log(tl.maximum(t_final, 1e-30))
+        bg_r = 0.0
+        bg_g = 0.0
+        bg_b = 0.0
+        if HAS_BG:
+            bg_r = tl.load(bg_ptr + 3 * img)
+            bg_g = tl.load(bg_ptr + 3 * img + 1)
+            bg_b = tl.load(bg_ptr + 3 * img + 2)
+        x_r = tl.where(in_img, out_r + t_final * bg_r, 0.0)
+        x_g = tl.where(in_img, out_g + t_final * bg_g, 0.0)
+        x_b = tl.where(in_img, out_b + t_final * bg_b, 0.0)
     if RETURN_IMAGE:
         tl.store(image_ptr + 3 * pix, x_r, mask=in_img)
         tl.store(image_ptr + 3 * pix + 1, x_g, mask=in_img)
@@ -459,32 +552,37 @@ def _fused_raster_loss_kernel(
     g_g = m * (l1_scale * tl.where(e_g > 0, 1.0, tl.where(e_g < 0, -1.0, 0.0)) - ssim_scale * ds_g)
     g_b = m * (l1_scale * tl.where(e_b > 0, 1.0, tl.where(e_b < 0, -1.0, 0.0)) - ssim_scale * ds_b)
 
-    # ---- backward compositing, back to front from the final T
-    acc = t_final * (bg_r * g_r + bg_g * g_g + bg_b * g_b)  # what lies behind, dotted with g
-    if HAS_BG:
-        tl.atomic_add(v_bg_ptr + 3 * img, tl.sum(t_final * g_r, axis=0))
-        tl.atomic_add(v_bg_ptr + 3 * img + 1, tl.sum(t_final * g_g, axis=0))
-        tl.atomic_add(v_bg_ptr + 3 * img + 2, tl.sum(t_final * g_b, axis=0))
-    if RESIDENT:
-        acc = _backward_chunk(ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, valid,
-                              t_before, w, acc, g_r, g_g, g_b, v_means2d_ptr, v_conics_ptr, v_colors_ptr,
-                              v_opac_ptr, absgrad_ptr, ABSGRAD)
-    else:
-        num_chunks = tl.cdiv(end - start, K)
-        log_t_end = log_t
-        for i in range(0, num_chunks):
-            k0 = start + (num_chunks - 1 - i) * K
-            ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, keep, log1m = _load_chunk(
-                means2d_ptr, conics_ptr, colors_ptr, opac_ptr, flatten_ptr, k0, end, px, py, in_img, K)
-            valid = keep & (ks[None, :] < stop_idx[:, None])
-            lv = tl.where(valid, log1m, 0.0)
-            log_t_start = log_t_end - tl.sum(lv, axis=1)
-            t_before = tl.exp(log_t_start[:, None] + tl.cumsum(lv, axis=1) - lv)
-            w = tl.where(valid, alpha * t_before, 0.0)
+    if LOSS_ONLY:  # dL/dpixel for the fallback's backward
+        tl.store(v_src_ptr + 3 * pix, g_r, mask=in_img)
+        tl.store(v_src_ptr + 3 * pix + 1, g_g, mask=in_img)
+        tl.store(v_src_ptr + 3 * pix + 2, g_b, mask=in_img)
+    else:  # ---- backward compositing, back to front from the final T
+        acc = t_final * (bg_r * g_r + bg_g * g_g + bg_b * g_b)  # what lies behind, dotted with g
+        if HAS_BG:
+            tl.atomic_add(v_bg_ptr + 3 * img, tl.sum(t_final * g_r, axis=0))
+            tl.atomic_add(v_bg_ptr + 3 * img + 1, tl.sum(t_final * g_g, axis=0))
+            tl.atomic_add(v_bg_ptr + 3 * img + 2, tl.sum(t_final * g_b, axis=0))
+        if RESIDENT:
             acc = _backward_chunk(ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, valid,
                                   t_before, w, acc, g_r, g_g, g_b, v_means2d_ptr, v_conics_ptr, v_colors_ptr,
-                                  v_opac_ptr, absgrad_ptr, ABSGRAD)
-            log_t_end = log_t_start
+                                  v_opac_ptr, absgrad_ptr, ABSGRAD, TUPLE_REDUCE)
+        else:  # in chunks, from the chunk of the last Gaussian any pixel composited, back to the front
+            last = tl.max(tl.where(in_img, stop_idx, start), axis=0)
+            num_chunks = tl.cdiv(last - start, K)
+            log_t_end = log_t
+            for i in range(0, num_chunks):
+                k0 = start + (num_chunks - 1 - i) * K
+                ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, keep, log1m = _load_chunk(
+                    rec_ptr, flatten_ptr, k0, end, px, py, in_img, K)
+                valid = keep & (ks[None, :] < stop_idx[:, None])
+                lv = tl.where(valid, log1m, 0.0)
+                log_t_start = log_t_end - tl.sum(lv, axis=1)
+                t_before = tl.exp(log_t_start[:, None] + tl.cumsum(lv, axis=1) - lv)
+                w = tl.where(valid, alpha * t_before, 0.0)
+                acc = _backward_chunk(ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw, alpha, valid,
+                                      t_before, w, acc, g_r, g_g, g_b, v_means2d_ptr, v_conics_ptr, v_colors_ptr,
+                                      v_opac_ptr, absgrad_ptr, ABSGRAD, TUPLE_REDUCE)
+                log_t_end = log_t_start
 
 
 # ------------------------------------------------------------------------------------------------
@@ -524,13 +622,54 @@ def _tile_counts(isect_offsets: Tensor, num_isects: int) -> Tuple[Tensor, Tensor
     return ext, (ext[1:] - ext[:-1]).long()
 
 
+def _gather_records(means2d: Tensor, conics: Tensor, opacities: Tensor, colors: Tensor,
+                    flatten_ids: Tensor) -> Tensor:
+    """The records in tile-list order, [n_isects, RECORD_FIELDS] float32: (means2d x, y, conic
+    a, b, c, opacity, colour r, g, b) of record ``flatten_ids[k]`` in row k. The kernel then
+    reads a tile's Gaussians from consecutive addresses (one cache line serves several), not
+    through a dependent, scattered load per record. Costs 36 bytes per intersection."""
+    table = torch.cat([means2d, conics, opacities[:, None], colors], dim=1)  # [R, 9]
+    return table.index_select(0, flatten_ids.long()).contiguous()
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def _use_triton(device: torch.device) -> bool:
-    return device.type != "cpu" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return device.type != "cpu" or _interpreted()
+
+
+def default_fallback(device) -> ModuleType:
+    """The rasterizer for tiles over the budget: gsplat's (``gsplat.cuda._wrapper``) on a GPU when
+    it imports, else this project's PyTorch reference (kernels/reference.py)."""
+    if torch.device(device).type == "cuda":
+        try:
+            return importlib.import_module("gsplat.cuda._wrapper")
+        except ImportError:
+            pass
+    return ref
+
+
+def _fallback_render(ops, means2d, conics, colors, opacities, backgrounds, isect_offsets, flatten_ids, width,
+                     height, packed, over, absgrad):
+    """Renders the tiles over the budget (``over`` [I, tile_h, tile_w] bool; the others are
+    skipped, gsplat's tile masks) with ``ops.rasterize_to_pixels`` on float32 copies of the
+    records that require grad. Returns (image [I, H, W, 3] float32, the copies)."""
+    leaves = [t.detach().to(torch.float32).requires_grad_(True) for t in (means2d, conics, colors, opacities)]
+    if backgrounds is not None:
+        leaves.append(backgrounds.detach().to(torch.float32).requires_grad_(True))
+    with torch.enable_grad():
+        image, _ = ops.rasterize_to_pixels(
+            *leaves[:4], width, height, TILE_SIZE, isect_offsets, flatten_ids,
+            backgrounds=leaves[4] if backgrounds is not None else None, masks=over.contiguous(), packed=packed,
+            absgrad=absgrad)  # fmt: skip
+    return image, leaves
 
 
 def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width, height,
-            ssim_lambda, budget, resident_max, stream_chunk, return_image, absgrad):
-    """Runs both kernel variants. Returns loss (0-dim), grads dict, stats dict."""
+            ssim_lambda, budget, resident_max, stream_chunk, return_image, absgrad, num_warps, packed, fallback):
+    """Runs the fallback and both kernel variants. Returns loss (0-dim), grads dict, stats dict."""
     device = means2d.device
     I, th, tw = isect_offsets.shape
     num_tiles = th * tw
@@ -543,6 +682,7 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
     offsets, counts = _tile_counts(isect_offsets, flatten_ids.numel())
     offsets = offsets.to(device)
     fids = flatten_ids.to(torch.int32).contiguous()
+    records = _gather_records(m2d, con, opa, col, flatten_ids)
     grads = {
         "means2d": torch.zeros(R, 2, **f32), "conics": torch.zeros(R, 3, **f32),
         "colors": torch.zeros(R, 3, **f32), "opacities": torch.zeros(R, **f32),
@@ -553,29 +693,50 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
     partial = torch.full((I * num_tiles, 2), math.nan, **f32)
     window = _device_window(device)
     denom = float(I * 3 * height * width)
-    resident = counts <= min(budget, resident_max)
-    tile_sets = [(True, resident.nonzero().squeeze(1)), (False, (~resident).nonzero().squeeze(1))]
-    for is_resident, ids in tile_sets:
+    # one device -> host copy decides every tile's path (each nonzero() / any() would wait on the GPU)
+    counts_host = counts.cpu()
+    over = counts_host > budget
+    resident = ~over & (counts_host <= resident_max)
+    src = v_src = m2d.new_zeros(1)
+    if bool(over.any()):  # the fallback renders these tiles; the kernel scores them and forms dL/dpixel
+        if absgrad and fallback is ref:
+            raise NotImplementedError("absgrad with tiles over the budget needs gsplat's rasterizer (a CUDA device)")
+        src, leaves = _fallback_render(fallback, means2d, conics, colors, opacities, backgrounds, isect_offsets,
+                                       flatten_ids, width, height, packed, over.reshape(I, th, tw).to(device),
+                                       absgrad)
+        v_src = torch.zeros_like(src)
+    tile_sets = [("fallback", over), ("resident", resident), ("streaming", ~over & ~resident)]
+    for kind, mask in tile_sets:
+        ids = mask.nonzero().squeeze(1)
         if ids.numel() == 0:
             continue
-        if is_resident:  # block = the longest resident list rounded up to a power of two
-            K = max(1, int(counts[ids].max()))
+        if kind == "resident":  # block = the longest resident list rounded up to a power of two
+            K = max(1, int(counts_host[ids].max()))
             K = 1 << (K - 1).bit_length()
         else:
             K = stream_chunk
         _fused_raster_loss_kernel[(ids.numel(),)](
-            m2d, con, col, opa, bg, gt, window, offsets, fids, ids.to(torch.int32).contiguous(),
+            records, bg, gt, window, offsets, fids, ids.to(device=device, dtype=torch.int32),
             grads["means2d"], grads["conics"], grads["colors"], grads["opacities"], grads["backgrounds"], abs_buf,
-            image, partial, width, height, tw, num_tiles,
+            image, partial, src.detach(), v_src, width, height, tw, num_tiles,
             (1.0 - ssim_lambda) / denom, ssim_lambda / denom,
             HAS_BG=backgrounds is not None, RETURN_IMAGE=return_image, ABSGRAD=absgrad,
-            RESIDENT=is_resident, K=K, TS=TILE_SIZE, WIN=SSIM_WINDOW, num_warps=NUM_WARPS,
+            TUPLE_REDUCE=not _interpreted(), LOSS_ONLY=kind == "fallback",
+            RESIDENT=kind == "resident", K=K, TS=TILE_SIZE, WIN=SSIM_WINDOW, num_warps=num_warps,
         )  # fmt: skip
+    if bool(over.any()):  # the fallback's backward with the kernel's dL/dpixel
+        with torch.enable_grad():
+            fallback_grads = torch.autograd.grad(src, leaves, v_src, allow_unused=True)
+        for name, g in zip(GRAD_NAMES, fallback_grads):
+            if g is not None:
+                grads[name] += g.reshape(grads[name].shape)
+        if absgrad:
+            abs_buf += leaves[0].absgrad.reshape(-1, 2)
     sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * height * width)  # [I, 2]: L1_i, SSIM_i
     loss = ((1.0 - ssim_lambda) * sums[:, 0] + ssim_lambda * (1.0 - sums[:, 1])).mean()
-    stats = {"fraction_fused": float((counts <= budget).float().mean()),
-             "fraction_resident": float(resident.float().mean()), "num_tiles": I * num_tiles,
-             "image": image if return_image else None, "absgrad": abs_buf if absgrad else None}
+    stats = {"fraction_fused": float((~over).float().mean()), "fraction_resident": float(resident.float().mean()),
+             "num_tiles": I * num_tiles, "image": image if return_image else None,
+             "absgrad": abs_buf if absgrad else None}
     return loss, grads, stats
 
 
@@ -594,7 +755,7 @@ class FusedRasterLoss(torch.autograd.Function):
         loss, grads, stats = _launch(
             means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, meta["width"],
             meta["height"], meta["ssim_lambda"], meta["budget"], meta["resident_max"], meta["stream_chunk"],
-            meta["return_image"], meta["absgrad"],
+            meta["return_image"], meta["absgrad"], meta["num_warps"], meta["packed"], meta["fallback"],
         )  # fmt: skip
         meta["stats"] = stats
         shaped = [grads["means2d"].reshape(means2d.shape).to(means2d.dtype),
@@ -632,6 +793,8 @@ def fused_raster_loss(
     absgrad: bool = False,
     resident_max: Optional[int] = None,
     stream_chunk: Optional[int] = None,
+    num_warps: int = NUM_WARPS,
+    fallback: Optional[ModuleType] = None,
 ) -> Tuple[Tensor, Dict]:
     """Composites, scores and back-propagates I images in one fused kernel (ByteSplat §4).
 
@@ -642,11 +805,19 @@ def fused_raster_loss(
 
     budget: the per-tile Gaussian budget (default :func:`tile_budget` of the device: what fits in
     the device's on-chip memory; stats report the fraction of tiles within it, and pruning stage
-    3 targets it). resident_max / stream_chunk (default :func:`chunk_limits` of the device): a
-    tile with at most min(budget, resident_max) Gaussians runs the resident variant (one chunk,
-    records loaded once); the others stream in chunks of stream_chunk; same results. absgrad: also return, in
-    stats["absgrad"] [R, 2] (R = I*N or nnz), the sum over pixels of |d loss / d means2d| of
-    each pixel's contribution (gsplat's absgrad; unscaled by the incoming gradient).
+    3 targets it). Tiles within it run the kernel: with at most resident_max Gaussians (default
+    :func:`chunk_limits` of the device) the resident variant (one chunk, records loaded once),
+    the others streaming in chunks of stream_chunk. Tiles over it fall back (ByteSplat §5.1:
+    "conventional execution"): ``fallback.rasterize_to_pixels`` (default
+    :func:`default_fallback`: gsplat's on a GPU) renders only them (tile masks), the kernel
+    scores them with the same tile-local loss and forms dL/dpixel, and the fallback's backward
+    turns that into record gradients, all inside this call. Every path gives the same loss and
+    gradients to float32 rounding. num_warps: warps (wavefronts) per program, a tuning knob
+    (pass resident_max / stream_chunk measured for it; the defaults are measured at NUM_WARPS).
+    absgrad: also return, in stats["absgrad"] [R, 2] (R = I*N or nnz), the sum over pixels of
+    |d loss / d means2d| of each pixel's contribution (gsplat's absgrad; unscaled by the
+    incoming gradient); with tiles over the budget it needs gsplat's fallback
+    (NotImplementedError with the reference).
 
     On CPU tensors without TRITON_INTERPRET=1 the REFERENCE (rasterize_to_pixels + autograd)
     runs instead; its stats have no absgrad.
@@ -655,7 +826,7 @@ def fused_raster_loss(
     tiles within budget, "fraction_resident": fraction run by the resident variant (Triton
     only), "num_tiles": I * n_tiles, "image": [I, H, W, 3] or None, "absgrad"}.
     Raises ValueError on inconsistent shapes, a ssim_lambda outside [0, 1], a negative budget or
-    a resident_max / stream_chunk that is not a positive power of two.
+    a resident_max / stream_chunk / num_warps that is not a positive power of two.
     """
     _check_inputs(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
                   ssim_lambda, backgrounds, packed)
@@ -665,7 +836,7 @@ def fused_raster_loss(
     default_resident, default_stream = chunk_limits(means2d.device)
     resident_max = default_resident if resident_max is None else int(resident_max)
     stream_chunk = default_stream if stream_chunk is None else int(stream_chunk)
-    for name, v in (("resident_max", resident_max), ("stream_chunk", stream_chunk)):
+    for name, v in (("resident_max", resident_max), ("stream_chunk", stream_chunk), ("num_warps", num_warps)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name} must be a positive power of two, got {v}")
     if not _use_triton(means2d.device):
@@ -676,7 +847,9 @@ def fused_raster_loss(
                  "image": image.detach() if return_image else None, "absgrad": None}
         return loss, stats
     meta = dict(width=width, height=height, ssim_lambda=float(ssim_lambda), budget=budget,
-                resident_max=resident_max, stream_chunk=stream_chunk, return_image=return_image, absgrad=absgrad)
+                resident_max=resident_max, stream_chunk=stream_chunk, return_image=return_image, absgrad=absgrad,
+                num_warps=int(num_warps), packed=packed,
+                fallback=default_fallback(means2d.device) if fallback is None else fallback)
     loss = FusedRasterLoss.apply(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
                                  flatten_ids, meta)
     return loss, meta["stats"]

@@ -44,7 +44,8 @@ def kernel_specs() -> dict:
     from . import fused_ssim as fs
     from . import sparse_comm as sc
 
-    raster = dict(HAS_BG=True, RETURN_IMAGE=False, ABSGRAD=False, TS=fr.TILE_SIZE, WIN=fr.SSIM_WINDOW)
+    raster = dict(HAS_BG=True, RETURN_IMAGE=False, ABSGRAD=False, TUPLE_REDUCE=True, LOSS_ONLY=False,
+                  TS=fr.TILE_SIZE, WIN=fr.SSIM_WINDOW)
     raster_ptrs = {n: "*i32" for n in ("offsets_ptr", "flatten_ptr", "tile_ids_ptr")}
     raster_scalars = {"l1_scale": "fp32", "ssim_scale": "fp32"}
     ints = {n: "*i32" for n in ("bits_ptr", "bitmap_ptr", "counts_ptr", "offsets_ptr", "packed_ptr")}

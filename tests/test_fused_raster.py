@@ -27,19 +27,29 @@ from splat_train.kernels import reference as ref
 TOL = 1e-4
 GRAD_NAMES = ("means2d", "conics", "colors", "opacities", "backgrounds")
 
-# name -> scene / call parameters. budget 16 with up to ~80 Gaussians per tile gives both variants;
-# resident_max follows the budget (the cases choose the variant mix) and two streaming chunk lengths run.
+# name -> scene / call parameters. A tile with more than ``budget`` Gaussians falls back (the
+# reference rasterizer renders it, the kernel scores it); within the budget it runs the resident
+# variant up to ``resident`` Gaussians (default: the budget) and streams in chunks of ``chunk``
+# (default 8) above. Up to ~80 Gaussians per tile, so the cases mix the three paths.
 CASES = {
-    "dense_bg_border": dict(I=2, H=40, W=50, N=160, seed=1, packed=False, bg=True, budget=16, lam=0.2),
+    "dense_bg_border": dict(I=2, H=40, W=50, N=160, seed=1, packed=False, bg=True, budget=16, resident=4,
+                            lam=0.2),
     "packed_three_images": dict(I=3, H=47, W=33, N=120, seed=2, packed=True, bg=True, budget=16, lam=0.2,
                                 chunk=32),
-    "saturated_no_bg": dict(I=1, H=36, W=64, N=100, seed=3, packed=False, bg=False, budget=32, lam=0.2,
-                            saturate=60),
+    "saturated_no_bg": dict(I=1, H=36, W=64, N=100, seed=3, packed=False, bg=False, budget=32, resident=2,
+                            lam=0.2, saturate=60, chunk=1),
     "all_resident": dict(I=2, H=32, W=48, N=150, seed=4, packed=False, bg=True, budget=256, lam=0.5,
                          saturate=30),
-    "all_streaming": dict(I=2, H=32, W=48, N=150, seed=4, packed=False, bg=True, budget=0, lam=0.5,
-                          saturate=30, chunk=32),
-    "ssim_only_packed": dict(I=2, H=20, W=37, N=80, seed=5, packed=True, bg=False, budget=8, lam=1.0),
+    "all_streaming": dict(I=2, H=32, W=48, N=150, seed=4, packed=False, bg=True, budget=256, resident=1,
+                          lam=0.5, saturate=30, chunk=32),
+    "all_fallback": dict(I=2, H=32, W=48, N=150, seed=4, packed=False, bg=True, budget=0, lam=0.5,
+                         saturate=30),
+    "ssim_only_packed": dict(I=2, H=20, W=37, N=80, seed=5, packed=True, bg=False, budget=8, resident=2,
+                             lam=1.0, chunk=1),
+    "opaque_front_wall": dict(I=2, H=30, W=80, N=400, seed=6, packed=False, bg=True, budget=256, resident=1,
+                              lam=0.2, wall=6, chunk=4),
+    "opaque_front_wall_chunks": dict(I=2, H=30, W=80, N=400, seed=7, packed=False, bg=True, budget=256,
+                                     resident=1, lam=0.2, wall=6, chunk=8),
 }
 
 
@@ -48,12 +58,15 @@ CASES = {
 # ------------------------------------------------------------------------------------------------
 
 
-def make_scene(I, H, W, N, seed, packed, bg, saturate=0, **_):
+def make_scene(I, H, W, N, seed, packed, bg, saturate=0, wall=0, **_):
     """Random records of I images plus tile lists; the first tile column of every image stays empty.
 
     saturate: that many extra nearly opaque (opacity 0.995-1) wide Gaussians stacked on one spot,
-    so pixels there hit the T <= 1e-4 stop. Packed scenes drop ~30% of records (culled) and list
-    the rest per image. Returns a dict of tensors / ints.
+    so pixels there hit the T <= 1e-4 stop. wall (dense only): the last ``wall`` records become
+    opaque Gaussians 100 px wide in front of everything else, over every tile but the first
+    column: with alpha >= 0.92 each, every pixel there stops inside the wall, long before its
+    tile's list ends (the streaming variant's early exit). Packed scenes drop ~30% of records
+    (culled) and list the rest per image. Returns a dict of tensors / ints.
     """
     gen = torch.Generator().manual_seed(seed)
     u = lambda *s: torch.rand(*s, generator=gen)  # noqa: E731
@@ -66,11 +79,19 @@ def make_scene(I, H, W, N, seed, packed, bg, saturate=0, **_):
         means2d[:, s] = torch.tensor([W * 0.75, H * 0.5]) + u(I, saturate, 2) * 4 - 2
         cov[:, s] = torch.eye(2) * (20.0 + 10 * u(I, saturate, 1, 1))
         opacities[:, s] = 0.995 + 0.005 * u(I, saturate)
+    depths = 1.0 + u(I, N)
+    if wall:
+        s = slice(N - wall, N)
+        means2d[:, s] = torch.tensor([W * 0.6, H * 0.5])
+        cov[:, s] = torch.eye(2) * 1e4
+        opacities[:, s] = 1.0
+        depths[:, s] = 0.1 + 0.01 * torch.arange(wall)
     inv = torch.linalg.inv(cov)
     conics = torch.stack([inv[..., 0, 0], inv[..., 0, 1], inv[..., 1, 1]], -1)
     colors = u(I, N, 3)
-    depths = 1.0 + u(I, N)
     radii = torch.ceil(3.0 * torch.sqrt(torch.stack([cov[..., 0, 0], cov[..., 1, 1]], -1))).int()
+    if wall:  # reach every tile but the first column
+        radii[:, N - wall:] = torch.tensor([int(W * 0.6) - fr.TILE_SIZE - 1, 10 * H], dtype=radii.dtype)
     tw, th = math.ceil(W / fr.TILE_SIZE), math.ceil(H / fr.TILE_SIZE)
     left = means2d[..., 0] - radii[..., 0] < fr.TILE_SIZE  # would touch the first tile column
     if packed:
@@ -118,9 +139,13 @@ def run_case(params):
     ref_loss, ref_image = _call(fr.reference_fused_loss, scene, leaves, names, ssim_lambda=params["lam"])
     ref_grads = torch.autograd.grad(ref_loss, leaves)
     names, leaves = _leaves(scene)
+    counts = torch.diff(torch.cat([scene["isect_offsets"].reshape(-1).long(),
+                                   torch.tensor([scene["flatten_ids"].numel()])]))
+    resident = params.get("resident", max(params["budget"], 1))
+    absgrad = bool((counts <= params["budget"]).all())  # the reference fallback has no absgrad
     loss, stats = _call(fr.fused_raster_loss, scene, leaves, names, ssim_lambda=params["lam"],
-                        return_image=True, budget=params["budget"], absgrad=True,
-                        resident_max=max(params["budget"], 1), stream_chunk=params.get("chunk", 8))
+                        return_image=True, budget=params["budget"], absgrad=absgrad,
+                        resident_max=resident, stream_chunk=params.get("chunk", 8))
     grads = torch.autograd.grad(2.5 * loss, leaves)  # backward scales by the incoming gradient
     out = {"loss": _rel(loss.detach(), ref_loss.detach()), "image": _rel(stats["image"], ref_image.detach()),
            "fraction_fused": stats["fraction_fused"], "fraction_resident": stats["fraction_resident"],
@@ -134,10 +159,10 @@ def run_case(params):
         if n != "backgrounds":
             untouched_exact &= bool((g.reshape(used.numel(), -1)[~used] == 0).all())
     out["untouched_exact"] = untouched_exact
-    unscaled = grads[0].reshape(-1, 2) / 2.5
-    out["absgrad_bound"] = bool((stats["absgrad"] >= unscaled.abs() * (1 - 1e-5) - 1e-12).all())
-    counts = torch.diff(torch.cat([scene["isect_offsets"].reshape(-1).long(),
-                                   torch.tensor([scene["flatten_ids"].numel()])]))
+    if absgrad:
+        unscaled = grads[0].reshape(-1, 2) / 2.5
+        out["absgrad_bound"] = bool((stats["absgrad"] >= unscaled.abs() * (1 - 1e-5) - 1e-12).all())
+    out["expected_fraction_resident"] = float((counts <= min(params["budget"], resident)).float().mean())
     out["empty_tiles"] = int((counts == 0).sum())
     out["max_tile_count"] = int(counts.max())
     out["nonempty_resident_tiles"] = int(((counts > 0) & (counts <= params["budget"])).sum())
@@ -145,7 +170,39 @@ def run_case(params):
         scene["means2d"], scene["conics"], scene["colors"], scene["opacities"], scene["width"], scene["height"],
         fr.TILE_SIZE, scene["isect_offsets"], scene["flatten_ids"], packed=scene["packed"])[1]
     out["min_final_T"] = T.min().item()
+    out["tiles_stopped_early"] = tiles_stopped_early(scene)
     return out
+
+
+def tiles_stopped_early(scene, margin: int = int(fr._STOP_CHECK)) -> int:
+    """How many tiles have every in-image pixel stop (next_T <= 1e-4) more than ``margin``
+    Gaussians before the end of the tile's list: tiles whose streaming forward can end early
+    (it checks every _STOP_CHECK Gaussians) and whose backward can skip chunks. Float64
+    compositing with the reference's rules (dense layout only)."""
+    I, th, tw = scene["isect_offsets"].shape
+    H, W, ts = scene["height"], scene["width"], fr.TILE_SIZE
+    flat = scene["isect_offsets"].reshape(-1).long()
+    ends = torch.cat([flat[1:], torch.tensor([scene["flatten_ids"].numel()])])
+    n = 0
+    for tile, (start, end) in enumerate(zip(flat.tolist(), ends.tolist())):
+        if end - start <= margin:
+            continue
+        ty, tx = divmod(tile % (th * tw), tw)
+        ys, xs = torch.meshgrid(torch.arange(ty * ts, min(H, ty * ts + ts)),
+                                torch.arange(tx * ts, min(W, tx * ts + ts)), indexing="ij")
+        ids = scene["flatten_ids"][start:end].long()
+        m, c = scene["means2d"].reshape(-1, 2)[ids].double(), scene["conics"].reshape(-1, 3)[ids].double()
+        dx = m[:, 0] - (xs.reshape(-1, 1) + 0.5)
+        dy = m[:, 1] - (ys.reshape(-1, 1) + 0.5)
+        sigma = 0.5 * (c[:, 0] * dx * dx + c[:, 2] * dy * dy) + c[:, 1] * dx * dy
+        alpha = (scene["opacities"].reshape(-1)[ids].double() * torch.exp(-sigma)).clamp(max=ref.MAX_ALPHA)
+        keep = (sigma >= 0) & (alpha >= ref.ALPHA_THRESHOLD)
+        next_t = torch.cumprod(torch.where(keep, 1.0 - alpha, 1.0), dim=1)  # [P, n]
+        stops = keep & (next_t <= ref.TRANSMITTANCE_MIN)
+        never = torch.full_like(stops[:, 0], end - start, dtype=torch.long)
+        first = torch.where(stops.any(1), stops.float().argmax(1), never)
+        n += int((first < end - start - margin).all())
+    return n
 
 
 def _worker():
@@ -183,20 +240,28 @@ def test_kernel_matches_reference(results, case):
             continue
         assert r[key] <= TOL, f"{case}: {key} relative error {r[key]}"  # NaN fails too
     assert r["untouched_exact"], f"{case}: records in no tile got a non-zero gradient"
-    assert r["absgrad_bound"], f"{case}: absgrad smaller than |grad|"
+    assert r.get("absgrad_bound", True), f"{case}: absgrad smaller than |grad|"
 
 
 def test_cases_cover_edge_cases(results):
-    """The scenes really have both variants, empty tiles, border tiles and saturated pixels."""
+    """The scenes really have the three tile paths, empty tiles, border tiles and saturated pixels."""
     mixed = [r["fraction_fused"] for c, r in results.items() if 0 < CASES[c]["budget"] < 256]
-    assert all(0.0 < f < 1.0 for f in mixed), mixed
+    assert len(mixed) >= 3 and all(0.0 < f < 1.0 for f in mixed), mixed  # some tiles fall back
     assert all(r["nonempty_resident_tiles"] > 0 for c, r in results.items() if CASES[c]["budget"] > 0)
-    assert results["all_resident"]["fraction_fused"] == 1.0
-    assert all(r["fraction_resident"] == r["fraction_fused"] for r in results.values())  # resident_max = budget
-    assert results["all_streaming"]["fraction_fused"] == pytest.approx(
-        results["all_streaming"]["empty_tiles"] / results["all_streaming"]["num_tiles"])
+    assert results["all_resident"]["fraction_fused"] == results["all_resident"]["fraction_resident"] == 1.0
+    assert all(r["fraction_resident"] == r["expected_fraction_resident"] for r in results.values())
+    streaming = [c for c, r in results.items() if r["fraction_resident"] < r["fraction_fused"]]
+    assert {"dense_bg_border", "saturated_no_bg", "all_streaming", "ssim_only_packed"} <= set(streaming)
+    fallback = results["all_fallback"]  # budget 0: every tile with a Gaussian falls back
+    assert fallback["fraction_fused"] == pytest.approx(fallback["empty_tiles"] / fallback["num_tiles"])
+    assert sum("absgrad_bound" in r for r in results.values()) >= 3
     assert all(r["empty_tiles"] > 0 for r in results.values())
     assert results["saturated_no_bg"]["min_final_T"] < 1e-3  # pixels that ran into the stop rule
+    # every pixel behind the wall stops (T ~ 1e-4 / (1 - alpha)) while its list goes on: the
+    # streaming forward ends the tile early and the backward starts at the last composited chunk
+    for case in ("opaque_front_wall", "opaque_front_wall_chunks"):
+        wall = results[case]
+        assert wall["tiles_stopped_early"] >= (wall["num_tiles"] - wall["empty_tiles"]) // 2
     assert any(CASES[c]["H"] % 16 or CASES[c]["W"] % 16 for c in CASES)
     assert results["dense_bg_border"]["unused_records"] > 0
 

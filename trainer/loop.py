@@ -187,8 +187,9 @@ class Trainer:
     def _fused_loss(self, result, gts, backgrounds):
         """ByteSplat's fused step: forward compositing, the tile-local loss and the backward
         compositing in one kernel per tile (kernels/fused_raster.py); its autograd node hands the
-        saved record gradients to the exchange's backward. The timer's "rasterization" phase
-        covers all three (they are one kernel)."""
+        saved record gradients to the exchange's backward. Tiles over the budget fall back to
+        this trainer's rasterizer (gsplat's on a GPU) inside the same call. The timer's
+        "rasterization" phase covers all of it."""
         try:
             from ..kernels.fused_raster import fused_raster_loss
         except ImportError as e:  # CPU torch wheels ship without Triton
@@ -197,7 +198,8 @@ class Trainer:
         loss, stats = fused_raster_loss(
             rec["means2d"], rec["conics"], rec["colors"], rec["opacities"], info["tile_offsets"],
             info["flatten_ids"], gts, info["width"], info["height"], self.cfg.ssim_lambda,
-            backgrounds=backgrounds, packed=self.cfg.packed, budget=self.cfg.prune.tile_budget or None)
+            backgrounds=backgrounds, packed=self.cfg.packed, budget=self.cfg.prune.tile_budget or None,
+            fallback=self.ops)
         self.timer.begin("loss")
         self.last_fused_stats = {k: v for k, v in stats.items()
                                  if k in ("fraction_fused", "fraction_resident", "num_tiles")}
