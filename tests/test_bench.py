@@ -156,3 +156,40 @@ def test_bench_refuses_missing_or_mixed_checkpoints(tmp_path, capsys):
     b.write_bytes(b"x")
     assert bench.main([*TINY, "--ckpt", str(a), str(b), "--out", str(tmp_path / "b")]) == 2
     assert "mix steps" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- bench-raster
+
+RASTER_TINY = ["--device", "cpu", "--synthetic_gaussians", "300", "--resolution", "40x28", "--num_cameras", "4",
+               "--repeats", "2", "--warmup", "1"]
+
+
+def test_bench_raster_times_unfused_and_fused_on_the_same_inputs(tmp_path):
+    """On the CPU the fused rows run the PyTorch reference (no TRITON_INTERPRET), so the fused
+    configurations compute identical results; the report has every row and writes both files."""
+    from splat_train.scripts import bench_raster
+
+    out = tmp_path / "br"
+    rc = bench_raster.main([*RASTER_TINY, "--batch_size", "2", "--packed", "--fused", "default", "8:4", "4:8:0",
+                            "--out", str(out)])
+    assert rc == 0
+    rep = json.loads((out / "bench_raster.json").read_text())
+    names = [r["name"] for r in rep["rows"]]
+    assert names[0].startswith("unfused (reference raster + pytorch SSIM") and len(names) == 4
+    assert names[3] == "fused K=4 warps=8 budget=0" and rep["rows"][3]["config"]["budget"] == 0
+    assert rep["scene"]["batch_size"] == 2 and rep["scene"]["packed"] and rep["scene"]["num_isects"] > 0
+    for r in rep["rows"]:
+        assert r["ms_median"] > 0 and r["ms_p90"] >= r["ms_median"] and r["loss"] > 0
+    assert rep["rows"][0]["speedup_vs_unfused"] == 1.0
+    assert rep["rows"][2]["max_rel_diff_vs_first"] == 0.0 and rep["rows"][3]["max_rel_diff_vs_first"] == 0.0
+    assert rep["rows"][3]["fraction_fused"] < 1.0  # budget 0: every tile with a Gaussian is over it
+    assert (out / "bench_raster.md").read_text().count("\n| fused") == 3
+
+
+@pytest.mark.parametrize("bad", [["--fused", "8"], ["--fused", "3:8"], ["--fused", "8:8:-1"], ["--repeats", "0"],
+                                 ["--views", "0", "99"]])
+def test_bench_raster_rejects_bad_arguments(tmp_path, bad, capsys):
+    from splat_train.scripts import bench_raster
+
+    assert bench_raster.main([*RASTER_TINY, *bad, "--out", str(tmp_path / "x")]) == 2
+    assert "error:" in capsys.readouterr().err and not (tmp_path / "x").exists()

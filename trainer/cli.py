@@ -26,7 +26,8 @@ def _usage() -> str:
     return (
         "usage: splat-train PRESET [--config FILE] [FLAGS]\n"
         "       splat-train --config FILE [FLAGS]\n"
-        "       splat-train bench [--help]     (benchmark variants side by side)\n\n"
+        "       splat-train bench [--help]     (benchmark variants side by side)\n"
+        "       splat-train bench-raster [--help]  (rasterization + loss + backward: unfused vs fused)\n\n"
         "Train a 3D Gaussian Splatting scene on every visible GPU (or the CPU).\n\n"
         f"presets: {', '.join(preset_names())}\n"
         "  `splat-train PRESET --help` lists every flag with its default.\n"
@@ -107,6 +108,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from ..scripts.bench import main as bench_main
 
         return bench_main(list(argv[1:]))
+    if argv and argv[0] == "bench-raster":
+        from ..scripts.bench_raster import main as bench_raster_main
+
+        return bench_raster_main(list(argv[1:]))
     try:
         cfg = parse_args(argv)
         if cfg.data_dir is not None and not Path(cfg.data_dir).is_dir():

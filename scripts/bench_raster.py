@@ -1,0 +1,270 @@
+"""Rasterization + loss + backward on the same inputs: gsplat's rasterizer, the SSIM + L1 loss and
+gsplat's backward (the unfused step) against the fused kernel (kernels/fused_raster.py), at one
+or more kernel configurations.
+
+    splat-train bench-raster [--data_dir DIR --data_factor 4 | --synthetic_gaussians N --resolution WxH]
+        [--ckpt RUN/ckpts/ckpt_<step>_rank*.pt] [--batch_size C] [--packed]
+        [--fused default STREAM_CHUNK:NUM_WARPS[:BUDGET] ...] [--repeats 30] [--warmup 5] [--out DIR]
+
+The inputs are one training batch of the trainer (W = 1): the model is the initial one, or the
+checkpoint's (its shards merged); the cameras are the first ``--batch_size`` training views
+(``--views`` picks others); projection and SH run once and their records, tile lists and
+ground truth are reused by every timed call. Each call is timed alone, forward and backward to
+the records' gradients (CUDA events on a GPU; wall clock on the CPU, where the fused path is the
+PyTorch reference unless TRITON_INTERPRET=1), ``--warmup`` untimed calls first, then the median
+and 90th percentile of ``--repeats``.
+
+The unfused loss is the trainer's (full-image SSIM, valid padding; ``losses.photometric_loss``),
+timed with every SSIM implementation available (``--unfused_ssim``); the fastest unfused row is the
+baseline of the "vs fastest unfused" column, so no speedup comes from a slow convolution SSIM. The fused
+loss is the kernel's tile-local SSIM, so the two losses differ by design. The fused configurations
+compute the same function; the table reports each one's largest relative difference from the first
+in loss and record gradients.
+
+Writes ``bench_raster.json`` and ``bench_raster.md`` into ``--out`` (atomically) and prints the table.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+GRAD_FIELDS = ("means2d", "conics", "colors", "opacities")
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="splat-train bench-raster", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data_dir", help="real scene folder (else a synthetic scene)")
+    p.add_argument("--data_factor", type=int, default=4)
+    p.add_argument("--synthetic_gaussians", type=int, default=20_000)
+    p.add_argument("--resolution", default="256x192", help="synthetic image size WxH")
+    p.add_argument("--num_cameras", type=int, default=16, help="synthetic cameras")
+    p.add_argument("--ckpt", nargs="+", help="a run's checkpoint shards of one step (merged into one model)")
+    p.add_argument("--batch_size", type=int, default=1, help="images per call")
+    p.add_argument("--views", type=int, nargs="*", help="training views to render (default: the first batch_size)")
+    p.add_argument("--packed", action="store_true", help="packed records (as --packed training)")
+    p.add_argument("--fused", nargs="*", default=["default"],
+                   help="fused configurations STREAM_CHUNK:NUM_WARPS[:BUDGET] (powers of two; BUDGET: Gaussians "
+                   "per tile above which a tile falls back to the unfused rasterizer), or 'default' (the "
+                   "device's chunk lengths at the kernel's NUM_WARPS and its budget); none: skip")
+    p.add_argument("--ssim_lambda", type=float, default=0.2)
+    p.add_argument("--unfused_ssim", nargs="+", choices=["pytorch", "triton", "fused_ssim"],
+                   help="SSIM implementations of the unfused rows (default: every one available on the device); "
+                   "the fastest unfused row is the baseline")
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--out", default="results/bench_raster")
+    return p.parse_args(argv)
+
+
+def _fused_configs(specs) -> list:
+    """'default' -> {}; 'K:W[:B]' -> dict(stream_chunk=K, num_warps=W[, budget=B]). Raises ValueError."""
+    out = []
+    for spec in specs:
+        if spec == "default":
+            out.append(("fused (default)", {}))
+            continue
+        try:
+            values = [int(v) for v in spec.split(":")]
+            if len(values) not in (2, 3):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"--fused {spec!r}: expected STREAM_CHUNK:NUM_WARPS[:BUDGET], e.g. 8:8 or 8:8:64, "
+                             "or 'default'")
+        for name, v in (("STREAM_CHUNK", values[0]), ("NUM_WARPS", values[1])):
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"--fused {spec!r}: {name} must be a positive power of two")
+        config = dict(stream_chunk=values[0], num_warps=values[1])
+        name = f"fused K={values[0]} warps={values[1]}"
+        if len(values) == 3:
+            if values[2] < 0:
+                raise ValueError(f"--fused {spec!r}: BUDGET must be >= 0")
+            config["budget"] = values[2]
+            name += f" budget={values[2]}"
+        out.append((name, config))
+    return out
+
+
+def capture_inputs(args) -> dict:
+    """One batch's records, tile lists and ground truth, as the trainer hands them to rasterization."""
+    from splat_train.scripts.bench import build_scene
+    from splat_train.trainer import checkpoint
+    from splat_train.trainer.cli import parse_args
+    from splat_train.trainer.launch import DistContext
+    from splat_train.trainer.loop import Trainer
+    from splat_train.trainer.model import activated
+    from splat_train.trainer.render import render
+
+    device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
+    if args.device == "cuda" and device.type != "cuda":
+        raise ValueError("--device cuda: no CUDA/ROCm device is visible")
+    scene = build_scene(argparse.Namespace(**dict(vars(args), device=device.type)))
+    cfg = parse_args(["default", "--batch_size", str(args.batch_size)] + (["--packed"] if args.packed else []))
+    trainer = Trainer(cfg, DistContext(device=device), scene)
+    if args.ckpt:
+        trainer.load_state_dict(checkpoint.load_shard([Path(f) for f in args.ckpt], 0, 1), restore_rng=False)
+    views = args.views or list(range(args.batch_size))
+    if len(views) != args.batch_size or not all(0 <= v < len(trainer.trainset) for v in views):
+        raise ValueError(f"--views: {args.batch_size} indices in [0, {len(trainer.trainset)}) needed, got {views}")
+    batch = trainer.trainset.batch(views)
+    cams = trainer.camera_batch(batch)
+    with torch.no_grad():
+        result = render(activated(trainer.params), cams, trainer.ctx, trainer.ops,
+                        trainer.sh_degree_at(trainer.step), packed=cfg.packed, near=cfg.near_plane,
+                        far=cfg.far_plane, rasterize=False)
+    info, rec = result.info, result.info["records"]
+    fields = {k: rec[k].detach().float().contiguous() for k in GRAD_FIELDS}
+    return dict(fields, isect_offsets=info["tile_offsets"], flatten_ids=info["flatten_ids"],
+                gts=batch["image"].to(device).float(), width=int(info["width"]), height=int(info["height"]),
+                packed=cfg.packed, ops=trainer.ops, backend=trainer.backend, device=device,
+                num_gaussians=int(trainer.params["means"].shape[0]),
+                num_isects=int(info["flatten_ids"].numel()), step=trainer.step)
+
+
+def _leaves(inputs):
+    return [inputs[k].clone().requires_grad_(True) for k in GRAD_FIELDS]
+
+
+def unfused_step(inputs, ssim_lambda, ssim_backend):
+    """gsplat rasterize_to_pixels -> (1 - l) L1 + l (1 - SSIM) -> backward. Returns (loss, grads)."""
+    from splat_train.trainer.losses import photometric_loss
+
+    leaves = _leaves(inputs)
+    means2d, conics, colors, opacities = leaves
+    image, _ = inputs["ops"].rasterize_to_pixels(
+        means2d, conics, colors, opacities, inputs["width"], inputs["height"], 16, inputs["isect_offsets"],
+        inputs["flatten_ids"], packed=inputs["packed"])
+    loss, _ = photometric_loss(image, inputs["gts"], ssim_lambda, ssim_padding="valid", ssim_backend_name=ssim_backend)
+    return loss.detach(), torch.autograd.grad(loss, leaves)
+
+
+def fused_step(inputs, ssim_lambda, config):
+    """The fused kernel (forward, tile-local loss, backward in one) -> (loss, grads, stats)."""
+    from splat_train.kernels.fused_raster import fused_raster_loss
+
+    leaves = _leaves(inputs)
+    loss, stats = fused_raster_loss(*leaves, inputs["isect_offsets"], inputs["flatten_ids"], inputs["gts"],
+                                    inputs["width"], inputs["height"], ssim_lambda, packed=inputs["packed"],
+                                    fallback=inputs["ops"], **config)
+    return loss.detach(), torch.autograd.grad(loss, leaves), stats
+
+
+def time_calls(fn, device, warmup: int, repeats: int) -> tuple[list, object]:
+    """Per-call milliseconds of ``repeats`` calls after ``warmup``; and the last call's output."""
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            out = fn()
+            times.append((time.perf_counter() - t0) * 1000.0)
+    return times, out
+
+
+def available_ssim(device) -> list:
+    """The SSIM implementations that run on ``device``: pytorch always; on a GPU also this
+    project's Triton kernel and the fused_ssim package when they import."""
+    from splat_train.trainer import losses
+
+    out = ["pytorch"]
+    if device.type == "cuda":
+        out += [name for name, fn in (("triton", losses._triton_ssim_fn), ("fused_ssim", losses._fused_ssim_fn))
+                if fn() is not None]
+    return out
+
+
+def _rel(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+
+
+def run(args) -> dict:
+    configs = _fused_configs(args.fused)
+    inputs = capture_inputs(args)
+    device = inputs["device"]
+    rows = []
+    raster = inputs["backend"]
+    for backend in args.unfused_ssim or available_ssim(device):
+        times, (loss, _) = time_calls(lambda: unfused_step(inputs, args.ssim_lambda, backend), device, args.warmup,
+                                      args.repeats)
+        rows.append(dict(name=f"unfused ({raster} raster + {backend} SSIM + L1 + {raster} backward)",
+                         ms_median=statistics.median(times), ms_p90=float(np.percentile(times, 90)),
+                         loss=float(loss), unfused=True))
+    first = None
+    for name, config in configs:
+        times, (loss, grads, stats) = time_calls(lambda: fused_step(inputs, args.ssim_lambda, config), device,
+                                                 args.warmup, args.repeats)
+        row = dict(name=name, config=config, ms_median=statistics.median(times),
+                   ms_p90=float(np.percentile(times, 90)), loss=float(loss),
+                   fraction_fused=stats["fraction_fused"], fraction_resident=stats.get("fraction_resident"))
+        if first is None:
+            first = (loss, grads)
+        else:
+            row["max_rel_diff_vs_first"] = max([_rel(loss, first[0])] + [_rel(g, f) for g, f in zip(grads, first[1])])
+        rows.append(row)
+    base = min(r["ms_median"] for r in rows if r.get("unfused"))
+    for row in rows:
+        row["speedup_vs_unfused"] = base / row["ms_median"]
+    scene = dict(data_dir=args.data_dir, data_factor=args.data_factor if args.data_dir else None,
+                 synthetic_gaussians=None if args.data_dir else args.synthetic_gaussians,
+                 resolution=f"{inputs['width']}x{inputs['height']}", batch_size=args.batch_size,
+                 packed=inputs["packed"], num_gaussians=inputs["num_gaussians"], num_isects=inputs["num_isects"],
+                 model_step=inputs["step"], ckpt=args.ckpt)
+    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return dict(device=dev, scene=scene, repeats=args.repeats, warmup=args.warmup, rows=rows)
+
+
+def markdown(report: dict) -> str:
+    s = report["scene"]
+    lines = [f"Rasterization + loss + backward, {report['device']}: {s['resolution']}, {s['batch_size']} image(s), "
+             f"{s['num_gaussians']:,} Gaussians (model step {s['model_step']}), {s['num_isects']:,} tile "
+             f"intersections, {'packed' if s['packed'] else 'dense'}; median of {report['repeats']} calls.", "",
+             "| step | ms (median) | p90 | vs fastest unfused | tiles in budget / resident "
+             "| max rel. diff vs first fused |",
+             "|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        tiles = "-" if "fraction_fused" not in r else (
+            f"{100 * r['fraction_fused']:.1f}% / " +
+            ("-" if r["fraction_resident"] is None else f"{100 * r['fraction_resident']:.1f}%"))
+        diff = f"{r['max_rel_diff_vs_first']:.1e}" if "max_rel_diff_vs_first" in r else "-"
+        lines.append(f"| {r['name']} | {r['ms_median']:.3f} | {r['ms_p90']:.3f} | {r['speedup_vs_unfused']:.2f}x | "
+                     f"{tiles} | {diff} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    from splat_train.trainer.fileio import atomic_write_bytes
+
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if args.repeats < 1 or args.warmup < 0 or args.batch_size < 1:
+        print("error: --repeats and --batch_size must be >= 1, --warmup >= 0", file=sys.stderr)
+        return 2
+    try:
+        report = run(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    table = markdown(report)
+    atomic_write_bytes(out / "bench_raster.json", json.dumps(report, indent=2).encode())
+    atomic_write_bytes(out / "bench_raster.md", table.encode())
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
