@@ -17,10 +17,13 @@
    (``n_t``: Gaussians listed in the tile; a Gaussian in a tile twice over budget weighs more than in
    one just over it) and ``importance`` = sum over views and pixels of its alpha * T (units: pixels).
    Highest score first; ties go to the lower global index (the shard-concatenated order). Each
-   round removes ``k = min(ceil(prune_fraction * candidates), max_excess)`` of them, where
-   ``max_excess = max_t (n_t - B)``: removing one Gaussian lowers a tile's count by at most one, so
-   the worst tile needs at least ``max_excess`` more removals and a round never takes more than that.
-   Rounds stop when every tile fits or after ``--prune_rounds``. Fine-tuning continues after.
+   round removes ``k = min(ceil(prune_fraction * candidates), ceil(candidates * E / S))`` of them,
+   with ``E`` = sum over over-budget (view, tile) pairs of ``n_t - B`` and ``S`` = sum of their
+   ``n_t``: removing the fraction E / S of the candidates takes the over-budget tiles down by their
+   average excess fraction, an estimate of what is still needed (a tile one over its budget in one
+   view needs one removal; an earlier cap at ``max_t (n_t - B)`` removed ~1% of the candidates per
+   round, and 10 rounds moved the tiles within budget from 7.6% to 8.0% on juicebox). Rounds stop
+   when every tile fits or after ``--prune_rounds``. Fine-tuning continues after.
 
 Distribution: every rank renders its share of the training views (view i on rank i mod W, as
 evaluate.py deals test views), measures per-record statistics on the received records and sends
@@ -205,6 +208,16 @@ class Measurement:
     num_within: int
     mean_per_tile: float
     max_per_tile: int
+    excess: int = 0  # sum over over-budget (view, tile) pairs of n_t - B
+    over_isects: int = 0  # sum over over-budget (view, tile) pairs of n_t
+
+    def removals_needed(self, num_candidates: int) -> int:
+        """Estimated removals that clear every tile's excess: each of the num_candidates
+        Gaussians of over-budget tiles is removed with probability excess / over_isects, which
+        takes each tile down by its average excess fraction (re-measured every round)."""
+        if self.over_isects == 0:
+            return 0
+        return math.ceil(num_candidates * self.excess / self.over_isects)
 
     def tile_summary(self) -> dict:
         return dict(fraction_within_budget=self.num_within / max(self.num_tiles, 1),
@@ -229,7 +242,8 @@ def measure(trainer: "Trainer", budget: int, composite: bool = True) -> Measurem
     gaussians = activated(trainer.params)
     device = trainer.params["means"].device
     acc = torch.zeros(trainer.params["means"].shape[0], 3, dtype=torch.float64, device=device)
-    tiles = torch.zeros(1, 4, dtype=torch.float64)  # tiles, within budget, sum of counts, max count
+    # tiles, within budget, sum of counts, max count, sum of excess, sum of counts over budget
+    tiles = torch.zeros(1, 6, dtype=torch.float64)
     for r in range(rounds):
         real = r < len(mine)
         cam = trainer.camera_batch(views.batch([mine[r] if real else (mine[-1] if mine else 0)]))
@@ -237,15 +251,18 @@ def measure(trainer: "Trainer", budget: int, composite: bool = True) -> Measurem
                      far=cfg.far_plane, rasterize=False)  # colours play no part: SH degree 0
         values, counts = record_statistics(res.info, budget, composite)
         if real:
-            tiles[0, :3] += torch.tensor([counts.numel(), int((counts <= budget).sum()), int(counts.sum())])
+            over = counts > budget
+            tiles[0, :3] += torch.tensor([counts.numel(), int((~over).sum()), int(counts.sum())])
             tiles[0, 3] = max(float(tiles[0, 3]), float(counts.max()) if counts.numel() else 0.0)
+            tiles[0, 4:] += torch.tensor([int((counts[over] - budget).sum()), int(counts[over].sum())])
         else:
             values = torch.zeros_like(values)
         acc += route_to_owners(ctx, res.info, values)
     tiles = _all_gather_rows(ctx, tiles)
     num_tiles, num_within, total = (int(v) for v in tiles[:, :3].sum(0))
+    excess, over_isects = (int(v) for v in tiles[:, 4:].sum(0))
     return Measurement(acc[:, 0], acc[:, 1], acc[:, 2], num_tiles, num_within,
-                       total / max(num_tiles, 1), int(tiles[:, 3].max()))
+                       total / max(num_tiles, 1), int(tiles[:, 3].max()), excess, over_isects)
 
 
 # ---------------------------------------------------------------- selection
@@ -310,7 +327,7 @@ def hardware_aware_pruning(trainer: "Trainer", step: int) -> dict:
     while rounds < p.prune_rounds and m.max_per_tile > budget:
         candidates = m.overload > 0
         num_candidates = _count_all_true(trainer, candidates)
-        k = min(math.ceil(p.prune_fraction * num_candidates), m.max_per_tile - budget)
+        k = min(math.ceil(p.prune_fraction * num_candidates), m.removals_needed(num_candidates))
         mask = select_top(trainer, stage3_scores(m, budget), candidates, k)
         remove_gaussians(trainer.params, trainer.optimizers, trainer.strategy_state, mask)
         rounds += 1
