@@ -175,13 +175,13 @@ def test_fused_ssim_rejects_bad_arguments(shape1, shape2, dtype, padding):
         fs.fused_ssim(torch.rand(shape1, dtype=dtype), torch.rand(shape2, dtype=dtype), padding=padding)
 
 
-def test_ssim_backend_prefers_fused_ssim_then_pytorch_and_triton_on_request(monkeypatch):
+def test_ssim_backend_prefers_fused_ssim_then_triton_then_pytorch(monkeypatch):
     monkeypatch.setitem(sys.modules, "fused_ssim", None)  # the package is missing
     losses._fused_ssim_fn.cache_clear()
     losses._triton_ssim_fn.cache_clear()
     try:
         assert losses.ssim_backend("cpu") == "pytorch"
-        assert losses.ssim_backend(torch.device("cuda", 0)) == "pytorch"  # triton: opt-in only
+        assert losses.ssim_backend(torch.device("cuda", 0)) == "triton"  # Triton imports here
         monkeypatch.setattr(losses, "_triton_ssim_fn", lambda: None)  # Triton missing too
         assert losses.ssim_backend("cuda") == "pytorch"
         with pytest.raises(ImportError):

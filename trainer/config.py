@@ -181,7 +181,7 @@ class Config:
     raster: Literal["unfused", "fused"] = "unfused"
     """Training rasterization: unfused (rasterize, full-image L1 + D-SSIM, backward) or fused (ByteSplat: one Triton kernel per tile for forward, tile-local loss and backward; kernels/fused_raster.py)."""
     ssim_backend: Literal["auto", "pytorch", "triton", "fused_ssim"] = "auto"
-    """SSIM implementation: auto (the fused_ssim package on CUDA when installed, else PyTorch), or the project's Triton kernel (triton)."""
+    """SSIM implementation: auto (on a GPU the fused_ssim package when installed, else the project's Triton kernel when Triton imports, else PyTorch; PyTorch on the CPU), or one of them by name."""
     ssim_lambda: float = 0.2
     """Weight of the D-SSIM term: loss = (1 - lambda) L1 + lambda (1 - SSIM)."""
     opacity_reg: float = 0.0
