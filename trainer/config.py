@@ -122,9 +122,9 @@ class PruneConfig:
     prune_rounds: int = 10
     """Stage 3: at most this many prune-and-remeasure rounds."""
     prune_fraction: float = 0.1
-    """Stage 3: fraction of the candidates (Gaussians in over-budget tiles) removed per round, highest score first."""
+    """Stage 3: fraction of the candidates (Gaussians in over-budget tiles) removed per round, highest score first (fewer when the estimated removals still needed are fewer)."""
     tile_budget: int = 0
-    """Gaussians per tile that fit the fused kernel's on-chip memory (0: from the device; see prune.tile_budget)."""
+    """Gaussians per tile that fit the fused kernel's on-chip memory (0: from the device; see prune.tile_budget); with --raster fused, tiles over it fall back to the unfused rasterizer."""
 
 
 @dataclass
