@@ -328,13 +328,18 @@ def chart(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def parse(argv):
-    p = argparse.ArgumentParser(prog="splat-train bench", description=__doc__.split("\n\n")[0])
+def add_scene_args(p: argparse.ArgumentParser) -> None:
+    """The scene flags :func:`build_scene` reads (shared with bench-raster)."""
     p.add_argument("--data_dir", help="real scene folder (else a synthetic scene)")
     p.add_argument("--data_factor", type=int, default=4)
     p.add_argument("--synthetic_gaussians", type=int, default=20_000)
     p.add_argument("--resolution", default="256x192", help="synthetic image size WxH")
     p.add_argument("--num_cameras", type=int, default=16, help="synthetic cameras")
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="splat-train bench", description=__doc__.split("\n\n")[0])
+    add_scene_args(p)
     p.add_argument("--world_sizes", type=int, nargs="+", default=[1])
     p.add_argument("--variants", nargs="*", help=f"subset of {list(DEFAULT_VARIANTS)}")
     p.add_argument("--variant", action="append", help='extra variant NAME="--flags ..."')

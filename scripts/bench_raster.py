@@ -38,12 +38,10 @@ GRAD_FIELDS = ("means2d", "conics", "colors", "opacities")
 
 
 def parse(argv):
+    from splat_train.scripts.bench import add_scene_args
+
     p = argparse.ArgumentParser(prog="splat-train bench-raster", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data_dir", help="real scene folder (else a synthetic scene)")
-    p.add_argument("--data_factor", type=int, default=4)
-    p.add_argument("--synthetic_gaussians", type=int, default=20_000)
-    p.add_argument("--resolution", default="256x192", help="synthetic image size WxH")
-    p.add_argument("--num_cameras", type=int, default=16, help="synthetic cameras")
+    add_scene_args(p)
     p.add_argument("--ckpt", nargs="+", help="a run's checkpoint shards of one step (merged into one model)")
     p.add_argument("--batch_size", type=int, default=1, help="images per call")
     p.add_argument("--views", type=int, nargs="*", help="training views to render (default: the first batch_size)")
