@@ -59,7 +59,8 @@ one atomic add per (Gaussian, tile, field). The blocks live in registers, so the
 decides whether the state stays on chip; ``chunk_limits`` picks, per device, the longest chunks
 that compile without spilling (ahead-of-time compiles for sm_90: resident K = 8 uses 175
 registers and no spill, K = 16 spills; streaming K = 8 170 registers). All paths give the same
-loss and gradients (to float32 rounding). The SSIM filtering of a tile is computed as a
+loss and gradients to float32 rounding (and to a pixel's float32 stop decision at T <= 1e-4).
+The SSIM filtering of a tile is computed as a
 normalized convolution, (G X G^T) / (G M G^T) on 16x16 blocks (``tl.dot``, IEEE fp32; G the
 banded matrix of the 1D window, M the tile's in-image mask), which equals Gy X Gx^T above; its
 backward is G (D / (G M G^T)) G^T of per-pixel coefficient maps. No warp-size assumption and no
@@ -416,8 +417,8 @@ def _add_gradients(gid, mask, v_mx, v_my, v_sigma, dx, dy, v_op, v_r, v_g, v_b, 
                    v_colors_ptr, v_opac_ptr, absgrad_ptr, ABSGRAD: tl.constexpr, TUPLE_REDUCE: tl.constexpr):
     """Sums per-pixel gradient terms over the tile's pixels (axis 0; one multi-operand block
     reduction, so one round of shared memory and barriers for all nine fields) and adds them to
-    the Gaussians' gradients, one atomic per (Gaussian, tile, field). Terms are [P] (one
-    Gaussian; gid, mask scalars) or [P, K] (a chunk; gid, mask [K]). TUPLE_REDUCE False (set
+    the Gaussians' gradients, one atomic per (Gaussian, tile, field). Terms are [P, K] (a chunk;
+    gid, mask [K]). TUPLE_REDUCE False (set
     under TRITON_INTERPRET=1, whose tl.reduce runs element by element in Python) sums the fields
     one by one: the same sums in another reduction order."""
     if TUPLE_REDUCE:
@@ -654,17 +655,19 @@ def default_fallback(device) -> ModuleType:
 def _fallback_render(ops, means2d, conics, colors, opacities, backgrounds, isect_offsets, flatten_ids, width,
                      height, packed, over, absgrad):
     """Renders the tiles over the budget (``over`` [I, tile_h, tile_w] bool; the others are
-    skipped, gsplat's tile masks) with ``ops.rasterize_to_pixels`` on float32 copies of the
-    records that require grad. Returns (image [I, H, W, 3] float32, the copies)."""
-    leaves = [t.detach().to(torch.float32).requires_grad_(True) for t in (means2d, conics, colors, opacities)]
-    if backgrounds is not None:
-        leaves.append(backgrounds.detach().to(torch.float32).requires_grad_(True))
+    skipped, gsplat's tile masks) with ``ops.rasterize_to_pixels`` on contiguous float32 copies of
+    the records that require grad. The backgrounds go in detached: gsplat leaves the alphas of
+    skipped tiles unwritten, so its background gradient (a sum over every pixel) is not used;
+    :func:`_launch` sums the fallback tiles' own. Returns (image [I, H, W, 3] float32 contiguous,
+    alphas [I, H, W, 1] (meaningful on the fallback tiles only), the copies)."""
+    leaves = [t.detach().to(torch.float32).contiguous().requires_grad_(True)
+              for t in (means2d, conics, colors, opacities)]
+    bg = backgrounds.detach().to(torch.float32).contiguous() if backgrounds is not None else None
     with torch.enable_grad():
-        image, _ = ops.rasterize_to_pixels(
-            *leaves[:4], width, height, TILE_SIZE, isect_offsets, flatten_ids,
-            backgrounds=leaves[4] if backgrounds is not None else None, masks=over.contiguous(), packed=packed,
-            absgrad=absgrad)  # fmt: skip
-    return image, leaves
+        image, alphas = ops.rasterize_to_pixels(
+            *leaves, width, height, TILE_SIZE, isect_offsets, flatten_ids, backgrounds=bg, masks=over.contiguous(),
+            packed=packed, absgrad=absgrad)  # fmt: skip
+    return image.contiguous(), alphas.detach(), leaves
 
 
 def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width, height,
@@ -701,9 +704,10 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
     if bool(over.any()):  # the fallback renders these tiles; the kernel scores them and forms dL/dpixel
         if absgrad and fallback is ref:
             raise NotImplementedError("absgrad with tiles over the budget needs gsplat's rasterizer (a CUDA device)")
-        src, leaves = _fallback_render(fallback, means2d, conics, colors, opacities, backgrounds, isect_offsets,
-                                       flatten_ids, width, height, packed, over.reshape(I, th, tw).to(device),
-                                       absgrad)
+        over_tiles = over.reshape(I, th, tw).to(device)
+        src, src_alphas, leaves = _fallback_render(fallback, means2d, conics, colors, opacities, backgrounds,
+                                                   isect_offsets, flatten_ids, width, height, packed, over_tiles,
+                                                   absgrad)
         v_src = torch.zeros_like(src)
     tile_sets = [("fallback", over), ("resident", resident), ("streaming", ~over & ~resident)]
     for kind, mask in tile_sets:
@@ -730,6 +734,10 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
         for name, g in zip(GRAD_NAMES, fallback_grads):
             if g is not None:
                 grads[name] += g.reshape(grads[name].shape)
+        if backgrounds is not None:  # d image / d background = final T = 1 - alpha, on fallback pixels
+            over_pixels = over_tiles.repeat_interleave(TILE_SIZE, 1).repeat_interleave(TILE_SIZE, 2)
+            over_pixels = over_pixels[:, :height, :width, None]
+            grads["backgrounds"] += torch.where(over_pixels, v_src * (1.0 - src_alphas), 0.0).sum((1, 2))
         if absgrad:
             abs_buf += leaves[0].absgrad.reshape(-1, 2)
     sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * height * width)  # [I, 2]: L1_i, SSIM_i
@@ -807,12 +815,14 @@ def fused_raster_loss(
     the device's on-chip memory; stats report the fraction of tiles within it, and pruning stage
     3 targets it). Tiles within it run the kernel: with at most resident_max Gaussians (default
     :func:`chunk_limits` of the device) the resident variant (one chunk, records loaded once),
-    the others streaming in chunks of stream_chunk. Tiles over it fall back (ByteSplat §5.1:
+    the others streaming (forward one Gaussian at a time, backward in chunks of stream_chunk).
+    Tiles over it fall back (ByteSplat §5.1:
     "conventional execution"): ``fallback.rasterize_to_pixels`` (default
     :func:`default_fallback`: gsplat's on a GPU) renders only them (tile masks), the kernel
     scores them with the same tile-local loss and forms dL/dpixel, and the fallback's backward
-    turns that into record gradients, all inside this call. Every path gives the same loss and
-    gradients to float32 rounding. num_warps: warps (wavefronts) per program, a tuning knob
+    turns that into record gradients, all inside this call. Every path computes the same loss
+    and gradients up to float32 rounding, and up to a pixel's stop decision at T <= 1e-4, which
+    float32 and the reference's float64 can take differently. num_warps: warps (wavefronts) per program, a tuning knob
     (pass resident_max / stream_chunk measured for it; the defaults are measured at NUM_WARPS).
     absgrad: also return, in stats["absgrad"] [R, 2] (R = I*N or nnz), the sum over pixels of
     |d loss / d means2d| of each pixel's contribution (gsplat's absgrad; unscaled by the

@@ -192,6 +192,13 @@ def _rel(a, b) -> float:
 
 def run(args) -> dict:
     configs = _fused_configs(args.fused)
+    if not 0.0 <= args.ssim_lambda <= 1.0:
+        raise ValueError(f"--ssim_lambda must be in [0, 1], got {args.ssim_lambda}")
+    want_cuda = args.device != "cpu" and torch.cuda.is_available()
+    available = available_ssim(torch.device("cuda" if want_cuda else "cpu"))
+    missing = sorted(set(args.unfused_ssim or []) - set(available))
+    if missing:
+        raise ValueError(f"--unfused_ssim {' '.join(missing)}: not available here (available: {' '.join(available)})")
     inputs = capture_inputs(args)
     device = inputs["device"]
     rows = []

@@ -187,7 +187,7 @@ def test_bench_raster_times_unfused_and_fused_on_the_same_inputs(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [["--fused", "8"], ["--fused", "3:8"], ["--fused", "8:8:-1"], ["--repeats", "0"],
-                                 ["--views", "0", "99"]])
+                                 ["--views", "0", "99"], ["--unfused_ssim", "triton"], ["--ssim_lambda", "2"]])
 def test_bench_raster_rejects_bad_arguments(tmp_path, bad, capsys):
     from splat_train.scripts import bench_raster
 

@@ -60,7 +60,7 @@ def test_training_runs_with_gsplat_backend(tmp_path):
 
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("budget", [None, 4])  # the device's budget, and one that forces the fallback
-@pytest.mark.parametrize("stream_chunk", [None, 1, 4])  # the device's default; one at a time; chunks of 4
+@pytest.mark.parametrize("stream_chunk", [None, 1, 4])  # the device's default; backward chunks of 1 and 4
 def test_fused_raster_kernel_matches_reference_on_gpu(packed, budget, stream_chunk):
     from splat_train.kernels import fused_raster as fr
 
@@ -70,29 +70,31 @@ def test_fused_raster_kernel_matches_reference_on_gpu(packed, budget, stream_chu
     res = render(params, cams, DistContext(device=torch.device("cuda")), ops_for("gsplat", torch.device("cuda")),
                  sh_degree=3, packed=packed, rasterize=False)
     rec, info = res.info["records"], res.info
-    names = ("means2d", "conics", "colors", "opacities")
+    names = ("means2d", "conics", "colors", "opacities", "backgrounds")
+    backgrounds = torch.rand(2, 3, device="cuda")
     outs = []
     for fn in ("kernel", "reference"):
-        leaves = {k: rec[k].detach().clone().requires_grad_(True) for k in names}
+        leaves = {k: rec[k].detach().clone().requires_grad_(True) for k in names[:4]}
+        leaves["backgrounds"] = backgrounds.clone().requires_grad_(True)
         args = (leaves["means2d"], leaves["conics"], leaves["colors"], leaves["opacities"], info["tile_offsets"],
                 info["flatten_ids"], gts, cams.width, cams.height, 0.2)
         if fn == "kernel":
             loss, stats = fr.fused_raster_loss(*args, packed=packed, budget=budget, stream_chunk=stream_chunk,
-                                               absgrad=True)
+                                               absgrad=True, backgrounds=leaves["backgrounds"])
             assert 0.0 <= stats["fraction_fused"] <= 1.0
             absgrad = stats["absgrad"]
         else:
-            loss, _ = fr.reference_fused_loss(*args, packed=packed)
+            loss, _ = fr.reference_fused_loss(*args, packed=packed, backgrounds=leaves["backgrounds"])
         loss.backward()
         outs.append((loss.detach(), {k: v.grad for k, v in leaves.items()}))
     (lk, gk), (lr, gr) = outs
     assert torch.isfinite(lk) and abs(float(lk - lr)) <= 1e-4 * abs(float(lr))
     # Tiles over the budget run gsplat's forward and backward (float32 T products, T recovered by
     # division in the backward), held to test_gsplat_and_reference_backends_agree's mean relative
-    # 1e-3. The largest element error is usually ~7e-5 of the largest gradient with fallback tiles
-    # (2.5e-6 without; 16 configurations x 3 runs, fixed ground truth), but one random ground
-    # truth gave 3.2e-3 once (dense, stream_chunk 4): a pixel at the T <= 1e-4 stop can decide
-    # differently in float32 than in the reference's float64.
+    # 1e-3. The largest element error is usually ~7e-5 of the largest gradient with fallback
+    # tiles (2.5e-6 without; a diagnostic over 16 configurations x 3 runs, fixed ground truth),
+    # but one random ground truth gave 3.2e-3 once (dense, stream_chunk 4): a pixel at the
+    # T <= 1e-4 stop can decide differently in float32 than in the reference's float64.
     for k in names:
         assert torch.isfinite(gk[k]).all()
         scale = gr[k].abs()

@@ -154,6 +154,28 @@ def test_stage3_reaches_the_budget():
         assert torch.isfinite(tr.train_step(step)["loss"])
 
 
+def test_measurement_sums_the_over_budget_tiles_and_sizes_the_round():
+    """excess / over_isects are the sums over every (view, tile) pair over the budget of n_t - B
+    and n_t (counted here view by view), and a round's estimate is candidates * excess / over_isects."""
+    from splat_train.trainer.model import activated
+
+    tr = make_trainer()
+    budget = 6
+    m = prune.measure(tr, budget, composite=False)
+    excess = over = 0
+    for i in range(len(tr.trainset)):
+        cam = tr.camera_batch(tr.trainset.batch([i]))
+        res = render(activated(tr.params), cam, tr.ctx, tr.ops, 0, packed=tr.cfg.packed, near=tr.cfg.near_plane,
+                     far=tr.cfg.far_plane, rasterize=False)
+        counts = prune.tile_counts(res.info["tile_offsets"], res.info["flatten_ids"].numel())
+        excess += int((counts[counts > budget] - budget).sum())
+        over += int(counts[counts > budget].sum())
+    assert excess > 0 and (m.excess, m.over_isects) == (excess, over)
+    assert m.removals_needed(1000) == math.ceil(1000 * excess / over) < 1000
+    fits = prune.measure(tr, m.max_per_tile, composite=False)
+    assert (fits.excess, fits.over_isects, fits.removals_needed(1000)) == (0, 0, 0)
+
+
 def test_stage3_removes_no_more_than_needed():
     tr = make_trainer(["--prune_rounds", "1", "--prune_fraction", "1.0"])
     m = prune.measure(tr, budget=64)

@@ -212,9 +212,10 @@ class Measurement:
     over_isects: int = 0  # sum over over-budget (view, tile) pairs of n_t
 
     def removals_needed(self, num_candidates: int) -> int:
-        """Estimated removals that clear every tile's excess: each of the num_candidates
-        Gaussians of over-budget tiles is removed with probability excess / over_isects, which
-        takes each tile down by its average excess fraction (re-measured every round)."""
+        """Estimated removals still needed: removing the fraction excess / over_isects of the
+        num_candidates Gaussians of over-budget tiles takes those tiles down by their average
+        excess fraction, which clears the total excess in expectation; tiles with an above-average
+        excess stay over and are re-measured for the next round. 0 when every tile fits."""
         if self.over_isects == 0:
             return 0
         return math.ceil(num_candidates * self.excess / self.over_isects)
