@@ -318,7 +318,7 @@ def _load_chunk(rec_ptr, flatten_ptr, k0, end, px, py, in_img, K: tl.constexpr):
 def _forward_sequential(rec_ptr, start, end, px, py, in_img):
     """Front-to-back compositing one Gaussian at a time, every pixel in its own thread, as
     RasterizeToPixels3DGSFwd.cu does: T carried as a product, no cross-thread work except one
-    block reduction every STOP_CHECK Gaussians, which ends the tile's loop once every pixel has
+    block reduction every _STOP_CHECK Gaussians, which ends the tile's loop once every pixel has
     stopped (gsplat's per-block early exit). Returns (T_final, stop_idx, colour r, g, b), all [P];
     stop_idx = list position of the Gaussian a pixel stopped before (``end`` if none)."""
     t = tl.where(in_img, 1.0, 0.0)

@@ -25,7 +25,7 @@ from splat_train.kernels import fused_raster as fr
 from splat_train.kernels import reference as ref
 
 TOL = 1e-4
-GRAD_NAMES = ("means2d", "conics", "colors", "opacities", "backgrounds")
+GRAD_NAMES = fr.GRAD_NAMES  # the differentiable inputs, in the kernel's order
 
 # name -> scene / call parameters. A tile with more than ``budget`` Gaussians falls back (the
 # reference rasterizer renders it, the kernel scores it); within the budget it runs the resident
