@@ -656,18 +656,22 @@ def _fallback_render(ops, means2d, conics, colors, opacities, backgrounds, isect
                      height, packed, over, absgrad):
     """Renders the tiles over the budget (``over`` [I, tile_h, tile_w] bool; the others are
     skipped, gsplat's tile masks) with ``ops.rasterize_to_pixels`` on contiguous float32 copies of
-    the records that require grad. The backgrounds go in detached: gsplat leaves the alphas of
-    skipped tiles unwritten, so its background gradient (a sum over every pixel) is not used;
-    :func:`_launch` sums the fallback tiles' own. Returns (image [I, H, W, 3] float32 contiguous,
-    alphas [I, H, W, 1] (meaningful on the fallback tiles only), the copies)."""
+    the records (and backgrounds) that require grad. The background is composited here, on the
+    fallback pixels only (``ref.composite_background``): gsplat leaves the alphas of skipped tiles
+    unwritten, sums its background gradient over every pixel, and rejects per-image backgrounds
+    when packed. Returns (image [I, H, W, 3] float32 contiguous, meaningful on the fallback tiles
+    only; the copies, in GRAD_NAMES order, backgrounds last when given)."""
     leaves = [t.detach().to(torch.float32).contiguous().requires_grad_(True)
               for t in (means2d, conics, colors, opacities)]
-    bg = backgrounds.detach().to(torch.float32).contiguous() if backgrounds is not None else None
     with torch.enable_grad():
         image, alphas = ops.rasterize_to_pixels(
-            *leaves, width, height, TILE_SIZE, isect_offsets, flatten_ids, backgrounds=bg, masks=over.contiguous(),
-            packed=packed, absgrad=absgrad)  # fmt: skip
-    return image.contiguous(), alphas.detach(), leaves
+            *leaves, width, height, TILE_SIZE, isect_offsets, flatten_ids, masks=over.contiguous(), packed=packed,
+            absgrad=absgrad)  # fmt: skip
+        if backgrounds is not None:
+            leaves.append(backgrounds.detach().to(torch.float32).contiguous().requires_grad_(True))
+            pixels = over.repeat_interleave(TILE_SIZE, 1).repeat_interleave(TILE_SIZE, 2)[:, :height, :width, None]
+            image = ref.composite_background(image, torch.where(pixels, alphas, 1.0), leaves[-1])
+    return image.contiguous(), leaves
 
 
 def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width, height,
@@ -705,7 +709,7 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
         if absgrad and fallback is ref:
             raise NotImplementedError("absgrad with tiles over the budget needs gsplat's rasterizer (a CUDA device)")
         over_tiles = over.reshape(I, th, tw).to(device)
-        src, src_alphas, leaves = _fallback_render(fallback, means2d, conics, colors, opacities, backgrounds,
+        src, leaves = _fallback_render(fallback, means2d, conics, colors, opacities, backgrounds,
                                                    isect_offsets, flatten_ids, width, height, packed, over_tiles,
                                                    absgrad)
         v_src = torch.zeros_like(src)
@@ -734,10 +738,6 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
         for name, g in zip(GRAD_NAMES, fallback_grads):
             if g is not None:
                 grads[name] += g.reshape(grads[name].shape)
-        if backgrounds is not None:  # d image / d background = final T = 1 - alpha, on fallback pixels
-            over_pixels = over_tiles.repeat_interleave(TILE_SIZE, 1).repeat_interleave(TILE_SIZE, 2)
-            over_pixels = over_pixels[:, :height, :width, None]
-            grads["backgrounds"] += torch.where(over_pixels, v_src * (1.0 - src_alphas), 0.0).sum((1, 2))
         if absgrad:
             abs_buf += leaves[0].absgrad.reshape(-1, 2)
     sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * height * width)  # [I, 2]: L1_i, SSIM_i

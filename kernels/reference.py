@@ -610,6 +610,21 @@ def compositing_weights(
     return pixel_ids, record_ids, torch.cat(weights), T_final
 
 
+def composite_background(colors: Tensor, alphas: Tensor, backgrounds: Optional[Tensor]) -> Tensor:
+    """``colors + (1 - alphas) * backgrounds``: an image rendered without a background, over one.
+
+    colors [I, H, W, D], alphas [I, H, W, 1] (1 - the final transmittance, as rasterize_to_pixels
+    returns them), backgrounds [I, D] or None (colors returned unchanged). Equals rendering with
+    ``backgrounds=`` (RasterizeToPixels3DGSFwd.cu adds T_final * background) and is differentiable
+    in all three. The trainer composites this way because gsplat 1.5.3's rasterize_to_pixels
+    asserts ``backgrounds.shape == image_dims + (D,)`` with image_dims = () in packed mode, so it
+    rejects per-image backgrounds there.
+    """
+    if backgrounds is None:
+        return colors
+    return colors + (1.0 - alphas) * backgrounds[:, None, None, :]
+
+
 def rasterize_to_pixels(
     means2d: Tensor,  # [..., N, 2] or [nnz, 2]
     conics: Tensor,  # [..., N, 3] or [nnz, 3]

@@ -23,23 +23,29 @@ def _batch(width=200, height=150, num=2):
                        width, height)
 
 
+@pytest.mark.parametrize("with_bg", [False, True])  # per-image backgrounds: gsplat asserts on them when packed
 @pytest.mark.parametrize("packed", [False, True])
-def test_gsplat_and_reference_backends_agree(packed):
+def test_gsplat_and_reference_backends_agree(packed, with_bg):
     params = _scene()
     cams = _batch()
     gt = torch.rand(2, cams.height, cams.width, 3, device="cuda")
+    backgrounds = torch.rand(2, 3, device="cuda") if with_bg else None
     outs = {}
     for backend in ("gsplat", "reference"):
         leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+        bg = backgrounds.clone().requires_grad_(True) if with_bg else None
         res = render(leaves, cams, DistContext(device=torch.device("cuda")), ops_for(backend, torch.device("cuda")),
-                     sh_degree=3, packed=packed)
+                     sh_degree=3, packed=packed, backgrounds=bg)
         loss = (res.colors - gt).abs().mean()
         loss.backward()
-        outs[backend] = (res.colors.detach(), {k: v.grad for k, v in leaves.items()})
+        grads = {k: v.grad for k, v in leaves.items()}
+        if with_bg:
+            grads["backgrounds"] = bg.grad
+        outs[backend] = (res.colors.detach(), grads)
     a, b = outs["gsplat"], outs["reference"]
     assert torch.isfinite(a[0]).all() and torch.isfinite(b[0]).all()
     assert float((a[0] - b[0]).abs().mean()) < 1e-3
-    for k in params:
+    for k in b[1]:
         ga, gb = a[1][k], b[1][k]
         assert torch.isfinite(ga).all() and torch.isfinite(gb).all()
         scale = gb.abs().mean().clamp_min(1e-12)

@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from ..kernels.reference import composite_background
 from . import exchange
 from .launch import DistContext
 from .profiling import PhaseTimer, boundary
@@ -197,7 +198,8 @@ def render(
     if rasterize:
         render_colors, render_alphas = ops.rasterize_to_pixels(
             recv["means2d"], recv["conics"], recv["colors"], recv["opacities"], cams.width, cams.height,
-            TILE_SIZE, offsets, flatten_ids, backgrounds=backgrounds, packed=packed)
+            TILE_SIZE, offsets, flatten_ids, packed=packed)
+        render_colors = composite_background(render_colors, render_alphas, backgrounds)  # gsplat: not if packed
     layout = recv.pop("layout")
     info = dict(
         means2d=means2d, radii=proj["radii"], packed=packed, n_cameras=C_all,
