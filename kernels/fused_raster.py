@@ -623,6 +623,13 @@ def _tile_counts(isect_offsets: Tensor, num_isects: int) -> Tuple[Tensor, Tensor
     return ext, (ext[1:] - ext[:-1]).long()
 
 
+def _isect_share(counts: Tensor, within: Tensor) -> float:
+    """Share of the tile-Gaussian intersections in the tiles ``within`` (1.0 when there are none):
+    the part of the rasterization work the fused kernel does; the rest is the fallback's."""
+    total = int(counts.sum())
+    return float(counts[within].sum()) / total if total else 1.0
+
+
 def _gather_records(means2d: Tensor, conics: Tensor, opacities: Tensor, colors: Tensor,
                     flatten_ids: Tensor) -> Tensor:
     """The records in tile-list order, [n_isects, RECORD_FIELDS] float32: (means2d x, y, conic
@@ -743,6 +750,7 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
     sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * height * width)  # [I, 2]: L1_i, SSIM_i
     loss = ((1.0 - ssim_lambda) * sums[:, 0] + ssim_lambda * (1.0 - sums[:, 1])).mean()
     stats = {"fraction_fused": float((~over).float().mean()), "fraction_resident": float(resident.float().mean()),
+             "fraction_isects_fused": _isect_share(counts_host, ~over),
              "num_tiles": I * num_tiles, "image": image if return_image else None,
              "absgrad": abs_buf if absgrad else None}
     return loss, grads, stats
@@ -833,7 +841,8 @@ def fused_raster_loss(
     runs instead; its stats have no absgrad.
 
     Returns (loss 0-dim, stats) with stats = {"fraction_fused": fraction of the I * n_tiles
-    tiles within budget, "fraction_resident": fraction run by the resident variant (Triton
+    tiles within budget, "fraction_isects_fused": fraction of the tile-Gaussian intersections in
+    those tiles (the kernel's share of the work), "fraction_resident": fraction run by the resident variant (Triton
     only), "num_tiles": I * n_tiles, "image": [I, H, W, 3] or None, "absgrad"}.
     Raises ValueError on inconsistent shapes, a ssim_lambda outside [0, 1], a negative budget or
     a resident_max / stream_chunk / num_warps that is not a positive power of two.
@@ -854,6 +863,7 @@ def fused_raster_loss(
                                            width, height, ssim_lambda, backgrounds, packed)
         _, counts = _tile_counts(isect_offsets, flatten_ids.numel())
         stats = {"fraction_fused": float((counts <= budget).float().mean()), "num_tiles": counts.numel(),
+                 "fraction_isects_fused": _isect_share(counts, counts <= budget),
                  "image": image.detach() if return_image else None, "absgrad": None}
         return loss, stats
     meta = dict(width=width, height=height, ssim_lambda=float(ssim_lambda), budget=budget,

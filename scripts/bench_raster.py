@@ -215,7 +215,8 @@ def run(args) -> dict:
                                                  args.warmup, args.repeats)
         row = dict(name=name, config=config, ms_median=statistics.median(times),
                    ms_p90=float(np.percentile(times, 90)), loss=float(loss),
-                   fraction_fused=stats["fraction_fused"], fraction_resident=stats.get("fraction_resident"))
+                   fraction_fused=stats["fraction_fused"], fraction_isects_fused=stats["fraction_isects_fused"],
+                   fraction_resident=stats.get("fraction_resident"))
         if first is None:
             first = (loss, grads)
         else:
@@ -239,15 +240,16 @@ def markdown(report: dict) -> str:
              f"{s['num_gaussians']:,} Gaussians (model step {s['model_step']}), {s['num_isects']:,} tile "
              f"intersections, {'packed' if s['packed'] else 'dense'}; median of {report['repeats']} calls.", "",
              "| step | ms (median) | p90 | vs fastest unfused | tiles in budget / resident "
-             "| max rel. diff vs first fused |",
-             "|---|---|---|---|---|---|"]
+             "| intersections in budget | max rel. diff vs first fused |",
+             "|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         tiles = "-" if "fraction_fused" not in r else (
             f"{100 * r['fraction_fused']:.1f}% / " +
             ("-" if r["fraction_resident"] is None else f"{100 * r['fraction_resident']:.1f}%"))
+        isects = f"{100 * r['fraction_isects_fused']:.1f}%" if "fraction_isects_fused" in r else "-"
         diff = f"{r['max_rel_diff_vs_first']:.1e}" if "max_rel_diff_vs_first" in r else "-"
         lines.append(f"| {r['name']} | {r['ms_median']:.3f} | {r['ms_p90']:.3f} | {r['speedup_vs_unfused']:.2f}x | "
-                     f"{tiles} | {diff} |")
+                     f"{tiles} | {isects} | {diff} |")
     return "\n".join(lines) + "\n"
 
 

@@ -183,6 +183,7 @@ def test_bench_raster_times_unfused_and_fused_on_the_same_inputs(tmp_path):
     assert rep["rows"][0]["speedup_vs_unfused"] == 1.0
     assert rep["rows"][2]["max_rel_diff_vs_first"] == 0.0 and rep["rows"][3]["max_rel_diff_vs_first"] == 0.0
     assert rep["rows"][3]["fraction_fused"] < 1.0  # budget 0: every tile with a Gaussian is over it
+    assert rep["rows"][3]["fraction_isects_fused"] == 0.0 and rep["rows"][1]["fraction_isects_fused"] > 0.0
     assert (out / "bench_raster.md").read_text().count("\n| fused") == 3
 
 

@@ -149,6 +149,8 @@ def run_case(params):
     grads = torch.autograd.grad(2.5 * loss, leaves)  # backward scales by the incoming gradient
     out = {"loss": _rel(loss.detach(), ref_loss.detach()), "image": _rel(stats["image"], ref_image.detach()),
            "fraction_fused": stats["fraction_fused"], "fraction_resident": stats["fraction_resident"],
+           "fraction_isects_fused": stats["fraction_isects_fused"],
+           "expected_isects_fused": float(counts[counts <= params["budget"]].sum() / counts.sum()),
            "num_tiles": stats["num_tiles"]}
     used = torch.zeros(scene["means2d"].reshape(-1, 2).shape[0], dtype=torch.bool)
     used[scene["flatten_ids"].long()] = True
@@ -254,6 +256,9 @@ def test_cases_cover_edge_cases(results):
     assert {"dense_bg_border", "saturated_no_bg", "all_streaming", "ssim_only_packed"} <= set(streaming)
     fallback = results["all_fallback"]  # budget 0: every tile with a Gaussian falls back
     assert fallback["fraction_fused"] == pytest.approx(fallback["empty_tiles"] / fallback["num_tiles"])
+    assert fallback["fraction_isects_fused"] == 0.0  # only empty tiles are within budget 0
+    assert all(r["fraction_isects_fused"] == pytest.approx(r["expected_isects_fused"]) for r in results.values())
+    assert any(0.0 < r["fraction_isects_fused"] < r["fraction_fused"] < 1.0 for r in results.values())
     assert sum("absgrad_bound" in r for r in results.values()) >= 3
     assert all(r["empty_tiles"] > 0 for r in results.values())
     assert results["saturated_no_bg"]["min_final_T"] < 1e-3  # pixels that ran into the stop rule
@@ -340,6 +345,7 @@ def test_cpu_without_interpreter_uses_reference(monkeypatch):
     ref_loss, ref_image = _call(fr.reference_fused_loss, scene, leaves, names)
     assert loss.item() == ref_loss.item() and torch.equal(stats["image"], ref_image.detach())
     assert stats["num_tiles"] == 4 and 0.0 <= stats["fraction_fused"] <= 1.0
+    assert 0.0 <= stats["fraction_isects_fused"] <= 1.0
     grads = torch.autograd.grad(loss, leaves)
     assert all(torch.isfinite(g).all() for g in grads) and grads[0].abs().sum() > 0
 

@@ -202,7 +202,7 @@ class Trainer:
             fallback=self.ops)
         self.timer.begin("loss")
         self.last_fused_stats = {k: v for k, v in stats.items()
-                                 if k in ("fraction_fused", "fraction_resident", "num_tiles")}
+                                 if k in ("fraction_fused", "fraction_isects_fused", "fraction_resident", "num_tiles")}
         nan = torch.full((), float("nan"))
         return loss, {"l1": nan, "ssim": nan}  # the fused kernel returns the combined loss only
 
