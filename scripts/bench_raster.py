@@ -4,7 +4,8 @@ or more kernel configurations.
 
     splat-train bench-raster [--data_dir DIR --data_factor 4 | --synthetic_gaussians N --resolution WxH]
         [--ckpt RUN/ckpts/ckpt_<step>_rank*.pt] [--batch_size C] [--packed]
-        [--fused default STREAM_CHUNK:NUM_WARPS[:BUDGET] ...] [--repeats 30] [--warmup 5] [--out DIR]
+        [--fused default STREAM_CHUNK:NUM_WARPS[:BUDGET] ...] [--repeats 30] [--warmup 5] [--profile CALLS]
+        [--out DIR]
 
 The inputs are one training batch of the trainer (W = 1): the model is the initial one, or the
 checkpoint's (its shards merged); the cameras are the first ``--batch_size`` training views
@@ -20,6 +21,11 @@ baseline of the "vs fastest unfused" column, so no speedup comes from a slow con
 loss is the kernel's tile-local SSIM, so the two losses differ by design. The fused configurations
 compute the same function; the table reports each one's largest relative difference from the first
 in loss and record gradients.
+
+``--profile CALLS`` runs each step CALLS more times under ``torch.profiler`` and adds, per row, the
+time of its GPU kernels (on the CPU: of its operators) per call, the launches, and the largest
+ones (``trainer.profiling.profile_calls``): with the wall-clock median it separates kernel time
+from host time, and shows how much of the fused step runs in the fallback's kernels.
 
 Writes ``bench_raster.json`` and ``bench_raster.md`` into ``--out`` (atomically) and prints the table.
 """
@@ -56,6 +62,9 @@ def parse(argv):
                    "the fastest unfused row is the baseline")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--profile", type=int, default=0, metavar="CALLS",
+                   help="also run each step CALLS more times under torch.profiler and report, per call, the time "
+                   "of its kernels (GPU) or operators (CPU) and the largest ones (0: off)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--out", default="results/bench_raster")
     return p.parse_args(argv)
@@ -191,6 +200,8 @@ def _rel(a, b) -> float:
 
 
 def run(args) -> dict:
+    from splat_train.trainer.profiling import profile_calls
+
     configs = _fused_configs(args.fused)
     if not 0.0 <= args.ssim_lambda <= 1.0:
         raise ValueError(f"--ssim_lambda must be in [0, 1], got {args.ssim_lambda}")
@@ -209,6 +220,9 @@ def run(args) -> dict:
         rows.append(dict(name=f"unfused ({raster} raster + {backend} SSIM + L1 + {raster} backward)",
                          ms_median=statistics.median(times), ms_p90=float(np.percentile(times, 90)),
                          loss=float(loss), unfused=True))
+        if args.profile:
+            rows[-1]["profile"] = profile_calls(lambda: unfused_step(inputs, args.ssim_lambda, backend), args.profile,
+                                                device)
     first = None
     for name, config in configs:
         times, (loss, grads, stats) = time_calls(lambda: fused_step(inputs, args.ssim_lambda, config), device,
@@ -217,6 +231,8 @@ def run(args) -> dict:
                    ms_p90=float(np.percentile(times, 90)), loss=float(loss),
                    fraction_fused=stats["fraction_fused"], fraction_isects_fused=stats["fraction_isects_fused"],
                    fraction_resident=stats.get("fraction_resident"))
+        if args.profile:
+            row["profile"] = profile_calls(lambda: fused_step(inputs, args.ssim_lambda, config), args.profile, device)
         if first is None:
             first = (loss, grads)
         else:
@@ -250,6 +266,15 @@ def markdown(report: dict) -> str:
         diff = f"{r['max_rel_diff_vs_first']:.1e}" if "max_rel_diff_vs_first" in r else "-"
         lines.append(f"| {r['name']} | {r['ms_median']:.3f} | {r['ms_p90']:.3f} | {r['speedup_vs_unfused']:.2f}x | "
                      f"{tiles} | {isects} | {diff} |")
+    profiled = [r for r in report["rows"] if "profile" in r]
+    if profiled:
+        p = profiled[0]["profile"]
+        lines += ["", f"Where the time goes (torch.profiler, {p['calls']} more calls; ms per call, {p['unit']}, "
+                  "by self time):", "", f"| step | {p['unit']} | count | largest |", "|---|---|---|---|"]
+        for r in profiled:
+            q = r["profile"]
+            top = "; ".join(f"{t['name'][:60]} {t['ms']:.3f} (x{t['count']:g})" for t in q["top"])
+            lines.append(f"| {r['name']} | {q['total_ms']:.3f} | {q['count']:.0f} | {top} |")
     return "\n".join(lines) + "\n"
 
 
@@ -257,8 +282,8 @@ def main(argv=None) -> int:
     from splat_train.trainer.fileio import atomic_write_bytes
 
     args = parse(sys.argv[1:] if argv is None else argv)
-    if args.repeats < 1 or args.warmup < 0 or args.batch_size < 1:
-        print("error: --repeats and --batch_size must be >= 1, --warmup >= 0", file=sys.stderr)
+    if args.repeats < 1 or args.warmup < 0 or args.batch_size < 1 or args.profile < 0:
+        print("error: --repeats and --batch_size must be >= 1, --warmup and --profile >= 0", file=sys.stderr)
         return 2
     try:
         report = run(args)

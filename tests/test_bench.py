@@ -185,10 +185,29 @@ def test_bench_raster_times_unfused_and_fused_on_the_same_inputs(tmp_path):
     assert rep["rows"][3]["fraction_fused"] < 1.0  # budget 0: every tile with a Gaussian is over it
     assert rep["rows"][3]["fraction_isects_fused"] == 0.0 and rep["rows"][1]["fraction_isects_fused"] > 0.0
     assert (out / "bench_raster.md").read_text().count("\n| fused") == 3
+    assert "profile" not in rep["rows"][0]  # --profile off by default
+
+
+def test_bench_raster_profile_reports_where_the_time_goes(tmp_path):
+    """--profile adds, per row, the operators (CPU) of the profiled calls: a positive total, the
+    largest first, and a second table in the markdown."""
+    from splat_train.scripts import bench_raster
+
+    out = tmp_path / "br"
+    assert bench_raster.main([*RASTER_TINY, "--fused", "default", "--profile", "2", "--out", str(out)]) == 0
+    rep = json.loads((out / "bench_raster.json").read_text())
+    for r in rep["rows"]:
+        p = r["profile"]
+        assert p["unit"] == "CPU operators" and p["calls"] == 2 and p["total_ms"] > 0 and p["count"] >= 1
+        ms = [t["ms"] for t in p["top"]]
+        assert 0 < len(ms) <= 6 and ms == sorted(ms, reverse=True) and sum(ms) <= p["total_ms"] * (1 + 1e-9)
+    md = (out / "bench_raster.md").read_text()
+    assert "Where the time goes" in md and md.count("| CPU operators |") == 1
 
 
 @pytest.mark.parametrize("bad", [["--fused", "8"], ["--fused", "3:8"], ["--fused", "8:8:-1"], ["--repeats", "0"],
-                                 ["--views", "0", "99"], ["--unfused_ssim", "triton"], ["--ssim_lambda", "2"]])
+                                 ["--views", "0", "99"], ["--unfused_ssim", "triton"], ["--ssim_lambda", "2"],
+                                 ["--profile", "-1"]])
 def test_bench_raster_rejects_bad_arguments(tmp_path, bad, capsys):
     from splat_train.scripts import bench_raster
 

@@ -113,3 +113,34 @@ def memory_model(sh_degree: int, world_size: int, device: torch.device) -> dict:
     return dict(bytes_per_gaussian=per, bytes_per_gaussian_without_grad=floats * 4 * 3,
                 device_memory_bytes=total, predicted_capacity_per_gpu=per_gpu,
                 predicted_capacity_per_job=per_gpu * world_size if per_gpu else None)
+
+
+def profile_calls(fn, calls: int, device: torch.device, most: int = 6) -> dict:
+    """Runs ``fn`` ``calls`` times under ``torch.profiler`` and says where the time went, per call.
+
+    On a CUDA/ROCm device: the device kernels (and memcpys), by their own (self) device time, so
+    an autograd node is not counted with the kernels it launched; on the CPU: the operators' self
+    CPU time. Returns {"unit": "GPU kernels" | "CPU operators", "calls", "total_ms" (sum per call),
+    "count" (kernel launches / operator calls per call), "top": up to ``most`` entries
+    {"name", "ms", "count"}, largest first}. Raises ValueError if calls < 1.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        if gpu:
+            torch.cuda.synchronize(device)
+    if gpu:
+        events = [(e.key, e.self_device_time_total, e.count) for e in prof.key_averages()
+                  if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0]
+    else:
+        events = [(e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    events.sort(key=lambda e: -e[1])
+    return dict(unit="GPU kernels" if gpu else "CPU operators", calls=calls,
+                total_ms=sum(e[1] for e in events) / calls / 1e3, count=sum(e[2] for e in events) / calls,
+                top=[dict(name=k, ms=t / calls / 1e3, count=c / calls) for k, t, c in events[:most]])
