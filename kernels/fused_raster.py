@@ -716,9 +716,8 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
         if absgrad and fallback is ref:
             raise NotImplementedError("absgrad with tiles over the budget needs gsplat's rasterizer (a CUDA device)")
         over_tiles = over.reshape(I, th, tw).to(device)
-        src, leaves = _fallback_render(fallback, means2d, conics, colors, opacities, backgrounds,
-                                                   isect_offsets, flatten_ids, width, height, packed, over_tiles,
-                                                   absgrad)
+        src, leaves = _fallback_render(fallback, means2d, conics, colors, opacities, backgrounds, isect_offsets,
+                                       flatten_ids, width, height, packed, over_tiles, absgrad)
         v_src = torch.zeros_like(src)
     tile_sets = [("fallback", over), ("resident", resident), ("streaming", ~over & ~resident)]
     for kind, mask in tile_sets:

@@ -45,6 +45,7 @@ def test_fused_variant_reports_its_tiles(report):
         for r in e["ranks"]:
             if e["variant"] == "fused":
                 assert 0.0 <= r["fused_tiles"]["fraction_fused"] <= 1.0 and r["fused_tiles"]["num_tiles"] > 0
+                assert 0.0 <= r["fused_tiles"]["fraction_isects_fused"] <= 1.0  # the kernel's share of the work
             else:
                 assert r["fused_tiles"] is None
 

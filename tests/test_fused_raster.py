@@ -207,11 +207,51 @@ def tiles_stopped_early(scene, margin: int = int(fr._STOP_CHECK)) -> int:
     return n
 
 
+def _gsplat_like_rasterize_to_pixels(means2d, conics, colors, opacities, width, height, tile_size, isect_offsets,
+                                     flatten_ids, backgrounds=None, masks=None, packed=False, absgrad=False):
+    """A fallback with gsplat 1.5.3's contract (cuda/_wrapper.py, RasterizeToPixels3DGSFwd.cu), on
+    the reference: backgrounds must be ``means2d.shape[:-2] + (D,)`` (so per-image backgrounds are
+    rejected when packed), and the alphas of tiles masked out are left unwritten (NaN here)."""
+    if backgrounds is not None:
+        assert backgrounds.shape == means2d.shape[:-2] + (colors.shape[-1],), backgrounds.shape
+    image, alphas = ref.rasterize_to_pixels(means2d, conics, colors, opacities, width, height, tile_size,
+                                            isect_offsets, flatten_ids, backgrounds=backgrounds, masks=masks,
+                                            packed=packed)
+    if masks is not None:
+        pixels = masks.repeat_interleave(tile_size, -2).repeat_interleave(tile_size, -1)[..., :height, :width, None]
+        alphas = torch.where(pixels, alphas, torch.nan)
+    return image, alphas
+
+
+def _gsplat_like_fallback_cases():
+    """Fallback tiles (with backgrounds, dense and packed) through the gsplat-like fallback: the
+    largest relative error of the loss and of every gradient against the reference."""
+    from types import SimpleNamespace
+
+    ops = SimpleNamespace(rasterize_to_pixels=_gsplat_like_rasterize_to_pixels)
+    out = {}
+    for name in ("dense_bg_border", "packed_three_images", "all_fallback"):
+        params = CASES[name]
+        scene = make_scene(**params)
+        names, leaves = _leaves(scene)
+        ref_loss, _ = _call(fr.reference_fused_loss, scene, leaves, names, ssim_lambda=params["lam"])
+        ref_grads = torch.autograd.grad(ref_loss, leaves)
+        names, leaves = _leaves(scene)
+        loss, stats = _call(fr.fused_raster_loss, scene, leaves, names, ssim_lambda=params["lam"],
+                            budget=params["budget"], resident_max=params.get("resident", max(params["budget"], 1)),
+                            stream_chunk=params.get("chunk", 8), fallback=ops)
+        grads = torch.autograd.grad(loss, leaves)
+        out[name] = dict(loss=_rel(loss.detach(), ref_loss.detach()), fraction_fused=stats["fraction_fused"],
+                         **{n: _rel(g, rg) for n, g, rg in zip(names, grads, ref_grads)})
+    return out
+
+
 def _worker():
     assert os.environ.get("TRITON_INTERPRET") == "1"
     results = {name: run_case(params) for name, params in CASES.items()}
     print("RESULTS " + json.dumps(results))
     print("RESIDENT_LIMIT " + json.dumps(_resident_limit_case()))
+    print("GSPLAT_LIKE_FALLBACK " + json.dumps(_gsplat_like_fallback_cases()))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -369,6 +409,20 @@ def test_resident_limit_below_budget_streams_the_rest(interpreted_stdout):
     assert res["fraction_fused_capped"] == res["fraction_fused_uncapped"] == 1.0
     assert 0.0 < res["fraction_resident_capped"] < res["fraction_resident_uncapped"] == 1.0
     assert res["loss"] <= TOL and res["grads"] <= TOL
+
+
+def test_fallback_with_gsplats_contract_matches_reference(interpreted_stdout):
+    """Through a fallback that, like gsplat, rejects per-image backgrounds when packed and leaves
+    the alphas of skipped tiles unwritten (NaN), the fused loss and every gradient (backgrounds
+    included) still equal the reference's: the background is composited here, over the fallback
+    tiles' pixels only."""
+    res = _line(interpreted_stdout, "GSPLAT_LIKE_FALLBACK")
+    assert set(res) == {"dense_bg_border", "packed_three_images", "all_fallback"}
+    for case, r in res.items():
+        assert r["fraction_fused"] < 1.0, case  # some tiles really fall back
+        for key, err in r.items():
+            if key != "fraction_fused":
+                assert err <= TOL, f"{case}: {key} relative error {err}"  # NaN fails too
 
 
 def _resident_limit_case():

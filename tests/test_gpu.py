@@ -123,3 +123,16 @@ def test_chunk_limits_measured_on_this_gpu_compile_without_spills():
     assert resident in fr.RESIDENT_CANDIDATES and stream in fr.STREAM_CANDIDATES
     row = resources.compile_config(driver.active.get_current_target(), True, resident, fr.NUM_WARPS)
     assert row["spill_bytes"] == 0 or resident == fr.RESIDENT_CANDIDATES[0]
+
+
+def test_profile_calls_reports_the_gpu_kernels():
+    """profile_calls on a GPU counts device kernels by their own time: a matmul's kernel shows up,
+    the totals are positive and the largest comes first."""
+    from splat_train.trainer.profiling import profile_calls
+
+    a = torch.rand(512, 512, device="cuda")
+    p = profile_calls(lambda: a @ a, 3, torch.device("cuda"))
+    assert p["unit"] == "GPU kernels" and p["calls"] == 3 and p["total_ms"] > 0 and p["count"] >= 1
+    ms = [t["ms"] for t in p["top"]]
+    assert ms == sorted(ms, reverse=True) and sum(ms) <= p["total_ms"] * (1 + 1e-9)
+    assert not any(t["name"].startswith("aten::") for t in p["top"])  # kernels, not the operators launching them

@@ -453,6 +453,33 @@ def test_rasterize_matches_brute_force(C, W, H, N, D, packed, saturated, backgro
         assert (e_alphas > 1 - 1.5e-4).any(), "scene should have pixels stopped by T <= 1e-4"
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_composite_background_equals_rendering_with_backgrounds(packed):
+    """A render without background composited over per-image backgrounds (what the trainer does,
+    since gsplat rejects them when packed) equals rendering with them, in value and in the
+    gradients of every input, backgrounds included."""
+    C, W, H = 2, 37, 29
+    s = raster_scene(11, C, W, H, 90, packed=packed, saturated=True)
+    names = ("means2d", "conics", "colors", "opacities", "backgrounds")
+    weights = torch.rand(C, H, W, 3, generator=torch.Generator().manual_seed(12))
+    outs = []
+    for composite in (False, True):
+        leaves = {k: s[k].clone().requires_grad_(True) for k in names}
+        if composite:
+            colors, alphas = rasterize_scene(s, W, H, use_bg=False, packed=packed, **leaves)
+            image = ref.composite_background(colors, alphas, leaves["backgrounds"])
+        else:
+            image, _ = rasterize_scene(s, W, H, packed=packed, **leaves)
+        grads = torch.autograd.grad((image * weights).sum(), [leaves[k] for k in names])
+        outs.append((image.detach(), grads))
+    (img_a, g_a), (img_b, g_b) = outs
+    assert_close(img_b, img_a, rtol=1e-6, atol=1e-6, what="image")
+    assert float((img_a - s["backgrounds"][:, None, None, :]).abs().min()) == 0.0  # empty pixels show it
+    for name, a, b in zip(names, g_a, g_b):
+        assert_grads_close(b, a, what=name)
+    assert ref.composite_background(img_a, img_a[..., :1], None) is img_a
+
+
 def test_rasterize_masks_render_background():
     C, W, H = 2, 40, 36
     s = raster_scene(7, C, W, H, 80)

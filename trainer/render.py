@@ -199,7 +199,8 @@ def render(
         render_colors, render_alphas = ops.rasterize_to_pixels(
             recv["means2d"], recv["conics"], recv["colors"], recv["opacities"], cams.width, cams.height,
             TILE_SIZE, offsets, flatten_ids, packed=packed)
-        render_colors = composite_background(render_colors, render_alphas, backgrounds)  # gsplat: not if packed
+        # composited here: gsplat 1.5.3 rejects per-image [C, 3] backgrounds when packed
+        render_colors = composite_background(render_colors, render_alphas, backgrounds)
     layout = recv.pop("layout")
     info = dict(
         means2d=means2d, radii=proj["radii"], packed=packed, n_cameras=C_all,
