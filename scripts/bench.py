@@ -328,12 +328,23 @@ def chart(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _resolution(text: str) -> str:
+    """--resolution: 'WxH' (positive ints) -> 'WxH'; argparse reports anything else (exit 2)."""
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+        if w < 1 or h < 1:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WxH in pixels, e.g. 1600x1200, got {text!r}") from None
+    return f"{w}x{h}"
+
+
 def add_scene_args(p: argparse.ArgumentParser) -> None:
     """The scene flags :func:`build_scene` reads (shared with bench-raster)."""
     p.add_argument("--data_dir", help="real scene folder (else a synthetic scene)")
     p.add_argument("--data_factor", type=int, default=4)
     p.add_argument("--synthetic_gaussians", type=int, default=20_000)
-    p.add_argument("--resolution", default="256x192", help="synthetic image size WxH")
+    p.add_argument("--resolution", type=_resolution, default="256x192", help="synthetic image size WxH")
     p.add_argument("--num_cameras", type=int, default=16, help="synthetic cameras")
 
 

@@ -17,10 +17,10 @@ and 90th percentile of ``--repeats``.
 
 The unfused loss is the trainer's (full-image SSIM, valid padding; ``losses.photometric_loss``),
 timed with every SSIM implementation available (``--unfused_ssim``); the fastest unfused row is the
-baseline of the "vs fastest unfused" column, so no speedup comes from a slow convolution SSIM. The fused
-loss is the kernel's tile-local SSIM, so the two losses differ by design. The fused configurations
-compute the same function; the table reports each one's largest relative difference from the first
-in loss and record gradients.
+baseline of the "vs fastest unfused" column, so no speedup comes from a slow convolution SSIM. The
+fused loss is the kernel's tile-local SSIM, so the two losses differ by design. The fused
+configurations compute the same function; the table reports each one's largest relative difference
+from the first in loss and record gradients, and its caption says what ran the fused rows.
 
 ``--profile CALLS`` runs each step CALLS more times under ``torch.profiler`` and adds, per row, the
 time of its GPU kernels (on the CPU: of its operators) per call, the launches, and the largest
@@ -31,7 +31,9 @@ Writes ``bench_raster.json`` and ``bench_raster.md`` into ``--out`` (atomically)
 """
 
 import argparse
+import importlib.util
 import json
+import os
 import statistics
 import sys
 import time
@@ -203,6 +205,9 @@ def run(args) -> dict:
     from splat_train.trainer.profiling import profile_calls
 
     configs = _fused_configs(args.fused)
+    if configs and importlib.util.find_spec("triton") is None:
+        raise ValueError("--fused: the fused kernel module needs Triton, which CPU-only torch wheels lack "
+                         "(pip install triton, or pip install -e '.[bench]'); --fused with no value skips it")
     if not 0.0 <= args.ssim_lambda <= 1.0:
         raise ValueError(f"--ssim_lambda must be in [0, 1], got {args.ssim_lambda}")
     want_cuda = args.device != "cpu" and torch.cuda.is_available()
@@ -247,14 +252,19 @@ def run(args) -> dict:
                  packed=inputs["packed"], num_gaussians=inputs["num_gaussians"], num_isects=inputs["num_isects"],
                  model_step=inputs["step"], ckpt=args.ckpt)
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return dict(device=dev, scene=scene, repeats=args.repeats, warmup=args.warmup, rows=rows)
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    fused_by = ("the Triton kernel" if device.type == "cuda" else
+                "the Triton kernel in Triton's interpreter" if interpreted else
+                "the PyTorch reference of the fused function (CPU; TRITON_INTERPRET=1 runs the kernel)")
+    return dict(device=dev, scene=scene, repeats=args.repeats, warmup=args.warmup, rows=rows, fused_by=fused_by)
 
 
 def markdown(report: dict) -> str:
     s = report["scene"]
     lines = [f"Rasterization + loss + backward, {report['device']}: {s['resolution']}, {s['batch_size']} image(s), "
              f"{s['num_gaussians']:,} Gaussians (model step {s['model_step']}), {s['num_isects']:,} tile "
-             f"intersections, {'packed' if s['packed'] else 'dense'}; median of {report['repeats']} calls.", "",
+             f"intersections, {'packed' if s['packed'] else 'dense'}; median of {report['repeats']} calls; "
+             f"fused rows: {report['fused_by']}.", "",
              "| step | ms (median) | p90 | vs fastest unfused | tiles in budget / resident "
              "| intersections in budget | max rel. diff vs first fused |",
              "|---|---|---|---|---|---|---|"]
@@ -282,9 +292,11 @@ def main(argv=None) -> int:
     from splat_train.trainer.fileio import atomic_write_bytes
 
     args = parse(sys.argv[1:] if argv is None else argv)
-    if args.repeats < 1 or args.warmup < 0 or args.batch_size < 1 or args.profile < 0:
-        print("error: --repeats and --batch_size must be >= 1, --warmup and --profile >= 0", file=sys.stderr)
-        return 2
+    for flag, value, least in (("--repeats", args.repeats, 1), ("--batch_size", args.batch_size, 1),
+                               ("--warmup", args.warmup, 0), ("--profile", args.profile, 0)):
+        if value < least:
+            print(f"error: {flag} must be >= {least}, got {value}", file=sys.stderr)
+            return 2
     try:
         report = run(args)
     except ValueError as e:

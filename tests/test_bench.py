@@ -214,3 +214,28 @@ def test_bench_raster_rejects_bad_arguments(tmp_path, bad, capsys):
 
     assert bench_raster.main([*RASTER_TINY, *bad, "--out", str(tmp_path / "x")]) == 2
     assert "error:" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_bench_raster_names_the_flag_of_a_bad_resolution(tmp_path, capsys):
+    from splat_train.scripts import bench_raster
+
+    with pytest.raises(SystemExit) as e:  # argparse's usage error: exit 2
+        bench_raster.main([*RASTER_TINY, "--resolution", "40by28", "--out", str(tmp_path / "x")])
+    assert e.value.code == 2 and "--resolution: expected WxH" in capsys.readouterr().err
+
+
+def test_bench_raster_without_triton_is_one_clear_error(tmp_path, capsys, monkeypatch):
+    """A CPU-only torch wheel has no Triton: fused rows are refused up front (exit 2), and
+    --fused with no value still times the unfused step."""
+    import importlib.util
+
+    from splat_train.scripts import bench_raster
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    assert bench_raster.main([*RASTER_TINY, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "needs Triton" in err and "pip install triton" in err and not (tmp_path / "x").exists()
+    assert bench_raster.main([*RASTER_TINY, "--fused", "--out", str(tmp_path / "y")]) == 0
+    rows = json.loads((tmp_path / "y" / "bench_raster.json").read_text())["rows"]
+    assert len(rows) == 1 and rows[0]["unfused"]
