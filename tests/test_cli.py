@@ -155,6 +155,23 @@ def test_mcmc_on_cpu_is_one_clear_error(tmp_path, capsys):
     assert "mcmc" in err and "GPU" in err
 
 
+def test_gsplat_dist_on_cpu_is_one_clear_error(tmp_path, capsys):
+    """gsplat's distributed rasterization is CUDA only: a clear error, not a crash in step 1."""
+    assert main(["default", *TINY, "--pipeline", "gsplat-dist", "--device", "cpu", "--max_steps", "2",
+                 "--result_dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gsplat-dist" in err[0] and "GPU" in err[0]
+
+
+def test_gsplat_dist_with_uneven_batches_on_two_ranks_is_one_clear_error(tmp_path, capfd):
+    """7 training views in batches of 3: the ranks would hand gsplat's exchange different camera
+    counts at some steps; the trainer refuses before training (checked before the GPU check)."""
+    assert main(["default", *TINY, "--pipeline", "gsplat-dist", "--nproc_per_node", "2", "--device", "cpu",
+                 "--batch_size", "3", "--max_steps", "2", "--result_dir", str(tmp_path / "r")]) == 2
+    err = capfd.readouterr().err  # the spawned ranks write to the process's stderr
+    assert "--pipeline gsplat-dist with 2 ranks" in err and "--batch_size 3" in err
+
+
 def test_fused_raster_trains_end_to_end(tmp_path):
     out = tmp_path / "fused"
     assert run("--max_steps", "6", "--raster", "fused", "--packed", "--result_dir", str(out)) == 0

@@ -487,6 +487,19 @@ def test_sampler_ranks_differ_and_epochs_cover_all_without_mixing():
     assert sorted(len(whole.batch_at(k)) for k in range(whole.num_batches_per_epoch)) == [1, 4, 7]
 
 
+@pytest.mark.parametrize("sizes, batch_size, uniform", [
+    ([(40, 30)] * 6, 3, True), ([(40, 30)] * 6, 1, True), ([(40, 30)] * 7, 3, False),  # a short last batch
+    ([(40, 30)] * 6 + [(30, 40)] * 6, 3, False),  # two sizes: ranks would draw different sizes at a step
+])
+def test_sampler_says_whether_every_batch_is_full_and_one_size(sizes, batch_size, uniform):
+    """uniform_batches (what --pipeline gsplat-dist with several ranks needs) agrees with the
+    batches every rank actually draws over two epochs."""
+    samplers = [CameraSampler(_Sized(sizes), batch_size=batch_size, seed=3, rank=r) for r in range(2)]
+    steps = range(2 * samplers[0].num_batches_per_epoch)
+    shapes = {(len(b), sizes[b[0]]) for s in samplers for b in (s.batch_at(k) for k in steps)}
+    assert samplers[0].uniform_batches is uniform and (len(shapes) == 1) is uniform
+
+
 # ---------------------------------------------------------------------------------------------
 # Real captures
 

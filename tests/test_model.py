@@ -8,7 +8,7 @@ import torch
 
 from splat_train.trainer.config import Config, Schedule, StrategyConfig
 from splat_train.trainer.data import DataError, Scene
-from splat_train.trainer.densify import DefaultStrategy, make_strategy, strategy_info
+from splat_train.trainer.densify import DefaultStrategy, initialize_state, make_strategy, strategy_info
 from splat_train.trainer.model import (InitPoints, batch_rule, bytes_per_gaussian, create_optimizers,
                                        create_shard, initial_points, knn_mean_distance)
 
@@ -78,7 +78,7 @@ def _toy_strategy_run(steps, reset_every):
     strategy = make_strategy(cfg)
     params = create_shard(_points(20), Config(init_opa=0.9), 0, 1, torch.device("cpu"))
     opts = create_optimizers(params, Config(), 1, 1.0)
-    state = strategy.initialize_state(scene_scale=1.0)
+    state = initialize_state(strategy, 1.0)
     history = []
     for step in range(steps):
         means2d = torch.zeros(1, 20, 2)
@@ -89,6 +89,21 @@ def _toy_strategy_run(steps, reset_every):
         strategy.step_post_backward(params, opts, state, step, strategy_info(info), packed=False)
         history.append(float(torch.sigmoid(params["opacities"].detach()).max()))
     return history
+
+
+@pytest.mark.parametrize("kind", ["default", "mcmc"])
+def test_strategy_state_initializes_for_both_strategies(kind):
+    """The trainer's initialize_state works for both of gsplat's strategies: DefaultStrategy keeps
+    the scene scale; gsplat 1.5.3's MCMCStrategy.initialize_state() takes no argument (the trainer
+    passed scene_scale to it and every mcmc run died with TypeError before its first step)."""
+    from gsplat.strategy import MCMCStrategy
+
+    strategy = make_strategy(Config(densify=StrategyConfig(strategy=kind)))
+    state = initialize_state(strategy, 2.5)
+    if kind == "mcmc":
+        assert isinstance(strategy, MCMCStrategy) and state["binoms"].shape == (51, 51)
+    else:
+        assert isinstance(strategy, DefaultStrategy) and state["scene_scale"] == 2.5
 
 
 def test_opacity_reset_happens_at_reset_every():

@@ -49,6 +49,15 @@ def make_strategy(cfg: Config):
     )
 
 
+def initialize_state(strategy, scene_scale: float) -> dict[str, Any]:
+    """The strategy's running state: DefaultStrategy takes the scene scale (its grow / prune
+    scale thresholds are fractions of it); gsplat 1.5.3's ``MCMCStrategy.initialize_state()``
+    takes no argument (passing one raises TypeError)."""
+    if isinstance(strategy, MCMCStrategy):
+        return strategy.initialize_state()
+    return strategy.initialize_state(scene_scale=scene_scale)
+
+
 class _GradHolder:
     """Stands in for the 2D-means tensor: the strategy only reads ``.grad``."""
 

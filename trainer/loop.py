@@ -18,7 +18,7 @@ import torch
 from . import checkpoint, evaluate, export, prune
 from .config import Config, dump_yaml
 from .data import CameraSampler, Dataset, Scene, split_indices
-from .densify import make_strategy, strategy_info
+from .densify import initialize_state, make_strategy, strategy_info
 from .launch import DistContext
 from .losses import opacity_reg, photometric_loss, scale_reg
 from .model import (activated, create_optimizers, create_shard, initial_points,
@@ -51,10 +51,20 @@ class Trainer:
         if cfg.densify.strategy == "mcmc" and self.device.type != "cuda":
             raise ValueError("the mcmc preset relocates Gaussians with gsplat's CUDA op, which needs a GPU; "
                              "on the CPU use the default preset (or --device cuda on a GPU machine)")
+        if cfg.pipeline == "gsplat-dist" and ctx.world_size > 1 and not self.sampler.uniform_batches:
+            sizes = len(self.sampler.groups)
+            raise ValueError(f"--pipeline gsplat-dist with {ctx.world_size} ranks needs batches of one camera count "
+                             f"and image size on every rank (gsplat's exchange assumes it), but the "
+                             f"{len(self.trainset)} training views ({sizes} image size(s)) in batches of "
+                             f"--batch_size {cfg.batch_size} leave shorter or mixed batches; use a --batch_size "
+                             "that divides the view count of a one-size dataset, or --pipeline ours")
+        if cfg.pipeline == "gsplat-dist" and self.device.type != "cuda":
+            raise ValueError("--pipeline gsplat-dist is gsplat's CUDA rasterization(distributed=True), which needs "
+                             "a GPU; on the CPU use --pipeline ours")
         self.strategy = make_strategy(cfg)
         prune.limit_densification(self.strategy, cfg)  # off from ByteSplat stage 2 on
         self.strategy.check_sanity(self.params, self.optimizers)
-        self.strategy_state = self.strategy.initialize_state(scene_scale=self.scene_scale)
+        self.strategy_state = initialize_state(self.strategy, self.scene_scale)
         self.aux, self.aux_optimizers = self._make_aux_modules()
         self.step = 0  # completed steps
         self._stats_step = 0  # step of the previous train stats file

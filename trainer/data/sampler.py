@@ -117,6 +117,12 @@ class CameraSampler:
         self.num_batches_per_epoch = sum(-(-len(g) // self.batch_size) for g in self.groups)
         self._last_epoch = (-1, [])  # memo of the most recent epoch's batches
 
+    @property
+    def uniform_batches(self) -> bool:
+        """True when every batch has batch_size items of one image size, on every rank (the group
+        sizes do not depend on the rank): one size group whose length batch_size divides."""
+        return len(self.groups) == 1 and len(self.groups[0]) % self.batch_size == 0
+
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """All batches of one epoch, in draw order."""
         if self._last_epoch[0] == epoch:
