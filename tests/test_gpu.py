@@ -66,7 +66,7 @@ def test_training_runs_with_gsplat_backend(tmp_path):
 
 @pytest.mark.parametrize("preset, extra", [
     ("mcmc", ["--cap_max", "3000"]),  # relocation and growth with gsplat's CUDA ops
-    ("default", ["--packed", "--random_bkgd", "--batch_size", "2", "--reset_every", "30"]),  # densify, packed
+    ("default", ["--packed", "--random_bkgd", "--batch_size", "2", "--reset_every", "30", "--pose_opt"]),
 ])
 def test_training_densifies_on_gpu(tmp_path, preset, extra):
     """Densification really runs on the GPU (refine from step 5, every 10): the strategy's state
