@@ -89,17 +89,14 @@ import triton.language as tl
 from torch import Tensor
 
 from . import reference as ref
+from .resources import (CPU_TILE_BUDGET, RECORD_BYTES, RESIDENT_BYTES_PER_GAUSSIAN,  # noqa: F401 (re-exported)
+                        TILE_SIZE, tile_budget)
 
-TILE_SIZE = 16  # pixels per tile side (the kernel's pixel block is TILE_SIZE^2 = 256)
 SSIM_WINDOW = 11  # Gaussian window side, pixels (Wang et al. 2004)
 SSIM_SIGMA = 1.5  # window standard deviation, pixels
 SSIM_C1 = 0.01**2
 SSIM_C2 = 0.03**2
 GRAD_NAMES = ("means2d", "conics", "colors", "opacities", "backgrounds")  # the differentiable inputs
-RECORD_BYTES = 9 * 4  # a resident record: means2d (2), conic (3), opacity (1), colour (3) fp32
-# On chip per resident Gaussian: its record plus its column of the [256, budget] alpha state.
-RESIDENT_BYTES_PER_GAUSSIAN = RECORD_BYTES + TILE_SIZE * TILE_SIZE * 4
-CPU_TILE_BUDGET = 64  # budget on CPU / the interpreter: small, so tests exercise both variants
 STREAM_CHUNK = 8  # streaming chunk on CPU / the interpreter, and on a GPU when probing fails
 NUM_WARPS = 8  # warps (NVIDIA) / wavefronts (AMD) per program; untuned, the lead measures on GPU
 # Chunk lengths tried on a GPU, increasing; the largest that compiles without spilling is used
@@ -117,26 +114,6 @@ _STOP_CHECK = tl.constexpr(32)  # Gaussians between the streaming forward's all-
 RECORD_FIELDS = tl.constexpr(9)  # floats per gathered record: means2d (2), conic (3), opacity, colour (3)
 _C1 = tl.constexpr(SSIM_C1)
 _C2 = tl.constexpr(SSIM_C2)
-
-
-def tile_budget(device) -> int:
-    """ByteSplat's per-tile Gaussian budget on ``device`` (§5): what fits in on-chip shared memory.
-    Pruning stage 3 trims tiles to it and the stats report the fraction of tiles within it; which
-    tiles run the resident variant also depends on :func:`chunk_limits` (registers).
-
-    CUDA / ROCm: the per-block shared memory the device offers (``shared_memory_per_block_optin``
-    when torch exposes it, else ``shared_memory_per_block``, bytes) divided by
-    RESIDENT_BYTES_PER_GAUSSIAN (1060 bytes: a 36-byte record + a 256-pixel fp32 alpha column),
-    rounded down to a power of two (e.g. 227 KiB -> 128, 64 KiB -> 32); 0 if not even one fits.
-    Other devices (CPU, the Triton interpreter): CPU_TILE_BUDGET (64).
-    """
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return CPU_TILE_BUDGET
-    props = torch.cuda.get_device_properties(dev)
-    smem = getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
-    n = int(smem) // RESIDENT_BYTES_PER_GAUSSIAN
-    return 0 if n < 1 else 1 << (n.bit_length() - 1)
 
 
 _CHUNK_LIMITS: Dict[str, Tuple[int, int]] = {}

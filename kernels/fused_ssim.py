@@ -208,6 +208,9 @@ if triton is not None:
             tl.store(grad_ptr + g_offs + c, scale * grad, mask=q_mask)
 
 
+MAX_OFFSET_FACTOR = 3  # the kernels address 3 per-element maps (d_mu, d_sq, d_xy) in one int32-indexed buffer
+
+
 def _check(img1: Tensor, img2: Tensor, padding: str) -> None:
     """Raise ValueError / RuntimeError for arguments the kernels cannot take."""
     for name, img in (("img1", img1), ("img2", img2)):
@@ -223,8 +226,9 @@ def _check(img1: Tensor, img2: Tensor, padding: str) -> None:
     if padding == "valid" and (height < WINDOW or width < WINDOW):
         raise ValueError(f"fused_ssim padding='valid' needs images of at least {WINDOW}x{WINDOW} "
                          f"pixels, got {height}x{width}")
-    if img1.numel() >= 2**31:
-        raise ValueError(f"fused_ssim: {img1.numel()} elements overflow the kernels' int32 offsets")
+    if MAX_OFFSET_FACTOR * img1.numel() >= 2**31:  # the third saved map starts at 2 x numel
+        raise ValueError(f"fused_ssim: {img1.numel()} elements: its saved maps (3 x that) overflow the kernels' "
+                         f"int32 offsets; split the batch (at most {(2**31 - 1) // MAX_OFFSET_FACTOR} elements)")
     if triton is None:
         raise RuntimeError("fused_ssim needs Triton, which is not installed")
     if img1.device.type == "cpu" and not _INTERPRETED:

@@ -22,6 +22,35 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Union
 
+TILE_SIZE = 16  # pixels per tile side (the fused kernel's pixel block is TILE_SIZE^2 = 256)
+RECORD_BYTES = 9 * 4  # a resident record: means2d (2), conic (3), opacity (1), colour (3) fp32
+# On chip per resident Gaussian: its record plus its column of the [256, budget] alpha state.
+RESIDENT_BYTES_PER_GAUSSIAN = RECORD_BYTES + TILE_SIZE * TILE_SIZE * 4
+CPU_TILE_BUDGET = 64  # budget on CPU / the interpreter: small, so tests exercise both variants
+
+
+def tile_budget(device) -> int:
+    """ByteSplat's per-tile Gaussian budget on ``device`` (§5): what fits in on-chip shared memory.
+    Pruning stage 3 trims tiles to it and the stats report the fraction of tiles within it; which
+    tiles run the fused kernel's resident variant also depends on its chunk limits (registers).
+    Lives here, free of Triton, so pruning computes the same figure where Triton is missing.
+
+    CUDA / ROCm: the per-block shared memory the device offers (``shared_memory_per_block_optin``
+    when torch exposes it (ROCm's properties lack it), else ``shared_memory_per_block``, bytes)
+    divided by RESIDENT_BYTES_PER_GAUSSIAN (1060 bytes: a 36-byte record + a 256-pixel fp32 alpha
+    column), rounded down to a power of two (e.g. 227 KiB -> 128, 64 KiB -> 32); 0 if not even
+    one fits. Other devices (CPU, the Triton interpreter): CPU_TILE_BUDGET (64).
+    """
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return CPU_TILE_BUDGET
+    props = torch.cuda.get_device_properties(dev)
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
+    n = int(smem) // RESIDENT_BYTES_PER_GAUSSIAN
+    return 0 if n < 1 else 1 << (n.bit_length() - 1)
+
 def _signature(kernel, constants: dict, pointers: dict, scalars: dict) -> tuple[dict, dict]:
     """Triton signature of ``kernel``: constexpr for ``constants``; a ``*_ptr`` argument is
     ``pointers.get(name, "*fp32")``, any other ``scalars.get(name, "i32")``."""

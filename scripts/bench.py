@@ -18,6 +18,7 @@ with ratios to the baseline column) and ``phases.png`` (stacked per-phase bars, 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import re
 import shlex
@@ -173,7 +174,16 @@ def run(args, on_result=None) -> dict:
                     print(f"bench: {name} W={world_size}: {max(r['ms_median'] for r in ranks):.2f} ms/iter", flush=True)
                 if on_result is not None:
                     on_result(report())
+                _release_cached_gpu_memory()
     return report()
+
+
+def _release_cached_gpu_memory() -> None:
+    """A one-rank variant runs in this process: hand its cached blocks back to the driver, so the
+    next multi-rank variant's rank 0 does not find GPU 0 partly held by this process's cache."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def variant_flags(args, start: int, extra: str, result_dir: str) -> list[str]:

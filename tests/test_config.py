@@ -85,6 +85,7 @@ def test_config_file_round_trip(tmp_path):
     (["default", "--resume", "--overwrite"], "--resume"),
     (["nosuchpreset"], "preset"),
     (["default", "--config", "/nonexistent.yml"], "--config"),
+    (["default", "--pipeline", "gsplat-dist", "--sparse_grad_comm"], "--sparse_grad_comm"),
 ])
 def test_bad_flags_name_the_flag(argv, flag):
     with pytest.raises(ValueError, match=flag):

@@ -175,6 +175,15 @@ def test_fused_ssim_rejects_bad_arguments(shape1, shape2, dtype, padding):
         fs.fused_ssim(torch.rand(shape1, dtype=dtype), torch.rand(shape2, dtype=dtype), padding=padding)
 
 
+def test_fused_ssim_refuses_batches_whose_saved_maps_overflow_int32():
+    """805 M elements fit int32, but the third saved map starts at 2 x numel: refused before any
+    launch (an expanded tensor: no memory is allocated)."""
+    big = torch.zeros(1, 1, 1, 3).expand(1, 16384, 16384, 3)
+    assert big.numel() < 2**31 <= fs.MAX_OFFSET_FACTOR * big.numel()
+    with pytest.raises(ValueError, match="saved maps"):
+        fs.fused_ssim(big, big)
+
+
 def test_ssim_backend_prefers_fused_ssim_then_triton_then_pytorch(monkeypatch):
     monkeypatch.setitem(sys.modules, "fused_ssim", None)  # the package is missing
     losses._fused_ssim_fn.cache_clear()

@@ -72,6 +72,21 @@ def test_resume_with_another_world_size_reshards(w2_run, tmp_path):
     assert one["params"]["means"].shape[0] >= n4 * 0.5  # the whole scene continued on one rank
 
 
+def test_resume_of_pose_and_appearance_modules_across_world_sizes(tmp_path):
+    """--pose_opt / --app_opt modules are DDP-wrapped with two ranks: their checkpoint keys must
+    not depend on that, so a two-rank run resumes on one rank (and the state is carried over)."""
+    run = tmp_path / "run"
+    flags = [*TINY, "--pose_opt", "--app_opt", "--save_steps", "2", "4", "--result_dir", str(run)]
+    assert main([*flags, "--max_steps", "4", "--nproc_per_node", "2"]) == 0
+    saved = torch.load(run / "ckpts/ckpt_2_rank0.pt", weights_only=False)["aux"]
+    assert saved and not any(k.startswith("module.") for m in saved.values() for k in m)
+    for r in range(2):
+        (run / f"ckpts/ckpt_4_rank{r}.pt").unlink()  # continue from step 2
+    assert main([*flags, "--max_steps", "4", "--resume"]) == 0
+    resumed = torch.load(run / "ckpts/ckpt_4_rank0.pt", weights_only=False)
+    assert resumed["world_size"] == 1 and set(resumed["aux"]) == set(saved)
+
+
 MPI_RUN = [sys.executable, "-m", "splat_train.trainer.cli", *TINY, "--max_steps", "5"]
 
 

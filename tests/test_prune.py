@@ -261,7 +261,19 @@ def test_config_stage_steps_scale_and_validate():
         parse_args(["bytesplat", "--prune_fraction", "0"])
 
 
-def test_tile_budget():
+def test_tile_budget(monkeypatch):
+    """--tile_budget wins; else the fused kernel's figure, computed without Triton, also from
+    ROCm-like device properties that have no ``shared_memory_per_block_optin``."""
+    from types import SimpleNamespace
+
+    from splat_train.kernels import resources
+
     cpu = torch.device("cpu")
     assert prune.tile_budget(cpu, override=7) == 7
-    assert prune.tile_budget(cpu) >= 1  # the fused kernel's figure, or the documented CPU default
+    assert prune.tile_budget(cpu) == resources.CPU_TILE_BUDGET == 64
+    rocm = SimpleNamespace(shared_memory_per_block=65536)  # MI300X: 64 KiB LDS, no opt-in field
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: rocm)
+    assert prune.tile_budget(torch.device("cuda", 0)) == 32  # 65536 // 1060 = 61 -> 32
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(shared_memory_per_block=512))
+    with pytest.raises(ValueError, match="--tile_budget"):
+        prune.tile_budget(torch.device("cuda", 0))

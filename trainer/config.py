@@ -283,6 +283,8 @@ def validate(cfg: Config) -> None:
         (not (cfg.raster == "fused" and cfg.app_opt),
          "--raster fused never materializes the rendered image, so --app_opt cannot correct it; drop one"),
         (not (cfg.raster == "fused" and cfg.pipeline != "ours"), "--raster fused needs --pipeline ours"),
+        (not (cfg.pipeline == "gsplat-dist" and cfg.sparse_grad_comm),
+         "--sparse_grad_comm is an exchange of --pipeline ours (gsplat-dist runs gsplat's own); drop one"),
         (not (cfg.pipeline == "gsplat-dist" and cfg.packed),
          "--pipeline gsplat-dist is dense only (gsplat's packed distributed path crashes); drop --packed"),
     ]

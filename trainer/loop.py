@@ -27,6 +27,11 @@ from .profiling import PhaseTimer
 from .render import CameraBatch, ops_for, render, resolve_backend, rigid_inverse
 
 
+def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DistributedDataParallel wrapper (--pose_opt / --app_opt with W > 1)."""
+    return getattr(module, "module", module)
+
+
 class Trainer:
     """One rank's view of a run. Every rank constructs one and calls the same methods."""
 
@@ -97,7 +102,7 @@ class Trainer:
             optimizers={k: o.state_dict() for k, o in self.optimizers.items()},
             scheduler=self.scheduler.state_dict(),
             strategy_state=self.strategy_state,
-            aux={k: m.state_dict() for k, m in self.aux.items()},
+            aux={k: _unwrapped(m).state_dict() for k, m in self.aux.items()},  # the same keys at any W
             aux_optimizers={k: o.state_dict() for k, o in self.aux_optimizers.items()},
             rng=checkpoint.rng_state(self.device),
             config=json.loads(json.dumps(_plain(self.cfg))),
@@ -116,8 +121,9 @@ class Trainer:
             for k, v in state["strategy_state"].items()
         }
         for k, module in self.aux.items():
-            if k in state.get("aux", {}):
-                module.load_state_dict(state["aux"][k])
+            if k in state.get("aux", {}):  # checkpoints before the fix keep DDP's "module." prefix
+                saved = {n.removeprefix("module."): v for n, v in state["aux"][k].items()}
+                _unwrapped(module).load_state_dict(saved)
                 self.aux_optimizers[k].load_state_dict(state["aux_optimizers"][k])
         self.step = self._stats_step = int(state["step"])
         if restore_rng and "rng" in state:

@@ -33,6 +33,7 @@ class PhaseTimer:
         self.cuda = enabled and device.type == "cuda"
         self._marks: list[tuple[str, object]] = []
         self._range = None
+        self._nvtx = None  # id of the open NVTX / roctx range
 
     def _stamp(self):
         if self.cuda:
@@ -44,9 +45,10 @@ class PhaseTimer:
     def _close_range(self) -> None:
         if self._range is not None:
             self._range.__exit__(None, None, None)
-            if self.cuda:
-                torch.cuda.nvtx.range_pop()
             self._range = None
+        if self._nvtx is not None:
+            torch.cuda.nvtx.range_end(self._nvtx)
+            self._nvtx = None
 
     def begin(self, phase: str) -> None:
         """End the current phase and begin ``phase``."""
@@ -56,8 +58,8 @@ class PhaseTimer:
         self._marks.append((phase, self._stamp()))
         self._range = torch.profiler.record_function(phase)
         self._range.__enter__()
-        if self.cuda:
-            torch.cuda.nvtx.range_push(phase)
+        if self.cuda:  # start / end by id: backward phases begin on autograd's device thread, and
+            self._nvtx = torch.cuda.nvtx.range_start(phase)  # push / pop stacks are per thread
 
     def end_step(self) -> dict[str, float]:
         """Close the step; return {phase: ms} (phases that occurred twice add up) and the total."""

@@ -44,7 +44,6 @@ Gaussians a rasterizer loads for the tile, which is what must fit on chip. Each 
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import time
@@ -55,6 +54,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from gsplat.strategy.ops import remove
 
+from ..kernels import resources
 from ..kernels.reference import compositing_weights
 from . import evaluate, exchange, metrics
 from .fileio import atomic_write
@@ -64,10 +64,6 @@ from .render import TILE_SIZE, render, route_to_owners
 if TYPE_CHECKING:  # pragma: no cover
     from .loop import Trainer
 
-RECORD_BYTES = 48
-"""On-chip bytes of one Gaussian record in a tile (12 float32 lanes, render.RECORD_LANES)."""
-CPU_TILE_BUDGET = 64
-"""Budget on a device without a shared-memory figure (the CPU): a typical order of magnitude."""
 EPS = 1e-6
 """Added to the importance (pixels) in the stage-3 score so unseen Gaussians score finitely."""
 PER_GAUSSIAN_STATE = ("grad2d", "count", "radii")
@@ -79,26 +75,14 @@ table) are not per-Gaussian and must not be sliced."""
 
 
 def tile_budget(device: torch.device, override: int = 0) -> int:
-    """Gaussians per 16x16 tile that the fused kernel keeps on chip.
-
-    ``override`` > 0 (``--tile_budget``) wins. Else the fused kernel's own figure,
-    ``splat_train.kernels.fused_raster.tile_budget(device)``, when that module imports and has it;
-    else, on CUDA/ROCm, ``shared_memory_per_block_optin // RECORD_BYTES`` (one 48-byte record per
-    Gaussian; e.g. 232,448 B -> 4842); else :data:`CPU_TILE_BUDGET`.
-    Raises ValueError (naming ``--tile_budget``) when the device's figure is below 1.
+    """Gaussians per 16x16 tile that the fused kernel keeps on chip: ``override`` > 0
+    (``--tile_budget``), else ``kernels.resources.tile_budget(device)`` (the fused kernel's own
+    figure; computed without Triton). Raises ValueError (naming ``--tile_budget``) when the
+    device's figure is below 1.
     """
     if override > 0:
         return int(override)
-    try:
-        fused = importlib.import_module("splat_train.kernels.fused_raster")
-    except ImportError:  # no kernel (or no Triton): the documented default below
-        fused = None
-    if fused is not None and hasattr(fused, "tile_budget"):
-        budget = int(fused.tile_budget(device))
-    elif device.type == "cuda":
-        budget = int(torch.cuda.get_device_properties(device).shared_memory_per_block_optin) // RECORD_BYTES
-    else:
-        budget = CPU_TILE_BUDGET
+    budget = resources.tile_budget(device)
     if budget < 1:
         raise ValueError(f"the fused kernel fits no Gaussian per tile on {device}; set --tile_budget")
     return budget
