@@ -211,7 +211,7 @@ if triton is not None:
 MAX_OFFSET_FACTOR = 3  # the kernels address 3 per-element maps (d_mu, d_sq, d_xy) in one int32-indexed buffer
 
 
-def _check(img1: Tensor, img2: Tensor, padding: str) -> None:
+def _check(img1: Tensor, img2: Tensor, padding: str, saves_maps: bool = True) -> None:
     """Raise ValueError / RuntimeError for arguments the kernels cannot take."""
     for name, img in (("img1", img1), ("img2", img2)):
         if img.dim() != 4 or img.shape[-1] != 3 or img.dtype != torch.float32:
@@ -226,7 +226,7 @@ def _check(img1: Tensor, img2: Tensor, padding: str) -> None:
     if padding == "valid" and (height < WINDOW or width < WINDOW):
         raise ValueError(f"fused_ssim padding='valid' needs images of at least {WINDOW}x{WINDOW} "
                          f"pixels, got {height}x{width}")
-    if MAX_OFFSET_FACTOR * img1.numel() >= 2**31:  # the third saved map starts at 2 x numel
+    if (MAX_OFFSET_FACTOR if saves_maps else 1) * img1.numel() >= 2**31:  # the third map starts at 2 x numel
         raise ValueError(f"fused_ssim: {img1.numel()} elements: its saved maps (3 x that) overflow the kernels' "
                          f"int32 offsets; split the batch (at most {(2**31 - 1) // MAX_OFFSET_FACTOR} elements)")
     if triton is None:
@@ -250,7 +250,7 @@ def ssim_forward_into(img1: Tensor, img2: Tensor, padding: str, partials: Tensor
         dS/d(w*xy) per output pixel and channel, for :func:`ssim_backward_into`.
     Every element of both buffers is written. Arguments as :func:`fused_ssim`.
     """
-    _check(img1, img2, padding)
+    _check(img1, img2, padding, saves_maps=maps is not None)
     batch, height, width, _ = img1.shape
     out_h, out_w, origin = output_size(height, width, padding)
     grid = _grid(out_h, out_w, batch)
@@ -332,5 +332,5 @@ def fused_ssim(img1: Tensor, img2: Tensor, padding: str = "valid") -> Tensor:
     11 x 11; RuntimeError without Triton, or for CPU tensors without ``TRITON_INTERPRET=1``.
     """
     train = torch.is_grad_enabled() and img1.requires_grad
-    _check(img1, img2, padding)
+    _check(img1, img2, padding, saves_maps=train)
     return _FusedSSIM.apply(img1, img2.detach(), padding, train)

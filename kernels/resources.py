@@ -51,6 +51,7 @@ def tile_budget(device) -> int:
     n = int(smem) // RESIDENT_BYTES_PER_GAUSSIAN
     return 0 if n < 1 else 1 << (n.bit_length() - 1)
 
+
 def _signature(kernel, constants: dict, pointers: dict, scalars: dict) -> tuple[dict, dict]:
     """Triton signature of ``kernel``: constexpr for ``constants``; a ``*_ptr`` argument is
     ``pointers.get(name, "*fp32")``, any other ``scalars.get(name, "i32")``."""

@@ -176,12 +176,17 @@ def test_fused_ssim_rejects_bad_arguments(shape1, shape2, dtype, padding):
 
 
 def test_fused_ssim_refuses_batches_whose_saved_maps_overflow_int32():
-    """805 M elements fit int32, but the third saved map starts at 2 x numel: refused before any
-    launch (an expanded tensor: no memory is allocated)."""
-    big = torch.zeros(1, 1, 1, 3).expand(1, 16384, 16384, 3)
+    """805 M elements fit int32, but the third saved map starts at 2 x numel: with a gradient to
+    save for, refused before any launch; without, the check passes (expanded tensors: no memory
+    is allocated)."""
+    base = torch.zeros(1, 1, 1, 3, requires_grad=True)
+    big = base.expand(1, 16384, 16384, 3)
     assert big.numel() < 2**31 <= fs.MAX_OFFSET_FACTOR * big.numel()
     with pytest.raises(ValueError, match="saved maps"):
-        fs.fused_ssim(big, big)
+        fs.fused_ssim(big, big.detach())
+    assert not fs._INTERPRETED  # else the call below would launch on 805 M elements
+    with torch.no_grad(), pytest.raises(RuntimeError, match="CUDA/ROCm tensors"):  # past the size check
+        fs.fused_ssim(big, big.detach())
 
 
 def test_ssim_backend_prefers_fused_ssim_then_triton_then_pytorch(monkeypatch):

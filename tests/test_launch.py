@@ -42,22 +42,6 @@ def test_mpirun_without_rendezvous_names_what_is_missing():
     assert "MASTER_ADDR" not in str(e.value).split("but")[1].split("not set")[0]
 
 
-def test_pick_device_one_gpu_per_rank_or_a_clear_error(monkeypatch):
-    """cuda:<local_rank>; cuda:0 for every rank that sees one GPU; more local ranks than visible
-    GPUs (an external launcher's --ntasks-per-node) is a LaunchError, not two ranks on a GPU."""
-    import torch
-
-    from splat_train.trainer.launch import pick_device
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    assert pick_device(3, "auto") == torch.device("cuda", 3) and pick_device(0, "cpu") == torch.device("cpu")
-    with pytest.raises(LaunchError, match="local rank 4 but only 4 GPUs"):
-        pick_device(4, "cuda")
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert pick_device(5, "cuda") == torch.device("cuda", 0)
-
-
 def test_cpu_process_count():
     assert num_local_processes(3, "cpu") == 3
     assert num_local_processes(0, "cpu") == 1

@@ -261,9 +261,34 @@ def test_config_stage_steps_scale_and_validate():
         parse_args(["bytesplat", "--prune_fraction", "0"])
 
 
+def test_tile_budget_without_triton_is_the_kernels_figure():
+    """Where Triton is missing (a GPU torch built without it) pruning still targets the fused
+    kernel's budget (an H200's 227 KiB -> 128), without importing the kernel module; a ROCm-like
+    device (no opt-in field, 64 KiB) -> 32. Runs in a child process whose Triton import fails."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+sys.modules["triton"] = None  # import triton -> ImportError
+from types import SimpleNamespace
+import torch
+from splat_train.trainer import prune
+props = {"h200": SimpleNamespace(shared_memory_per_block_optin=232448, shared_memory_per_block=49152),
+         "rocm": SimpleNamespace(shared_memory_per_block=65536)}
+for name, p in props.items():
+    torch.cuda.get_device_properties = lambda dev, p=p: p
+    print(name, prune.tile_budget(torch.device("cuda", 0)))
+print("kernel_imported", "splat_train.kernels.fused_raster" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["h200", "128", "rocm", "32", "kernel_imported", "False"]
+
+
 def test_tile_budget(monkeypatch):
-    """--tile_budget wins; else the fused kernel's figure, computed without Triton, also from
-    ROCm-like device properties that have no ``shared_memory_per_block_optin``."""
+    """--tile_budget wins; else the fused kernel's figure, also from ROCm-like device properties
+    that have no ``shared_memory_per_block_optin``."""
     from types import SimpleNamespace
 
     from splat_train.kernels import resources

@@ -119,20 +119,11 @@ def detect_external(env: Optional[dict] = None) -> Optional[dict]:
 
 
 def pick_device(local_rank: int, device: str) -> torch.device:
-    """The rank's device: cuda:<local_rank> (cuda:0 when each rank sees one GPU, as with a
-    per-task CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES), else the CPU. Raises LaunchError when
-    --device cuda finds no GPU, or when a launcher starts more ranks on a node than it has visible
-    GPUs (two ranks on one GPU: NCCL refuses them with "Duplicate GPU detected")."""
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise LaunchError("--device cuda: no CUDA/ROCm device is visible")
-    count = torch.cuda.device_count()
-    if count > 1 and local_rank >= count:
-        raise LaunchError(f"local rank {local_rank} but only {count} GPUs are visible on this node: start at most "
-                          f"{count} ranks per node (or give each rank one GPU through CUDA_VISIBLE_DEVICES / "
-                          "HIP_VISIBLE_DEVICES)")
-    return torch.device("cuda", local_rank % count)
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
 def init_context(rank: int, world_size: int, local_rank: int, device: str, store: Any = None,
