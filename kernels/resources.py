@@ -29,6 +29,16 @@ RESIDENT_BYTES_PER_GAUSSIAN = RECORD_BYTES + TILE_SIZE * TILE_SIZE * 4
 CPU_TILE_BUDGET = 64  # budget on CPU / the interpreter: small, so tests exercise both variants
 
 
+def require_triton(what: str, hint: str = "") -> None:
+    """Raise ValueError naming ``what`` (a flag) when Triton is not installed, which CPU-only torch
+    wheels lack; checked before a run writes anything. Triton itself is not imported."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        raise ValueError(f"{what} needs Triton, which CPU-only torch wheels lack: pip install triton "
+                         f"(or pip install -e '.[bench]'){hint}")
+
+
 def tile_budget(device) -> int:
     """ByteSplat's per-tile Gaussian budget on ``device`` (§5): what fits in on-chip shared memory.
     Pruning stage 3 trims tiles to it and the stats report the fraction of tiles within it; which

@@ -31,7 +31,6 @@ Writes ``bench_raster.json`` and ``bench_raster.md`` into ``--out`` (atomically)
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -202,12 +201,12 @@ def _rel(a, b) -> float:
 
 
 def run(args) -> dict:
+    from splat_train.kernels.resources import require_triton
     from splat_train.trainer.profiling import profile_calls
 
     configs = _fused_configs(args.fused)
-    if configs and importlib.util.find_spec("triton") is None:
-        raise ValueError("--fused: the fused kernel module needs Triton, which CPU-only torch wheels lack "
-                         "(pip install triton, or pip install -e '.[bench]'); --fused with no value skips it")
+    if configs:
+        require_triton("--fused (the fused kernel)", hint="; --fused with no value skips it")
     if not 0.0 <= args.ssim_lambda <= 1.0:
         raise ValueError(f"--ssim_lambda must be in [0, 1], got {args.ssim_lambda}")
     want_cuda = args.device != "cpu" and torch.cuda.is_available()

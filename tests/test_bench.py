@@ -224,15 +224,11 @@ def test_bench_raster_names_the_flag_of_a_bad_resolution(tmp_path, capsys):
     assert e.value.code == 2 and "--resolution: expected WxH" in capsys.readouterr().err
 
 
-def test_bench_raster_without_triton_is_one_clear_error(tmp_path, capsys, monkeypatch):
+def test_bench_raster_without_triton_is_one_clear_error(tmp_path, capsys, no_triton):
     """A CPU-only torch wheel has no Triton: fused rows are refused up front (exit 2), and
     --fused with no value still times the unfused step."""
-    import importlib.util
-
     from splat_train.scripts import bench_raster
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
     assert bench_raster.main([*RASTER_TINY, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "needs Triton" in err and "pip install triton" in err and not (tmp_path / "x").exists()

@@ -104,16 +104,7 @@ def test_missing_data_dir_is_one_clear_error(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
-def _without_triton(monkeypatch):
-    """Make Triton look uninstalled (a CPU-only torch wheel) to the import checks."""
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
-
-
-def test_fused_raster_without_triton_is_one_clear_error_before_any_output(tmp_path, capsys, monkeypatch):
-    _without_triton(monkeypatch)
+def test_fused_raster_without_triton_is_one_clear_error_before_any_output(tmp_path, capsys, no_triton):
     assert main(["bytesplat", "--device", "cpu", "--result_dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--raster fused" in err[0] and "pip install triton" in err[0]

@@ -11,7 +11,6 @@ flag or file and exit with status 2.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -19,6 +18,7 @@ from typing import Optional, Sequence
 import tyro
 
 from ..configs import preset_names, preset_path
+from ..kernels.resources import require_triton
 from .config import Config, load_yaml, resolve, validate
 from .launch import DistContext, LaunchError, launch
 
@@ -120,9 +120,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for f in cfg.ckpt or []:
             if not Path(f).is_file():
                 raise ValueError(f"--ckpt: no such file: {f}")
-        if cfg.raster == "fused" and importlib.util.find_spec("triton") is None:  # before any output
-            raise ValueError("--raster fused (the bytesplat preset) needs Triton, which CPU-only torch wheels lack: "
-                             "pip install triton (or pip install -e '.[bench]')")
+        if cfg.raster == "fused":  # before any output
+            require_triton("--raster fused (the bytesplat preset)")
         prepare_result_dir(Path(cfg.result_dir), cfg.resume, cfg.overwrite, evaluating=bool(cfg.ckpt))
         return launch(run, (cfg,), nproc_per_node=cfg.nproc_per_node, device=cfg.device)
     except (ValueError, LaunchError) as e:
