@@ -8,16 +8,18 @@ per tile (a block reduction over the tile's pixels, then one atomic add per (Gau
 field). Only the per-tile loss partial sums, the gradients and, when asked, the rendered image leave
 the chip. The loss needs no neighbouring tile because its SSIM is tile-local (ByteSplat §4.2):
 
-    per image i (H x W pixels, 3 channels, render X, ground truth Y, pixels p, channels ch):
+    per image i (render X, ground truth Y of H x W pixels p, 3 channels ch):
       L1_i        = 1 / (3 H W) * sum_{p, ch} |X - Y|
       SSIM_tile_i = 1 / (3 H W) * sum_{p, ch} SSIM_t(p)(p, ch)
       L_i         = (1 - lambda) * L1_i + lambda * (1 - SSIM_tile_i)
     loss = mean_i L_i
     SSIM_t is the SSIM map of Wang et al. 2004 (eq. 13; C1 = 0.01^2, C2 = 0.03^2, mu = w*x,
     var = w*x^2 - mu^2, cov = w*(xy) - mu_x mu_y) with the 11x11 Gaussian window (sigma 1.5 px)
-    restricted to the pixels of the pixel's own 16x16 tile t that lie in the image and
-    renormalized to sum 1 there: w*x = Gy X Gx^T with G_v[i, j] = g(i - j) / sum_{j' < v} g(i - j')
-    for i, j < v (v = the tile's rows, resp. columns, inside the image; ``tile_windows``).
+    restricted to the pixels of the pixel's own 16x16 tile t that have ground truth and
+    renormalized to sum 1 there: w*x = Gy X Gx^T with G[i, j] = g(i - j) / sum_{a <= j' < b} g(i - j')
+    for a <= i, j < b ([a, b) = the tile's rows, resp. columns, with ground truth; ``tile_window``).
+    The render may extend past the ground truth at the top and left (``origin``; the trainer's
+    ``--random_tile_shift`` moves the tile grid that way); those pixels are not in the loss.
     Renormalizing keeps the statistics unbiased at tile borders: zero padding instead (an earlier
     version) adds the contrast between the content and the zeros to every border window's variance,
     which drove SSIM towards 1 and left the D-SSIM term and its gradient about a third of the
@@ -166,25 +168,25 @@ def ssim_window_1d(dtype: torch.dtype = torch.float32) -> Tensor:
 # ------------------------------------------------------------------------------------------------
 
 
-def tile_windows(tile_size: int = TILE_SIZE, dtype: torch.dtype = torch.float32,
-                 device: "torch.device | str" = "cpu") -> Tensor:
-    """The tile-restricted, renormalized filter matrices [tile_size + 1, ts, ts].
-
-    Entry ``v`` filters a tile whose first ``v`` rows (or columns) lie in the image:
-    ``G_v[i, j] = g(i - j) / sum_{j' < v} g(i - j')`` for ``i, j < v`` and ``|i - j| <= 5``, zero
-    elsewhere (rows ``i >= v`` are pixels outside the image, whose SSIM is never used). g is the
-    normalized 1D window of :func:`ssim_window_1d`. Built in float64, cast to ``dtype``.
+def tile_window(first: int, stop: int, tile_size: int = TILE_SIZE, dtype: torch.dtype = torch.float32,
+                device: "torch.device | str" = "cpu") -> Tensor:
+    """The tile-restricted, renormalized filter matrix [tile_size, tile_size] of a tile whose rows
+    (or columns) ``first <= i < stop`` have ground truth:
+    ``G[i, j] = g(i - j) / sum_{first <= j' < stop} g(i - j')`` for ``first <= i, j < stop`` and
+    ``|i - j| <= 5``, zero elsewhere (rows outside are pixels without ground truth, whose SSIM
+    is never used). g is the normalized 1D window of :func:`ssim_window_1d`. Built in float64,
+    cast to ``dtype``. Raises ValueError unless ``0 <= first < stop <= tile_size``.
     """
+    if not 0 <= first < stop <= tile_size:
+        raise ValueError(f"need 0 <= first < stop <= {tile_size}, got first={first}, stop={stop}")
     g = ssim_window_1d(torch.float64)
     idx = torch.arange(tile_size)
     d = idx[:, None] - idx[None, :]
     band = torch.where(d.abs() <= SSIM_WINDOW // 2, g[(d + SSIM_WINDOW // 2).clamp(0, SSIM_WINDOW - 1)], 0.0)
-    out = torch.zeros(tile_size + 1, tile_size, tile_size, dtype=torch.float64)
-    for v in range(1, tile_size + 1):
-        G = band.clone()
-        G[:, v:] = 0.0
-        G[v:, :] = 0.0
-        out[v, :v] = G[:v] / G[:v].sum(dim=1, keepdim=True)
+    inside = (idx >= first) & (idx < stop)
+    band = band * (inside[:, None] & inside[None, :])
+    out = torch.zeros_like(band)
+    out[inside] = band[inside] / band[inside].sum(dim=1, keepdim=True)
     return out.to(dtype=dtype, device=device)
 
 
@@ -199,15 +201,21 @@ def _device_window(device: torch.device) -> Tensor:
     return _WINDOWS[key]
 
 
-def tile_local_ssim_map(img: Tensor, gt: Tensor, tile_size: int = TILE_SIZE) -> Tensor:
-    """REFERENCE tile-local SSIM map: [I, H, W, 3] x2 -> [I, H, W, 3] (module docstring).
+def tile_local_ssim_map(img: Tensor, gt: Tensor, tile_size: int = TILE_SIZE,
+                        origin: Tuple[int, int] = (0, 0)) -> Tensor:
+    """REFERENCE tile-local SSIM map of the pixels with ground truth (module docstring).
 
-    Each tile_size x tile_size tile is filtered on its own with the 11x11 Gaussian window
-    (sigma 1.5) restricted to the tile's in-image pixels and renormalized to sum 1
-    (``Gy X Gx^T`` with ``Gy = tile_windows()[rows in image]``, ``Gx = ...[columns in image]``);
+    img: the render [I, H, W, C]; gt: [I, H - oy, W - ox, C], the ground truth of render pixels
+    x >= ox, y >= oy (``origin = (ox, oy)``); returns the map [I, H - oy, W - ox, C]. Each
+    tile_size x tile_size tile of the render is filtered on its own with the 11x11 Gaussian
+    window (sigma 1.5) restricted to the tile's pixels with ground truth and renormalized to sum 1
+    there (``Gy X Gx^T``, :func:`tile_window` of the rows / columns with ground truth);
     C1 = 0.01^2, C2 = 0.03^2 (Wang et al. 2004). Differentiable.
     """
     I, H, W, Ch = img.shape
+    ox, oy = origin
+    if gt.shape != (I, H - oy, W - ox, Ch):
+        raise ValueError(f"gt must be {(I, H - oy, W - ox, Ch)} for a {tuple(img.shape)} render at origin {origin}")
     th, tw = -(-H // tile_size), -(-W // tile_size)
     pad = (0, tw * tile_size - W, 0, th * tile_size - H)
 
@@ -215,29 +223,34 @@ def tile_local_ssim_map(img: Tensor, gt: Tensor, tile_size: int = TILE_SIZE) -> 
         x = F.pad(x.permute(0, 3, 1, 2), pad)
         return x.reshape(I, Ch, th, tile_size, tw, tile_size).permute(0, 1, 2, 4, 3, 5)
 
-    table = tile_windows(tile_size, img.dtype, img.device)
-    rows_in = (H - torch.arange(th, device=img.device) * tile_size).clamp(max=tile_size)  # [th]
-    cols_in = (W - torch.arange(tw, device=img.device) * tile_size).clamp(max=tile_size)  # [tw]
-    Gy = table[rows_in][:, None]  # [th, 1, ts, ts]
-    Gx = table[cols_in][None, :]  # [1, tw, ts, ts]
+    def windows(o, n, count):  # one matrix per tile row (column): its pixels in [o, n) have ground truth
+        return torch.stack([tile_window(max(o - t * tile_size, 0), min(n - t * tile_size, tile_size), tile_size,
+                                        img.dtype, img.device) if o < (t + 1) * tile_size
+                            else torch.zeros(tile_size, tile_size, dtype=img.dtype, device=img.device)
+                            for t in range(count)])
+    Gy = windows(oy, H, th)[:, None]  # [th, 1, ts, ts]
+    Gx = windows(ox, W, tw)[None, :]  # [1, tw, ts, ts]
 
     def blur(x):
         return Gy @ x @ Gx.transpose(-1, -2)
 
-    x, y = tiles(img), tiles(gt)
+    gt_full = F.pad(gt, (0, 0, ox, 0, oy, 0))  # zeros where the render has no ground truth
+    x, y = tiles(img), tiles(gt_full)
     mu_x, mu_y = blur(x), blur(y)
     var_x, var_y, cov = blur(x * x) - mu_x * mu_x, blur(y * y) - mu_y * mu_y, blur(x * y) - mu_x * mu_y
     s = ((2 * mu_x * mu_y + SSIM_C1) * (2 * cov + SSIM_C2)) / (
         (mu_x * mu_x + mu_y * mu_y + SSIM_C1) * (var_x + var_y + SSIM_C2)
     )
     s = s.permute(0, 1, 2, 4, 3, 5).reshape(I, Ch, th * tile_size, tw * tile_size)
-    return s[:, :, :H, :W].permute(0, 2, 3, 1)
+    return s[:, :, oy:H, ox:W].permute(0, 2, 3, 1)
 
 
-def tile_local_loss(img: Tensor, gt: Tensor, ssim_lambda: float) -> Tensor:
-    """REFERENCE loss: mean over images of (1 - l) L1_i + l (1 - SSIM_tile_i) (module docstring)."""
-    l1 = (img - gt).abs().mean(dim=(1, 2, 3))
-    ssim = tile_local_ssim_map(img, gt).mean(dim=(1, 2, 3))
+def tile_local_loss(img: Tensor, gt: Tensor, ssim_lambda: float, origin: Tuple[int, int] = (0, 0)) -> Tensor:
+    """REFERENCE loss: mean over images of (1 - l) L1_i + l (1 - SSIM_tile_i) over the pixels with
+    ground truth (module docstring; img, gt and origin as :func:`tile_local_ssim_map`)."""
+    ox, oy = origin
+    l1 = (img[:, oy:, ox:] - gt).abs().mean(dim=(1, 2, 3))
+    ssim = tile_local_ssim_map(img, gt, origin=origin).mean(dim=(1, 2, 3))
     return ((1.0 - ssim_lambda) * l1 + ssim_lambda * (1.0 - ssim)).mean()
 
 
@@ -245,6 +258,7 @@ def reference_fused_loss(
     means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor,
     isect_offsets: Tensor, flatten_ids: Tensor, gts: Tensor, width: int, height: int,
     ssim_lambda: float = 0.2, backgrounds: Optional[Tensor] = None, packed: bool = False,
+    origin: Tuple[int, int] = (0, 0),
 ) -> Tuple[Tensor, Tensor]:
     """REFERENCE of the fused kernel: kernels.reference.rasterize_to_pixels + tile_local_loss.
 
@@ -255,7 +269,7 @@ def reference_fused_loss(
         means2d, conics, colors, opacities, width, height, TILE_SIZE, isect_offsets, flatten_ids,
         backgrounds=backgrounds, packed=packed,
     )  # fmt: skip
-    return tile_local_loss(image, gts, ssim_lambda), image
+    return tile_local_loss(image, gts, ssim_lambda, origin), image
 
 
 # ------------------------------------------------------------------------------------------------
@@ -356,10 +370,10 @@ def _blur(x, G):
 @triton.jit
 def _ssim_channel(x, y, m, G, inv_n, TS: tl.constexpr):
     """Tile-local SSIM of one channel: x, y, m (in-image mask) [P], inv_n [TS, TS] (1 / the
-    window's in-tile weight, 0 outside the image) -> (sum of m * ssim, dsum/dx [P]).
+    window's in-tile weight, 0 outside the ground truth) -> (sum of m * ssim, dsum/dx [P]).
 
-    The renormalized filter of ``tile_windows`` as a normalized convolution: x and y are zero
-    outside the image, so Gy X Gx^T = (G X G^T) * inv_n with inv_n = 1 / (G M G^T); its
+    The renormalized filter of ``tile_window`` as a normalized convolution: x and y are zero
+    outside the ground truth, so Gy X Gx^T = (G X G^T) * inv_n with inv_n = 1 / (G M G^T); its
     transpose is G (D * inv_n) G^T. One symmetric G keeps the register footprint of the
     zero-padded version (four distinct matrices spilled at K = 8 on sm_90)."""
     x = tl.reshape(x, (TS, TS))
@@ -453,7 +467,7 @@ def _fused_raster_loss_kernel(
     offsets_ptr, flatten_ptr, tile_ids_ptr,
     v_means2d_ptr, v_conics_ptr, v_colors_ptr, v_opac_ptr, v_bg_ptr, absgrad_ptr,
     image_ptr, partial_ptr, src_ptr, v_src_ptr,
-    width, height, tile_width, num_tiles, l1_scale, ssim_scale,
+    width, height, origin_x, origin_y, tile_width, num_tiles, l1_scale, ssim_scale,
     HAS_BG: tl.constexpr, RETURN_IMAGE: tl.constexpr, ABSGRAD: tl.constexpr, TUPLE_REDUCE: tl.constexpr,
     LOSS_ONLY: tl.constexpr, RESIDENT: tl.constexpr, K: tl.constexpr, TS: tl.constexpr, WIN: tl.constexpr,
 ):  # fmt: skip
@@ -468,6 +482,7 @@ def _fused_raster_loss_kernel(
     xi = tx * TS + p % TS
     yi = ty * TS + p // TS
     in_img = (xi < width) & (yi < height)
+    has_gt = in_img & (xi >= origin_x) & (yi >= origin_y)  # the pixels the loss covers
     px = xi.to(tl.float32) + 0.5
     py = yi.to(tl.float32) + 0.5
 
@@ -506,11 +521,16 @@ def _fused_raster_loss_kernel(
         tl.store(image_ptr + 3 * pix + 1, x_g, mask=in_img)
         tl.store(image_ptr + 3 * pix + 2, x_b, mask=in_img)
 
-    # ---- tile-local loss and dL/dpixel
-    y_r = tl.load(gts_ptr + 3 * pix, mask=in_img, other=0.0)
-    y_g = tl.load(gts_ptr + 3 * pix + 1, mask=in_img, other=0.0)
-    y_b = tl.load(gts_ptr + 3 * pix + 2, mask=in_img, other=0.0)
-    m = in_img.to(tl.float32)
+    # ---- tile-local loss and dL/dpixel, over the pixels with ground truth (zero elsewhere)
+    x_r = tl.where(has_gt, x_r, 0.0)
+    x_g = tl.where(has_gt, x_g, 0.0)
+    x_b = tl.where(has_gt, x_b, 0.0)
+    gt_w = width - origin_x
+    gpix = (img.to(tl.int64) * (height - origin_y) + (yi - origin_y)) * gt_w + (xi - origin_x)
+    y_r = tl.load(gts_ptr + 3 * gpix, mask=has_gt, other=0.0)
+    y_g = tl.load(gts_ptr + 3 * gpix + 1, mask=has_gt, other=0.0)
+    y_b = tl.load(gts_ptr + 3 * gpix + 2, mask=has_gt, other=0.0)
+    m = has_gt.to(tl.float32)
     r = tl.arange(0, TS)
     d = r[:, None] - r[None, :]
     band = (d <= WIN // 2) & (d >= -(WIN // 2))
@@ -569,8 +589,11 @@ def _fused_raster_loss_kernel(
 
 
 def _check_inputs(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
-                  ssim_lambda, backgrounds, packed):
+                  ssim_lambda, backgrounds, packed, origin=(0, 0)):
     """Raises ValueError on inconsistent shapes / arguments. Returns the number of images I."""
+    ox, oy = origin
+    if not (0 <= ox < width and 0 <= oy < height):
+        raise ValueError(f"origin {tuple(origin)} must lie in the {width}x{height} image")
     if not 0.0 <= ssim_lambda <= 1.0:
         raise ValueError(f"ssim_lambda must be in [0, 1], got {ssim_lambda}")
     if isect_offsets.dim() != 3:
@@ -584,8 +607,8 @@ def _check_inputs(means2d, conics, colors, opacities, isect_offsets, flatten_ids
         raise ValueError(f"means2d {tuple(means2d.shape)} does not fit packed={packed} and {I} images")
     if means2d.shape[-1] != 2 or conics.shape != lead + (3,) or colors.shape != lead + (3,) or opacities.shape != lead:
         raise ValueError("means2d [..,2], conics [..,3], colors [..,3] and opacities [..] disagree")
-    if gts.shape != (I, height, width, 3):
-        raise ValueError(f"gts must be {(I, height, width, 3)}, got {tuple(gts.shape)}")
+    if gts.shape != (I, height - oy, width - ox, 3):
+        raise ValueError(f"gts must be {(I, height - oy, width - ox, 3)}, got {tuple(gts.shape)}")
     if backgrounds is not None and backgrounds.shape != (I, 3):
         raise ValueError(f"backgrounds must be {(I, 3)}, got {tuple(backgrounds.shape)}")
     if flatten_ids.dim() != 1:
@@ -659,7 +682,8 @@ def _fallback_render(ops, means2d, conics, colors, opacities, backgrounds, isect
 
 
 def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width, height,
-            ssim_lambda, budget, resident_max, stream_chunk, return_image, absgrad, num_warps, packed, fallback):
+            ssim_lambda, budget, resident_max, stream_chunk, return_image, absgrad, num_warps, packed, fallback,
+            origin=(0, 0)):
     """Runs the fallback and both kernel variants. Returns loss (0-dim), grads dict, stats dict."""
     device = means2d.device
     I, th, tw = isect_offsets.shape
@@ -683,7 +707,9 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
     image = torch.full((I, height, width, 3), math.nan, **f32) if return_image else m2d.new_zeros(1)
     partial = torch.full((I * num_tiles, 2), math.nan, **f32)
     window = _device_window(device)
-    denom = float(I * 3 * height * width)
+    ox, oy = origin
+    num_pixels = (height - oy) * (width - ox)  # the pixels with ground truth, per image
+    denom = float(I * 3 * num_pixels)
     # one device -> host copy decides every tile's path (each nonzero() / any() would wait on the GPU)
     counts_host = counts.cpu()
     over = counts_host > budget
@@ -709,7 +735,7 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
         _fused_raster_loss_kernel[(ids.numel(),)](
             records, bg, gt, window, offsets, fids, ids.to(device=device, dtype=torch.int32),
             grads["means2d"], grads["conics"], grads["colors"], grads["opacities"], grads["backgrounds"], abs_buf,
-            image, partial, src.detach(), v_src, width, height, tw, num_tiles,
+            image, partial, src.detach(), v_src, width, height, ox, oy, tw, num_tiles,
             (1.0 - ssim_lambda) / denom, ssim_lambda / denom,
             HAS_BG=backgrounds is not None, RETURN_IMAGE=return_image, ABSGRAD=absgrad,
             TUPLE_REDUCE=not _interpreted(), LOSS_ONLY=kind == "fallback",
@@ -723,7 +749,7 @@ def _launch(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
                 grads[name] += g.reshape(grads[name].shape)
         if absgrad:
             abs_buf += leaves[0].absgrad.reshape(-1, 2)
-    sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * height * width)  # [I, 2]: L1_i, SSIM_i
+    sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * num_pixels)  # [I, 2]: L1_i, SSIM_i
     loss = ((1.0 - ssim_lambda) * sums[:, 0] + ssim_lambda * (1.0 - sums[:, 1])).mean()
     stats = {"fraction_fused": float((~over).float().mean()), "fraction_resident": float(resident.float().mean()),
              "fraction_isects_fused": _isect_share(counts_host, ~over),
@@ -748,6 +774,7 @@ class FusedRasterLoss(torch.autograd.Function):
             means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, meta["width"],
             meta["height"], meta["ssim_lambda"], meta["budget"], meta["resident_max"], meta["stream_chunk"],
             meta["return_image"], meta["absgrad"], meta["num_warps"], meta["packed"], meta["fallback"],
+            meta["origin"],
         )  # fmt: skip
         meta["stats"] = stats
         shaped = [grads["means2d"].reshape(means2d.shape).to(means2d.dtype),
@@ -787,6 +814,7 @@ def fused_raster_loss(
     stream_chunk: Optional[int] = None,
     num_warps: int = NUM_WARPS,
     fallback: Optional[ModuleType] = None,
+    origin: Tuple[int, int] = (0, 0),
 ) -> Tuple[Tensor, Dict]:
     """Composites, scores and back-propagates I images in one fused kernel (ByteSplat §4).
 
@@ -808,6 +836,11 @@ def fused_raster_loss(
     and gradients up to float32 rounding, and up to a pixel's stop decision at T <= 1e-4, which
     float32 and the reference's float64 can take differently. num_warps: warps (wavefronts) per program, a tuning knob
     (pass resident_max / stream_chunk measured for it; the defaults are measured at NUM_WARPS).
+    origin: (ox, oy) pixels. The ground truth covers the render's pixels x >= ox, y >= oy
+    (gts [I, height - oy, width - ox, 3]); the rest have no loss and no gradient. A trainer that
+    moves the principal point by (ox, oy) and pads the image by as much shifts the image
+    against the 16-pixel tile grid, so that the tile-local SSIM's tile borders fall elsewhere
+    (``--random_tile_shift``). The L1 and SSIM means are over the pixels with ground truth.
     absgrad: also return, in stats["absgrad"] [R, 2] (R = I*N or nnz), the sum over pixels of
     |d loss / d means2d| of each pixel's contribution (gsplat's absgrad; unscaled by the
     incoming gradient); with tiles over the budget it needs gsplat's fallback
@@ -820,11 +853,12 @@ def fused_raster_loss(
     tiles within budget, "fraction_isects_fused": fraction of the tile-Gaussian intersections in
     those tiles (the kernel's share of the work), "fraction_resident": fraction run by the resident variant (Triton
     only), "num_tiles": I * n_tiles, "image": [I, H, W, 3] or None, "absgrad"}.
-    Raises ValueError on inconsistent shapes, a ssim_lambda outside [0, 1], a negative budget or
+    Raises ValueError on inconsistent shapes, an origin outside the image, a ssim_lambda outside [0, 1], a negative budget or
     a resident_max / stream_chunk / num_warps that is not a positive power of two.
     """
+    origin = (int(origin[0]), int(origin[1]))
     _check_inputs(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
-                  ssim_lambda, backgrounds, packed)
+                  ssim_lambda, backgrounds, packed, origin)
     budget = tile_budget(means2d.device) if budget is None else int(budget)
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
@@ -836,7 +870,7 @@ def fused_raster_loss(
             raise ValueError(f"{name} must be a positive power of two, got {v}")
     if not _use_triton(means2d.device):
         loss, image = reference_fused_loss(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts,
-                                           width, height, ssim_lambda, backgrounds, packed)
+                                           width, height, ssim_lambda, backgrounds, packed, origin)
         _, counts = _tile_counts(isect_offsets, flatten_ids.numel())
         stats = {"fraction_fused": float((counts <= budget).float().mean()), "num_tiles": counts.numel(),
                  "fraction_isects_fused": _isect_share(counts, counts <= budget),
@@ -844,7 +878,7 @@ def fused_raster_loss(
         return loss, stats
     meta = dict(width=width, height=height, ssim_lambda=float(ssim_lambda), budget=budget,
                 resident_max=resident_max, stream_chunk=stream_chunk, return_image=return_image, absgrad=absgrad,
-                num_warps=int(num_warps), packed=packed,
+                num_warps=int(num_warps), packed=packed, origin=origin,
                 fallback=default_fallback(means2d.device) if fallback is None else fallback)
     loss = FusedRasterLoss.apply(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
                                  flatten_ids, meta)

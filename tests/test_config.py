@@ -86,6 +86,7 @@ def test_config_file_round_trip(tmp_path):
     (["nosuchpreset"], "preset"),
     (["default", "--config", "/nonexistent.yml"], "--config"),
     (["default", "--pipeline", "gsplat-dist", "--sparse_grad_comm"], "--sparse_grad_comm"),
+    (["default", "--random_tile_shift"], "--random_tile_shift"),
 ])
 def test_bad_flags_name_the_flag(argv, flag):
     with pytest.raises(ValueError, match=flag):

@@ -139,8 +139,13 @@ class _UnionSampler:
         return [i for s in self.samplers for i in s.batch_at(step)]
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
-def test_training_steps_equal_single_process(tmp_path, packed):
+VARIANTS = {"dense": [], "packed": ["--packed"],
+            # the fused loss (reference on the CPU) on images shifted against the tile grid
+            "fused_shift": ["--packed", "--raster", "fused", "--random_tile_shift"]}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_training_steps_equal_single_process(tmp_path, variant):
     """After a few Adam steps (with regularizers, pose and appearance modules under DDP) the
     merged shards equal one process that holds every Gaussian and draws every rank's cameras."""
     from splat_train.trainer.cli import build_scene, parse_args
@@ -149,7 +154,9 @@ def test_training_steps_equal_single_process(tmp_path, packed):
     from splat_train.trainer.model import create_optimizers, means_lr_scheduler
 
     world_size, steps = 2, 4
-    flags = TRAIN_FLAGS + (["--packed"] if packed else [])
+    flags = TRAIN_FLAGS + VARIANTS[variant]
+    if "fused" in variant:  # the fused kernel never materializes the image --app_opt corrects
+        flags.remove("--app_opt")
     assert launch(_train_ranks, (flags, steps, str(tmp_path)), nproc_per_node=world_size, device="cpu") == 0
     outs = [torch.load(tmp_path / f"train_rank{r}.pt") for r in range(world_size)]
 
@@ -175,7 +182,8 @@ def test_training_steps_equal_single_process(tmp_path, packed):
         err = float((merged - ref).abs().max())
         assert err <= 0.1 * lrs[k], (k, err, lrs[k])
         assert float((merged - ref).abs().mean()) <= 1e-3 * lrs[k], k  # and nearly all agree far closer
-    for name in ("pose", "app"):
+    assert set(outs[0]["aux"]) == ({"pose"} if "fused" in variant else {"pose", "app"})
+    for name in outs[0]["aux"]:
         a, b = outs[0]["aux"], outs[1]["aux"]
         for key in a[name]:
             assert torch.equal(a[name][key], b[name][key])  # replicas stay identical under DDP

@@ -50,6 +50,11 @@ CASES = {
                               lam=0.2, wall=6, chunk=4),
     "opaque_front_wall_chunks": dict(I=2, H=30, W=80, N=400, seed=7, packed=False, bg=True, budget=256,
                                      resident=1, lam=0.2, wall=6, chunk=8),
+    # the ground truth covers x >= 5, y >= 11 only (--random_tile_shift): every path, both layouts
+    "origin_dense": dict(I=2, H=40, W=50, N=160, seed=8, packed=False, bg=True, budget=16, resident=4,
+                         lam=0.2, origin=(5, 11)),
+    "origin_packed": dict(I=2, H=47, W=33, N=120, seed=9, packed=True, bg=False, budget=16, lam=0.5,
+                          chunk=4, origin=(15, 1)),
 }
 
 
@@ -58,7 +63,7 @@ CASES = {
 # ------------------------------------------------------------------------------------------------
 
 
-def make_scene(I, H, W, N, seed, packed, bg, saturate=0, wall=0, **_):
+def make_scene(I, H, W, N, seed, packed, bg, saturate=0, wall=0, origin=(0, 0), **_):
     """Random records of I images plus tile lists; the first tile column of every image stays empty.
 
     saturate: that many extra nearly opaque (opacity 0.995-1) wide Gaussians stacked on one spot,
@@ -66,7 +71,8 @@ def make_scene(I, H, W, N, seed, packed, bg, saturate=0, wall=0, **_):
     opaque Gaussians 100 px wide in front of everything else, over every tile but the first
     column: with alpha >= 0.92 each, every pixel there stops inside the wall, long before its
     tile's list ends (the streaming variant's early exit). Packed scenes drop ~30% of records
-    (culled) and list the rest per image. Returns a dict of tensors / ints.
+    (culled) and list the rest per image. The ground truth covers the pixels x >= origin[0],
+    y >= origin[1]. Returns a dict of tensors / ints.
     """
     gen = torch.Generator().manual_seed(seed)
     u = lambda *s: torch.rand(*s, generator=gen)  # noqa: E731
@@ -108,8 +114,8 @@ def make_scene(I, H, W, N, seed, packed, bg, saturate=0, wall=0, **_):
     offsets = ref.isect_offset_encode(isect_ids, I, tw, th)
     return dict(
         means2d=means2d, conics=conics, colors=colors, opacities=opacities, isect_offsets=offsets,
-        flatten_ids=flatten_ids, gts=u(I, H, W, 3), width=W, height=H,
-        backgrounds=u(I, 3) if bg else None, packed=packed,
+        flatten_ids=flatten_ids, gts=u(I, H - origin[1], W - origin[0], 3), width=W, height=H,
+        backgrounds=u(I, 3) if bg else None, packed=packed, origin=origin,
     )  # fmt: skip
 
 
@@ -122,7 +128,7 @@ def _call(fn, scene, leaves, names, **kw):
     args = dict(scene, **dict(zip(names, leaves)))
     return fn(args["means2d"], args["conics"], args["colors"], args["opacities"], args["isect_offsets"],
               args["flatten_ids"], args["gts"], args["width"], args["height"], backgrounds=args["backgrounds"],
-              packed=args["packed"], **kw)
+              packed=args["packed"], origin=args["origin"], **kw)
 
 
 def _rel(a, b):
@@ -230,7 +236,7 @@ def _gsplat_like_fallback_cases():
 
     ops = SimpleNamespace(rasterize_to_pixels=_gsplat_like_rasterize_to_pixels)
     out = {}
-    for name in ("dense_bg_border", "packed_three_images", "all_fallback"):
+    for name in ("dense_bg_border", "packed_three_images", "all_fallback", "origin_dense"):
         params = CASES[name]
         scene = make_scene(**params)
         names, leaves = _leaves(scene)
@@ -326,22 +332,36 @@ def _normalized_conv_ssim(x, y):
     return ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
 
 
-def test_reference_tile_ssim_is_each_tile_by_normalized_convolution():
-    """Tile-local SSIM == each tile's in-image part filtered on its own with the window
-    renormalized to the tile (partial tiles at the right and bottom edges included)."""
+@pytest.mark.parametrize("origin", [(0, 0), (5, 11), (15, 0)])
+def test_reference_tile_ssim_is_each_tile_by_normalized_convolution(origin):
+    """Tile-local SSIM == each tile's part with ground truth filtered on its own with the window
+    renormalized to that part (partial tiles at the right and bottom edges, and at the top and
+    left when the render extends past the ground truth, included)."""
+    ox, oy = origin
     gen = torch.Generator().manual_seed(7)
     img = torch.rand(2, 37, 43, 3, generator=gen, dtype=torch.float64)
-    gt = (img + 0.3 * torch.rand(2, 37, 43, 3, generator=gen, dtype=torch.float64)).clamp(max=1)
-    got = fr.tile_local_ssim_map(img, gt)
+    gt = (img + 0.3 * torch.rand(2, 37, 43, 3, generator=gen, dtype=torch.float64)).clamp(max=1)[:, oy:, ox:]
+    got = fr.tile_local_ssim_map(img, gt, origin=origin)
+    assert got.shape == gt.shape
     for ty in range(3):
         for tx in range(3):
-            sl = (slice(None), slice(16 * ty, 16 * ty + 16), slice(16 * tx, 16 * tx + 16))
-            torch.testing.assert_close(got[sl], _normalized_conv_ssim(img[sl], gt[sl]), rtol=1e-10, atol=1e-12)
-    # the renormalized windows: rows sum to 1 over the in-image part, nothing outside it
-    table = fr.tile_windows(dtype=torch.float64)
-    for v in (1, 5, 16):
-        torch.testing.assert_close(table[v, :v].sum(1), torch.ones(v, dtype=torch.float64))
-        assert table[v, :, v:].abs().sum() == 0 and table[v, v:].abs().sum() == 0
+            rows = slice(max(16 * ty, oy), 16 * ty + 16)
+            cols = slice(max(16 * tx, ox), 16 * tx + 16)
+            in_gt = (slice(None), slice(rows.start - oy, rows.stop - oy), slice(cols.start - ox, cols.stop - ox))
+            want = _normalized_conv_ssim(img[:, rows, cols], gt[in_gt])
+            torch.testing.assert_close(got[in_gt], want, rtol=1e-10, atol=1e-12)
+
+
+def test_tile_window_rows_sum_to_one_inside():
+    """The renormalized windows: rows sum to 1 over the part with ground truth, zero outside it."""
+    for first, stop in ((0, 1), (0, 5), (0, 16), (3, 16), (7, 9)):
+        G = fr.tile_window(first, stop, dtype=torch.float64)
+        torch.testing.assert_close(G[first:stop].sum(1), torch.ones(stop - first, dtype=torch.float64))
+        inside = torch.zeros(16, dtype=torch.bool)
+        inside[first:stop] = True
+        assert G[~inside].abs().sum() == 0 and G[:, ~inside].abs().sum() == 0
+    with pytest.raises(ValueError, match="first < stop"):
+        fr.tile_window(4, 4)
 
 
 def test_tile_local_ssim_tracks_the_full_image_ssim():
@@ -366,15 +386,27 @@ def test_tile_local_ssim_tracks_the_full_image_ssim():
     assert g_tile.abs().mean().item() == pytest.approx(g_full.abs().mean().item(), rel=0.25)
 
 
-def test_reference_loss_formula():
-    """tile_local_loss = mean_i[(1-l) mean|x-y| + l (1 - mean tile SSIM)]; border pixels excluded."""
+@pytest.mark.parametrize("origin", [(0, 0), (9, 2)])
+def test_reference_loss_formula(origin):
+    """tile_local_loss = mean_i[(1-l) mean|x-y| + l (1 - mean tile SSIM)] over the pixels with
+    ground truth; the render's pixels without ground truth get no gradient."""
+    ox, oy = origin
     gen = torch.Generator().manual_seed(8)
-    img, gt = torch.rand(2, 20, 37, 3, generator=gen), torch.rand(2, 20, 37, 3, generator=gen)
-    s = fr.tile_local_ssim_map(img, gt)
-    assert s.shape == img.shape and torch.isfinite(s).all()
-    want = (0.7 * (img - gt).abs().mean((1, 2, 3)) + 0.3 * (1 - s.mean((1, 2, 3)))).mean()
-    torch.testing.assert_close(fr.tile_local_loss(img, gt, 0.3), want)
-    assert fr.tile_local_loss(gt, gt, 0.3).item() == pytest.approx(0.0, abs=1e-6)
+    img = torch.rand(2, 20, 37, 3, generator=gen).requires_grad_()
+    gt = torch.rand(2, 20 - oy, 37 - ox, 3, generator=gen)
+    s = fr.tile_local_ssim_map(img, gt, origin=origin)
+    assert s.shape == gt.shape and torch.isfinite(s).all()
+    want = (0.7 * (img[:, oy:, ox:] - gt).abs().mean((1, 2, 3)) + 0.3 * (1 - s.mean((1, 2, 3)))).mean()
+    loss = fr.tile_local_loss(img, gt, 0.3, origin)
+    torch.testing.assert_close(loss, want)
+    (grad,) = torch.autograd.grad(loss, img)
+    outside = torch.ones(20, 37, dtype=torch.bool)
+    outside[oy:, ox:] = False
+    assert grad[:, outside].abs().sum() == 0 and grad[:, ~outside].abs().sum() > 0
+    padded = torch.nn.functional.pad(gt, (0, 0, ox, 0, oy, 0))
+    assert fr.tile_local_loss(padded, gt, 0.3, origin).item() == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="gt must be"):
+        fr.tile_local_ssim_map(img, gt[:, 1:], origin=origin)
 
 
 def test_cpu_without_interpreter_uses_reference(monkeypatch):
@@ -417,7 +449,7 @@ def test_fallback_with_gsplats_contract_matches_reference(interpreted_stdout):
     included) still equal the reference's: the background is composited here, over the fallback
     tiles' pixels only."""
     res = _line(interpreted_stdout, "GSPLAT_LIKE_FALLBACK")
-    assert set(res) == {"dense_bg_border", "packed_three_images", "all_fallback"}
+    assert set(res) == {"dense_bg_border", "packed_three_images", "all_fallback", "origin_dense"}
     for case, r in res.items():
         assert r["fraction_fused"] < 1.0, case  # some tiles really fall back
         for key, err in r.items():

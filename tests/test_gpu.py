@@ -67,6 +67,7 @@ def test_training_runs_with_gsplat_backend(tmp_path):
 @pytest.mark.parametrize("preset, extra", [
     ("mcmc", ["--cap_max", "3000"]),  # relocation and growth with gsplat's CUDA ops
     ("default", ["--packed", "--random_bkgd", "--batch_size", "2", "--reset_every", "30", "--pose_opt"]),
+    ("default", ["--packed", "--raster", "fused", "--random_tile_shift", "--batch_size", "2"]),
 ])
 def test_training_densifies_on_gpu(tmp_path, preset, extra):
     """Densification really runs on the GPU (refine from step 5, every 10): the strategy's state
@@ -89,12 +90,13 @@ def test_training_densifies_on_gpu(tmp_path, preset, extra):
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("budget", [None, 4])  # the device's budget, and one that forces the fallback
 @pytest.mark.parametrize("stream_chunk", [None, 1, 4])  # the device's default; backward chunks of 1 and 4
-def test_fused_raster_kernel_matches_reference_on_gpu(packed, budget, stream_chunk):
+@pytest.mark.parametrize("origin", [(0, 0), (7, 3)])  # ground truth for every pixel / from (7, 3) on
+def test_fused_raster_kernel_matches_reference_on_gpu(packed, budget, stream_chunk, origin):
     from splat_train.kernels import fused_raster as fr
 
     params = _scene(n=3000, seed=3)
     cams = _batch(width=200, height=150)
-    gts = torch.rand(2, cams.height, cams.width, 3, device="cuda")
+    gts = torch.rand(2, cams.height - origin[1], cams.width - origin[0], 3, device="cuda")
     res = render(params, cams, DistContext(device=torch.device("cuda")), ops_for("gsplat", torch.device("cuda")),
                  sh_degree=3, packed=packed, rasterize=False)
     rec, info = res.info["records"], res.info
@@ -108,11 +110,11 @@ def test_fused_raster_kernel_matches_reference_on_gpu(packed, budget, stream_chu
                 info["flatten_ids"], gts, cams.width, cams.height, 0.2)
         if fn == "kernel":
             loss, stats = fr.fused_raster_loss(*args, packed=packed, budget=budget, stream_chunk=stream_chunk,
-                                               absgrad=True, backgrounds=leaves["backgrounds"])
+                                               absgrad=True, backgrounds=leaves["backgrounds"], origin=origin)
             assert 0.0 <= stats["fraction_fused"] <= 1.0
             absgrad = stats["absgrad"]
         else:
-            loss, _ = fr.reference_fused_loss(*args, packed=packed, backgrounds=leaves["backgrounds"])
+            loss, _ = fr.reference_fused_loss(*args, packed=packed, backgrounds=leaves["backgrounds"], origin=origin)
         loss.backward()
         outs.append((loss.detach(), {k: v.grad for k, v in leaves.items()}))
     (lk, gk), (lr, gr) = outs

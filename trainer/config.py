@@ -180,6 +180,8 @@ class Config:
 
     raster: Literal["unfused", "fused"] = "unfused"
     """Training rasterization: unfused (rasterize, full-image L1 + D-SSIM, backward) or fused (ByteSplat: one Triton kernel per tile for forward, tile-local loss and backward; kernels/fused_raster.py)."""
+    random_tile_shift: bool = False
+    """With --raster fused: each step, shift the images by a random 0-15 pixels right and down against the 16-pixel tile grid (the principal point moves, the render is padded by as much at the top and left, and those pixels stay out of the loss), so that the tile-local SSIM's tile borders fall elsewhere every step. The same shift on every rank."""
     ssim_backend: Literal["auto", "pytorch", "triton", "fused_ssim"] = "auto"
     """SSIM implementation: auto (on a GPU the fused_ssim package when installed, else the project's Triton kernel when Triton imports, else PyTorch; PyTorch on the CPU), or one of them by name."""
     ssim_lambda: float = 0.2
@@ -283,6 +285,8 @@ def validate(cfg: Config) -> None:
         (not (cfg.raster == "fused" and cfg.app_opt),
          "--raster fused never materializes the rendered image, so --app_opt cannot correct it; drop one"),
         (not (cfg.raster == "fused" and cfg.pipeline != "ours"), "--raster fused needs --pipeline ours"),
+        (cfg.raster == "fused" or not cfg.random_tile_shift,
+         "--random_tile_shift moves the fused kernel's tile-local SSIM; it needs --raster fused"),
         (not (cfg.pipeline == "gsplat-dist" and cfg.sparse_grad_comm),
          "--sparse_grad_comm is an exchange of --pipeline ours (gsplat-dist runs gsplat's own); drop one"),
         (not (cfg.pipeline == "gsplat-dist" and cfg.packed),

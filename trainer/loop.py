@@ -8,6 +8,7 @@ partial gradient to its Gaussian's owner) -> Adam on the local shard -> densify 
 from __future__ import annotations
 
 import json
+import random
 import time
 from pathlib import Path
 from typing import Optional
@@ -24,7 +25,7 @@ from .losses import opacity_reg, photometric_loss, scale_reg
 from .model import (activated, create_optimizers, create_shard, initial_points,
                     means_lr_scheduler)
 from .profiling import PhaseTimer
-from .render import CameraBatch, ops_for, render, resolve_backend, rigid_inverse
+from .render import TILE_SIZE, CameraBatch, ops_for, render, resolve_backend, rigid_inverse, shift_cameras
 
 
 def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:
@@ -149,6 +150,9 @@ class Trainer:
         cams = self.camera_batch(batch)
         gts = batch["image"].to(self.device)  # [C, H, W, 3]
         C = gts.shape[0]
+        origin = self.tile_shift(step)
+        if origin != (0, 0):
+            cams = shift_cameras(cams, *origin)
         backgrounds = torch.rand(C, 3, device=self.device) if cfg.random_bkgd else None
         self.ctx.stats.phase = "forward"
         timer = self.timer
@@ -159,8 +163,11 @@ class Trainer:
             result = render(activated(self.params), cams, self.ctx, self.ops, self.sh_degree_at(step),
                             packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
                             backgrounds=backgrounds, keep_means2d_grad=True, timer=timer, rasterize=not fused)
+        if origin != (0, 0):  # densification's NDC scaling: the images' size, not the padded render's
+            result.info["widths"] = [w - origin[0] for w in result.info["widths"]]
+            result.info["heights"] = [h - origin[1] for h in result.info["heights"]]
         if fused:
-            loss, parts = self._fused_loss(result, gts, backgrounds)
+            loss, parts = self._fused_loss(result, gts, backgrounds, origin)
         else:
             timer.begin("loss")
             if "app" in self.aux:
@@ -200,7 +207,16 @@ class Trainer:
         return dict(loss=loss.detach(), l1=parts["l1"], ssim=parts["ssim"],
                     num_gaussians=int(self.params["means"].shape[0]), num_isects=result.info["num_isects"])
 
-    def _fused_loss(self, result, gts, backgrounds):
+    def tile_shift(self, step: int) -> tuple[int, int]:
+        """(ox, oy) pixels the images of step ``step`` move against the tile grid: uniform in
+        [0, 16)^2 with --random_tile_shift (a function of --seed and the step, so every rank and a
+        resumed run draw the same), else (0, 0)."""
+        if not self.cfg.random_tile_shift:
+            return (0, 0)
+        rng = random.Random(f"tile-shift/{self.cfg.seed}/{step}")
+        return (rng.randrange(TILE_SIZE), rng.randrange(TILE_SIZE))
+
+    def _fused_loss(self, result, gts, backgrounds, origin=(0, 0)):
         """ByteSplat's fused step: forward compositing, the tile-local loss and the backward
         compositing in one kernel per tile (kernels/fused_raster.py); its autograd node hands the
         saved record gradients to the exchange's backward. Tiles over the budget fall back to
@@ -215,7 +231,7 @@ class Trainer:
             rec["means2d"], rec["conics"], rec["colors"], rec["opacities"], info["tile_offsets"],
             info["flatten_ids"], gts, info["width"], info["height"], self.cfg.ssim_lambda,
             backgrounds=backgrounds, packed=self.cfg.packed, budget=self.cfg.prune.tile_budget or None,
-            fallback=self.ops)
+            fallback=self.ops, origin=origin)
         self.timer.begin("loss")
         self.last_fused_stats = {k: v for k, v in stats.items()
                                  if k in ("fraction_fused", "fraction_isects_fused", "fraction_resident", "num_tiles")}

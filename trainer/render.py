@@ -75,6 +75,16 @@ class CameraBatch:
     height: int
 
 
+def shift_cameras(cams: CameraBatch, ox: int, oy: int) -> CameraBatch:
+    """The cameras with their images moved ``ox`` pixels right and ``oy`` down and padded by as
+    much at the left and top: principal point (cx + ox, cy + oy), size (width + ox, height + oy).
+    Image pixel (x, y) is then render pixel (x + ox, y + oy) (pinhole model: u = fx X / Z + cx)."""
+    Ks = cams.Ks.clone()
+    Ks[:, 0, 2] += ox
+    Ks[:, 1, 2] += oy
+    return CameraBatch(cams.viewmats, Ks, cams.width + ox, cams.height + oy)
+
+
 @dataclass
 class RenderResult:
     colors: torch.Tensor  # [C, H, W, 3]
