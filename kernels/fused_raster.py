@@ -23,11 +23,11 @@ the chip. The loss needs no neighbouring tile because its SSIM is tile-local (By
     Renormalizing keeps the statistics unbiased at tile borders: zero padding instead (an earlier
     version) adds the contrast between the content and the zeros to every border window's variance,
     which drove SSIM towards 1 and left the D-SSIM term and its gradient about a third of the
-    full-image one on juicebox, and densification grew 35% fewer Gaussians. Test PSNR after 7,000
-    steps on an H200 (docs/MEASURED_H200.md), 3 seeds each: juicebox fused 27.06 / 27.03 / 26.09 dB,
-    unfused 27.29 / 27.39 / 26.99; mouse fused 20.60 / 20.60 / 21.04, unfused 20.20 (seed 42,
-    previous session) / 19.54 / 19.16. The unfused trainer with this tile-local SSIM as its loss
-    (one seed) reached 26.92 on juicebox: the tile-local SSIM accounts for about 0.4 dB there.
+    full-image one on juicebox, and densification grew 35% fewer Gaussians. Test PSNR / SSIM after
+    7,000 steps on H200s (docs/MEASURED_H200.md, session 6), means of 7 seeds on juicebox: fused
+    26.94 / 0.9438, unfused (full-image SSIM) 26.92 / 0.9445, fused with ``--random_tile_shift``
+    26.97 / 0.9439 (seed-to-seed SD 0.13-0.33 dB); mouse, 3 seeds: 19.60 / 19.78 / 19.73 (SD up to
+    0.76 dB). Session 4's -0.5 dB on juicebox (3 seeds) was one low seed.
 
 Compositing rules (gsplat 1.5.3 RasterizeToPixels3DGSFwd.cu / RasterizeToPixels3DGSBwd.cu,
 as mirrored by kernels/reference.py): pixel centre (x + 0.5, y + 0.5); delta = mean - centre;

@@ -169,3 +169,15 @@ def test_fused_raster_trains_end_to_end(tmp_path):
     assert (out / "ply/point_cloud_6.ply").is_file()
     val = json.loads((out / "stats/val_step6.json").read_text())
     assert np.isfinite(val["psnr"])
+
+
+def test_bare_command_prints_usage_and_fails_but_help_succeeds(capsys):
+    """`splat-train` alone trains nothing: the usage goes to stderr with exit 2; --help exits 0."""
+    with pytest.raises(SystemExit) as bare:
+        main([])
+    out, err = capsys.readouterr()
+    assert bare.value.code == 2 and out == "" and err.startswith("usage: splat-train PRESET")
+    with pytest.raises(SystemExit) as helped:
+        main(["--help"])
+    out, err = capsys.readouterr()
+    assert helped.value.code == 0 and out.startswith("usage: splat-train PRESET") and err == ""

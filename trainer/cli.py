@@ -53,9 +53,13 @@ def _pop_config_flag(args: list[str]) -> Optional[Path]:
 def parse_args(argv: Sequence[str]) -> Config:
     """Command line -> validated, resolved Config (``--steps_scaler`` applied).
 
-    Raises ValueError naming the flag or file on bad input; exits 0 after printing help."""
+    Raises ValueError naming the flag or file on bad input; exits 0 after printing help, and 2
+    after printing the usage to stderr when no argument names what to run."""
     args = list(argv)
-    if not args or args[0] in ("-h", "--help"):
+    if not args:  # a bare `splat-train` trains nothing: say how to call it, and fail
+        print(_usage(), file=sys.stderr)
+        raise SystemExit(2)
+    if args[0] in ("-h", "--help"):
         print(_usage())
         raise SystemExit(0)
     preset = args.pop(0) if not args[0].startswith("-") else None
