@@ -26,8 +26,8 @@ the chip. The loss needs no neighbouring tile because its SSIM is tile-local (By
     full-image one on juicebox, and densification grew 35% fewer Gaussians. Test PSNR / SSIM after
     7,000 steps on H200s (docs/MEASURED_H200.md, session 6), means of 7 seeds on juicebox: fused
     26.94 / 0.9438, unfused (full-image SSIM) 26.92 / 0.9445, fused with ``--random_tile_shift``
-    26.97 / 0.9439 (seed-to-seed SD 0.13-0.33 dB); mouse, 3 seeds: 19.60 / 19.78 / 19.73 (SD up to
-    0.76 dB). Session 4's -0.5 dB on juicebox (3 seeds) was one low seed.
+    26.97 / 0.9439 (seed-to-seed SD 0.13-0.33 dB); mouse, 3 seeds: 19.60 / 19.78 / 19.73 (SD
+    0.17-0.64 dB). Session 4's -0.5 dB on juicebox (3 seeds) was one low seed.
 
 Compositing rules (gsplat 1.5.3 RasterizeToPixels3DGSFwd.cu / RasterizeToPixels3DGSBwd.cu,
 as mirrored by kernels/reference.py): pixel centre (x + 0.5, y + 0.5); delta = mean - centre;
@@ -64,7 +64,7 @@ registers and no spill, K = 16 spills; streaming K = 8 170 registers). All paths
 loss and gradients to float32 rounding (and to a pixel's float32 stop decision at T <= 1e-4).
 The SSIM filtering of a tile is computed as a
 normalized convolution, (G X G^T) / (G M G^T) on 16x16 blocks (``tl.dot``, IEEE fp32; G the
-banded matrix of the 1D window, M the tile's in-image mask), which equals Gy X Gx^T above; its
+banded matrix of the 1D window, M the tile's mask of the pixels with ground truth), which equals Gy X Gx^T above; its
 backward is G (D / (G M G^T)) G^T of per-pixel coefficient maps. No warp-size assumption and no
 vendor intrinsics; runs under TRITON_INTERPRET=1.
 
@@ -369,7 +369,7 @@ def _blur(x, G):
 
 @triton.jit
 def _ssim_channel(x, y, m, G, inv_n, TS: tl.constexpr):
-    """Tile-local SSIM of one channel: x, y, m (in-image mask) [P], inv_n [TS, TS] (1 / the
+    """Tile-local SSIM of one channel: x, y, m (mask of the pixels with ground truth) [P], inv_n [TS, TS] (1 / the
     window's in-tile weight, 0 outside the ground truth) -> (sum of m * ssim, dsum/dx [P]).
 
     The renormalized filter of ``tile_window`` as a normalized convolution: x and y are zero
@@ -461,7 +461,9 @@ def _backward_chunk(ks, in_list, gid, ca, cb, cc, cr, cg, cbl, dx, dy, vis, raw,
     return acc + tl.sum(wc, axis=1)
 
 
-@triton.jit
+# The image size and origin change every step with --random_tile_shift: not specializing them on
+# their value (1) or divisibility by 16 keeps that from compiling a variant per combination.
+@triton.jit(do_not_specialize=["width", "height", "origin_x", "origin_y", "tile_width", "num_tiles"])
 def _fused_raster_loss_kernel(
     rec_ptr, bg_ptr, gts_ptr, window_ptr,
     offsets_ptr, flatten_ptr, tile_ids_ptr,
@@ -565,7 +567,7 @@ def _fused_raster_loss_kernel(
                                   t_before, w, acc, g_r, g_g, g_b, v_means2d_ptr, v_conics_ptr, v_colors_ptr,
                                   v_opac_ptr, absgrad_ptr, ABSGRAD, TUPLE_REDUCE)
         else:  # in chunks, from the chunk of the last Gaussian any pixel composited, back to the front
-            last = tl.max(tl.where(in_img, stop_idx, start), axis=0)
+            last = tl.max(tl.where(has_gt, stop_idx, start), axis=0)  # the others have g = 0
             num_chunks = tl.cdiv(last - start, K)
             log_t_end = log_t
             for i in range(0, num_chunks):
@@ -801,7 +803,7 @@ def fused_raster_loss(
     opacities: Tensor,  # [I, N] or [nnz]
     isect_offsets: Tensor,  # [I, tile_h, tile_w] int32
     flatten_ids: Tensor,  # [n_isects] int32, depth-sorted per tile, index the flattened records
-    gts: Tensor,  # [I, H, W, 3] ground truth in [0, 1]
+    gts: Tensor,  # [I, height - oy, width - ox, 3] ground truth in [0, 1] (origin (ox, oy), default (0, 0))
     width: int,
     height: int,
     ssim_lambda: float = 0.2,

@@ -71,10 +71,15 @@ def test_training_step_scores_the_shifted_render(monkeypatch):
     real_info = __import__("splat_train.trainer.loop", fromlist=["strategy_info"]).strategy_info
 
     def info_spy(info):
-        seen.append((info["widths"], info["heights"]))
+        seen.append((info["widths"], info["heights"], info["radii"].clone(), info["means2d"].detach().clone()))
         return real_info(info)
 
     monkeypatch.setattr("splat_train.trainer.loop.strategy_info", info_spy)
+    from splat_train.trainer import loop
+
+    masked = []
+    real_mask = loop.padding_only_radii
+    monkeypatch.setattr(loop, "padding_only_radii", lambda r, m, ox, oy: masked.append((ox, oy)) or real_mask(r, m, ox, oy))
     for step in range(3):
         out = trainer.train_step(step)
         assert torch.isfinite(out["loss"])
@@ -82,5 +87,20 @@ def test_training_step_scores_the_shifted_render(monkeypatch):
         c = calls[-1]
         assert c["origin"] == (ox, oy) and (c["width"], c["height"]) == (40 + ox, 40 + oy)
         assert c["gts"][1:] == (40, 40, 3)
-        assert set(seen[-1][0]) == {40} and set(seen[-1][1]) == {40}
+        widths, heights, radii, means2d = seen[-1]
+        assert set(widths) == {40} and set(heights) == {40}
+        reach = means2d + radii
+        seen_here = (radii > 0).all(-1)
+        assert seen_here.any() and not (seen_here & ((reach[..., 0] <= ox) | (reach[..., 1] <= oy))).any()
     assert any(c["origin"] != (0, 0) for c in calls)
+    assert masked == [c["origin"] for c in calls if c["origin"] != (0, 0)]  # radii of the padding dropped
+
+
+def test_projections_only_in_the_padding_are_not_seen():
+    from splat_train.trainer.render import padding_only_radii
+
+    means2d = torch.tensor([[2.0, 30.0], [2.0, 30.0], [30.0, 1.0], [30.0, 30.0], [-5.0, 30.0]])
+    radii = torch.tensor([[3, 3], [9, 9], [4, 4], [2, 2], [20, 20]], dtype=torch.int32)
+    got = padding_only_radii(radii, means2d, 6, 5)  # reach x: 5, 11, 34, 32, 15; y: 33, 39, 5, 32, 50
+    assert got.dtype == radii.dtype
+    assert got.tolist() == [[0, 0], [9, 9], [0, 0], [2, 2], [20, 20]]

@@ -25,7 +25,8 @@ from .losses import opacity_reg, photometric_loss, scale_reg
 from .model import (activated, create_optimizers, create_shard, initial_points,
                     means_lr_scheduler)
 from .profiling import PhaseTimer
-from .render import TILE_SIZE, CameraBatch, ops_for, render, resolve_backend, rigid_inverse, shift_cameras
+from .render import (TILE_SIZE, CameraBatch, ops_for, padding_only_radii, render, resolve_backend, rigid_inverse,
+                     shift_cameras)
 
 
 def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:
@@ -163,9 +164,11 @@ class Trainer:
             result = render(activated(self.params), cams, self.ctx, self.ops, self.sh_degree_at(step),
                             packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
                             backgrounds=backgrounds, keep_means2d_grad=True, timer=timer, rasterize=not fused)
-        if origin != (0, 0):  # densification's NDC scaling: the images' size, not the padded render's
+        if origin != (0, 0):  # densification sees the images, not the padded renders: their size
+            # (NDC scaling of the 2D-mean gradients) and only the projections that reach them
             result.info["widths"] = [w - origin[0] for w in result.info["widths"]]
             result.info["heights"] = [h - origin[1] for h in result.info["heights"]]
+            result.info["radii"] = padding_only_radii(result.info["radii"], result.info["means2d"], *origin)
         if fused:
             loss, parts = self._fused_loss(result, gts, backgrounds, origin)
         else:

@@ -78,11 +78,24 @@ class CameraBatch:
 def shift_cameras(cams: CameraBatch, ox: int, oy: int) -> CameraBatch:
     """The cameras with their images moved ``ox`` pixels right and ``oy`` down and padded by as
     much at the left and top: principal point (cx + ox, cy + oy), size (width + ox, height + oy).
-    Image pixel (x, y) is then render pixel (x + ox, y + oy) (pinhole model: u = fx X / Z + cx)."""
+    Image pixel (x, y) is then render pixel (x + ox, y + oy) (pinhole model: u = fx X / Z + cx).
+    Exact for the means; the EWA Jacobian's clamp of off-screen Gaussians (gsplat's persp_proj,
+    limits from cx and width with a 30% margin) moves with the larger image, so the 2D
+    covariance of a Gaussian that far outside the view can differ slightly."""
     Ks = cams.Ks.clone()
     Ks[:, 0, 2] += ox
     Ks[:, 1, 2] += oy
     return CameraBatch(cams.viewmats, Ks, cams.width + ox, cams.height + oy)
+
+
+def padding_only_radii(radii: torch.Tensor, means2d: torch.Tensor, ox: int, oy: int) -> torch.Tensor:
+    """``radii`` [..., 2] (pixels, int) with 0 for the projections whose footprint
+    (means2d +- radii) lies wholly in the padding of :func:`shift_cameras` (x < ox or y < oy):
+    they are rendered but outside the image, so densification must not count them as seen
+    (gsplat's strategies average gradients over the views where radii > 0)."""
+    reach = means2d.detach() + radii
+    padding_only = (reach[..., 0] <= ox) | (reach[..., 1] <= oy)
+    return torch.where(padding_only[..., None], torch.zeros_like(radii), radii)
 
 
 @dataclass
