@@ -141,12 +141,13 @@ def _leaves(inputs):
 
 def unfused_step(inputs, ssim_lambda, ssim_backend):
     """gsplat rasterize_to_pixels -> (1 - l) L1 + l (1 - SSIM) -> backward. Returns (loss, grads)."""
+    from splat_train.kernels.resources import TILE_SIZE
     from splat_train.trainer.losses import photometric_loss
 
     leaves = _leaves(inputs)
     means2d, conics, colors, opacities = leaves
     image, _ = inputs["ops"].rasterize_to_pixels(
-        means2d, conics, colors, opacities, inputs["width"], inputs["height"], 16, inputs["isect_offsets"],
+        means2d, conics, colors, opacities, inputs["width"], inputs["height"], TILE_SIZE, inputs["isect_offsets"],
         inputs["flatten_ids"], packed=inputs["packed"])
     loss, _ = photometric_loss(image, inputs["gts"], ssim_lambda, ssim_padding="valid", ssim_backend_name=ssim_backend)
     return loss.detach(), torch.autograd.grad(loss, leaves)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from splat_train.kernels import reference
+from splat_train.trainer import loop
 from splat_train.trainer.launch import DistContext
 from splat_train.trainer.render import CameraBatch, render, shift_cameras
 
@@ -67,19 +68,19 @@ def test_training_step_scores_the_shifted_render(monkeypatch):
 
     monkeypatch.setattr(fused_raster, "fused_raster_loss", spy)
     trainer = _trainer(FLAGS + ["--random_tile_shift"])
-    seen = []
-    real_info = __import__("splat_train.trainer.loop", fromlist=["strategy_info"]).strategy_info
+    seen, masked = [], []
+    real_info, real_mask = loop.strategy_info, loop.padding_only_radii
 
     def info_spy(info):
         seen.append((info["widths"], info["heights"], info["radii"].clone(), info["means2d"].detach().clone()))
         return real_info(info)
 
-    monkeypatch.setattr("splat_train.trainer.loop.strategy_info", info_spy)
-    from splat_train.trainer import loop
+    def mask_spy(radii, means2d, ox, oy):
+        masked.append((ox, oy))
+        return real_mask(radii, means2d, ox, oy)
 
-    masked = []
-    real_mask = loop.padding_only_radii
-    monkeypatch.setattr(loop, "padding_only_radii", lambda r, m, ox, oy: masked.append((ox, oy)) or real_mask(r, m, ox, oy))
+    monkeypatch.setattr(loop, "strategy_info", info_spy)
+    monkeypatch.setattr(loop, "padding_only_radii", mask_spy)
     for step in range(3):
         out = trainer.train_step(step)
         assert torch.isfinite(out["loss"])

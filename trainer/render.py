@@ -26,11 +26,11 @@ from typing import Optional
 import torch
 
 from ..kernels.reference import composite_background
+from ..kernels.resources import TILE_SIZE
 from . import exchange
 from .launch import DistContext
 from .profiling import PhaseTimer, boundary
 
-TILE_SIZE = 16
 RECORD_LANES = 12
 
 
