@@ -61,6 +61,7 @@ be set before this module is imported for CPU tensors to be accepted.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -89,8 +90,10 @@ def available() -> bool:
     return triton is not None
 
 
+@functools.lru_cache(maxsize=8)
 def _gaussian_taps(device: torch.device) -> Tensor:
-    """float32 [11]: the normalized 1D window, the same float32 taps the PyTorch SSIM uses."""
+    """float32 [11]: the normalized 1D window, the same float32 taps the PyTorch SSIM uses. Made
+    once per device (a host-to-device copy at every call would stall the step)."""
     offsets = torch.arange(WINDOW, dtype=torch.float64) - (WINDOW - 1) / 2
     g = torch.exp(-(offsets**2) / (2.0 * SIGMA**2))
     return (g / g.sum()).to(device=device, dtype=torch.float32)
@@ -123,10 +126,10 @@ if triton is not None:
     @triton.jit
     def _ssim_fwd_kernel(
         x_ptr, y_ptr, g_ptr, partial_ptr, maps_ptr,
-        height, width, out_h, out_w, origin, map_plane,
+        height, width, out_h, out_w, origin, map_plane, y_scale,
         sxb, sxh, sxw, sxc, syb, syh, syw, syc,
         C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr, BLOCK: tl.constexpr,
-        SAVE: tl.constexpr,
+        SAVE: tl.constexpr, L1: tl.constexpr,
     ):
         TILE: tl.constexpr = BLOCK - WINDOW + 1
         HALF: tl.constexpr = WINDOW // 2
@@ -145,9 +148,20 @@ if triton is not None:
         y_offs = b * syb + iy[:, None] * syh + ix[None, :] * syw
         m_offs = (oy[:, None] - origin) * out_w + (ox[None, :] - origin)
         acc = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+        if L1:  # the pixels whose |x - y| this program sums: its output tile, widened at the first
+            # and last tile to the image border, so the programs partition the image
+            lo_y = tl.where(ty == 0, 0, origin + ty * TILE)
+            hi_y = tl.where(ty == tl.num_programs(1) - 1, height, origin + ty * TILE + TILE)
+            lo_x = tl.where(tx == 0, 0, origin + tx * TILE)
+            hi_x = tl.where(tx == tl.num_programs(0) - 1, width, origin + tx * TILE + TILE)
+            own = (in_mask & (iy[:, None] >= lo_y) & (iy[:, None] < hi_y)
+                   & (ix[None, :] >= lo_x) & (ix[None, :] < hi_x))
+            l1_acc = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
         for c in tl.static_range(3):
             x = tl.load(x_ptr + x_offs + c * sxc, mask=in_mask, other=0.0)
-            y = tl.load(y_ptr + y_offs + c * syc, mask=in_mask, other=0.0)
+            y = tl.load(y_ptr + y_offs + c * syc, mask=in_mask, other=0).to(tl.float32) * y_scale
+            if L1:
+                l1_acc += tl.where(own, tl.abs(x - y), 0.0)
             mu_x = _blur(x, band, band_t)
             mu_y = _blur(y, band, band_t)
             var_x = _blur(x * x, band, band_t) - mu_x * mu_x
@@ -170,13 +184,16 @@ if triton is not None:
                 tl.store(maps_ptr + 2 * map_plane + plane + m_offs, d_xy, mask=out_mask)
         pid = (b * tl.num_programs(1) + ty) * tl.num_programs(0) + tx
         tl.store(partial_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+        if L1:  # second row of the partials buffer
+            num = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+            tl.store(partial_ptr + num + pid, tl.sum(tl.sum(l1_acc, axis=1), axis=0))
 
     @triton.jit
     def _ssim_bwd_kernel(
-        x_ptr, y_ptr, g_ptr, maps_ptr, scale_ptr, grad_ptr,
-        height, width, out_h, out_w, origin, map_plane,
+        x_ptr, y_ptr, g_ptr, maps_ptr, gout_ptr, grad_ptr,
+        height, width, out_h, out_w, origin, map_plane, y_scale, ssim_factor, l1_factor,
         sxb, sxh, sxw, sxc, syb, syh, syw, syc,
-        WINDOW: tl.constexpr, BLOCK: tl.constexpr,
+        WINDOW: tl.constexpr, BLOCK: tl.constexpr, L1: tl.constexpr,
     ):
         TILE: tl.constexpr = BLOCK - WINDOW + 1
         HALF: tl.constexpr = WINDOW // 2
@@ -195,17 +212,19 @@ if triton is not None:
         x_offs = b * sxb + qy[:, None] * sxh + qx[None, :] * sxw
         y_offs = b * syb + qy[:, None] * syh + qx[None, :] * syw
         g_offs = ((b * height + qy[:, None]) * width + qx[None, :]) * 3
-        scale = tl.load(scale_ptr)
+        gout = tl.load(gout_ptr).to(tl.float32)
         for c in tl.static_range(3):
             plane = (b * 3 + c) * out_h * out_w
             d_mu = tl.load(maps_ptr + plane + m_offs, mask=m_mask, other=0.0)
             d_sq = tl.load(maps_ptr + map_plane + plane + m_offs, mask=m_mask, other=0.0)
             d_xy = tl.load(maps_ptr + 2 * map_plane + plane + m_offs, mask=m_mask, other=0.0)
             x = tl.load(x_ptr + x_offs + c * sxc, mask=q_mask, other=0.0)
-            y = tl.load(y_ptr + y_offs + c * syc, mask=q_mask, other=0.0)
-            grad = (_blur(d_mu, band, band_t) + 2.0 * x * _blur(d_sq, band, band_t)
-                    + y * _blur(d_xy, band, band_t))
-            tl.store(grad_ptr + g_offs + c, scale * grad, mask=q_mask)
+            y = tl.load(y_ptr + y_offs + c * syc, mask=q_mask, other=0).to(tl.float32) * y_scale
+            grad = ssim_factor * (_blur(d_mu, band, band_t) + 2.0 * x * _blur(d_sq, band, band_t)
+                                  + y * _blur(d_xy, band, band_t))
+            if L1:  # d|x - y|/dx = sign(x - y), 0 where equal (as torch's abs)
+                grad += l1_factor * tl.where(x > y, 1.0, tl.where(x < y, -1.0, 0.0))
+            tl.store(grad_ptr + g_offs + c, gout * grad, mask=q_mask)
 
 
 MAX_OFFSET_FACTOR = 3  # the kernels address 3 per-element maps (d_mu, d_sq, d_xy) in one int32-indexed buffer
@@ -213,9 +232,10 @@ MAX_OFFSET_FACTOR = 3  # the kernels address 3 per-element maps (d_mu, d_sq, d_x
 
 def _check(img1: Tensor, img2: Tensor, padding: str, saves_maps: bool = True) -> None:
     """Raise ValueError / RuntimeError for arguments the kernels cannot take."""
-    for name, img in (("img1", img1), ("img2", img2)):
-        if img.dim() != 4 or img.shape[-1] != 3 or img.dtype != torch.float32:
-            raise ValueError(f"fused_ssim: {name} must be float32 [B, H, W, 3] (pass NCHW images as "
+    for name, img, dtypes in (("img1", img1, (torch.float32,)), ("img2", img2, (torch.float32, torch.uint8))):
+        if img.dim() != 4 or img.shape[-1] != 3 or img.dtype not in dtypes:
+            kinds = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+            raise ValueError(f"fused_ssim: {name} must be {kinds} [B, H, W, 3] (pass NCHW images as "
                              f"img.permute(0, 2, 3, 1)), got {img.dtype} {tuple(img.shape)}")
     if img1.shape != img2.shape or img1.device != img2.device:
         raise ValueError(f"fused_ssim: images differ: {tuple(img1.shape)} on {img1.device} vs "
@@ -242,46 +262,73 @@ def _grid(height: int, width: int, batch: int) -> tuple[int, int, int]:
 
 
 def ssim_forward_into(img1: Tensor, img2: Tensor, padding: str, partials: Tensor,
-                      maps: Tensor | None) -> Tensor:
-    """Run the forward kernel into caller-given buffers; return the mean SSIM (0-dim float32).
+                      maps: Tensor | None, with_l1: bool = False) -> Tensor | None:
+    """Run the forward kernel into caller-given buffers; return the mean SSIM (0-dim float32), or
+    None with ``with_l1`` (then :func:`combine_loss` reads the partial sums).
 
-    partials: float32 [num_programs] (see :func:`buffers`), one SSIM sum per program.
+    partials: float32 [num_programs] (see :func:`buffers`), one SSIM sum per program; with
+        ``with_l1`` [2, num_programs], the second row the programs' sums of |img1 - img2| (each
+        pixel counted by exactly one program).
     maps: None (inference), or float32 [3, B, 3, out_h, out_w]: dS/dmu_x, dS/d(w*x^2),
         dS/d(w*xy) per output pixel and channel, for :func:`ssim_backward_into`.
-    Every element of both buffers is written. Arguments as :func:`fused_ssim`.
+    img2 may be uint8 (values 0..255, read as value / 255). Every element of both buffers is
+    written. Arguments as :func:`fused_ssim`.
     """
     _check(img1, img2, padding, saves_maps=maps is not None)
     batch, height, width, _ = img1.shape
     out_h, out_w, origin = output_size(height, width, padding)
     grid = _grid(out_h, out_w, batch)
-    assert partials.shape == (grid[0] * grid[1] * grid[2],) and partials.dtype == torch.float32
+    rows = 2 if with_l1 else 1
+    assert partials.numel() == rows * grid[0] * grid[1] * grid[2] and partials.dtype == torch.float32
     assert maps is None or (maps.shape == (3, batch, 3, out_h, out_w) and maps.is_contiguous())
     _ssim_fwd_kernel[grid](
         img1, img2, _gaussian_taps(img1.device), partials, partials if maps is None else maps,
-        height, width, out_h, out_w, origin, batch * 3 * out_h * out_w,
+        height, width, out_h, out_w, origin, batch * 3 * out_h * out_w, _gt_scale(img2),
         *img1.stride(), *img2.stride(),
-        C1=C1, C2=C2, WINDOW=WINDOW, BLOCK=BLOCK, SAVE=maps is not None,
-        num_warps=spill_free_warps("ssim_forward", img1.device),
+        C1=C1, C2=C2, WINDOW=WINDOW, BLOCK=BLOCK, SAVE=maps is not None, L1=with_l1,
+        num_warps=spill_free_warps("l1_ssim_forward" if with_l1 else "ssim_forward", img1.device),
     )
+    if with_l1:
+        return None
     return (partials.double().sum() / (batch * 3 * out_h * out_w)).float()
 
 
 def ssim_backward_into(grad_output: Tensor, img1: Tensor, img2: Tensor, padding: str,
-                       maps: Tensor, grad: Tensor) -> Tensor:
+                       maps: Tensor, grad: Tensor, ssim_factor: float | None = None,
+                       l1_factor: float = 0.0) -> Tensor:
     """Run the backward kernel: grad (float32 [B, H, W, 3], contiguous, every element written)
-    becomes d(grad_output * mean SSIM)/d img1, from the forward's ``maps``. Returns grad."""
+    becomes grad_output * (ssim_factor * d(sum of the SSIM map)/d img1 + l1_factor *
+    sign(img1 - img2)), from the forward's ``maps``; ``ssim_factor`` defaults to 1 / (number of
+    SSIM outputs), the derivative of the mean SSIM. grad_output is a 0-dim device tensor (read
+    by the kernel: no host synchronization). Returns grad."""
     _check(img1, img2, padding)
     batch, height, width, _ = img1.shape
     out_h, out_w, origin = output_size(height, width, padding)
     assert grad.shape == img1.shape and grad.is_contiguous() and grad.dtype == torch.float32
-    scale = (grad_output.detach().to(torch.float32) / (batch * 3 * out_h * out_w)).reshape(1)
+    if ssim_factor is None:
+        ssim_factor = 1.0 / (batch * 3 * out_h * out_w)
     _ssim_bwd_kernel[_grid(height, width, batch)](
-        img1, img2, _gaussian_taps(img1.device), maps, scale, grad,
-        height, width, out_h, out_w, origin, batch * 3 * out_h * out_w,
+        img1, img2, _gaussian_taps(img1.device), maps, grad_output.detach().reshape(1), grad,
+        height, width, out_h, out_w, origin, batch * 3 * out_h * out_w, _gt_scale(img2),
+        float(ssim_factor), float(l1_factor),
         *img1.stride(), *img2.stride(),
-        WINDOW=WINDOW, BLOCK=BLOCK, num_warps=spill_free_warps("ssim_backward", img1.device),
+        WINDOW=WINDOW, BLOCK=BLOCK, L1=l1_factor != 0.0,
+        num_warps=spill_free_warps("l1_ssim_backward" if l1_factor else "ssim_backward", img1.device),
     )
     return grad
+
+
+UINT8_SCALE = 1.0 / 255.0  # uint8 ground truth is read as value * UINT8_SCALE (float32)
+
+
+def _gt_scale(img2: Tensor) -> float:
+    """What the kernels multiply the ground truth by: UINT8_SCALE for uint8 images, else 1."""
+    return UINT8_SCALE if img2.dtype == torch.uint8 else 1.0
+
+
+def uint8_to_unit(images: Tensor) -> Tensor:
+    """uint8 images -> float32 in [0, 1], exactly as the kernels read uint8 ground truth."""
+    return images.float() * UINT8_SCALE
 
 
 def buffers(img1: Tensor, padding: str, train: bool) -> tuple[Tensor, Tensor | None]:
@@ -334,3 +381,83 @@ def fused_ssim(img1: Tensor, img2: Tensor, padding: str = "valid") -> Tensor:
     train = torch.is_grad_enabled() and img1.requires_grad
     _check(img1, img2, padding, saves_maps=train)
     return _FusedSSIM.apply(img1, img2.detach(), padding, train)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _combine_kernel(partial_ptr, out_ptr, num, lam, inv_ssim, inv_l1, BLOCK: tl.constexpr):
+        """One program: out = [loss, mean |x - y|, mean SSIM] from the [2, num] partial sums."""
+        offs = tl.arange(0, BLOCK)
+        s_acc = tl.zeros([BLOCK], dtype=tl.float32)
+        l_acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, num, BLOCK):
+            m = start + offs < num
+            s_acc += tl.load(partial_ptr + start + offs, mask=m, other=0.0)
+            l_acc += tl.load(partial_ptr + num + start + offs, mask=m, other=0.0)
+        ssim = tl.sum(s_acc, axis=0) * inv_ssim
+        l1 = tl.sum(l_acc, axis=0) * inv_l1
+        tl.store(out_ptr, (1.0 - lam) * l1 + lam * (1.0 - ssim))
+        tl.store(out_ptr + 1, l1)
+        tl.store(out_ptr + 2, ssim)
+
+
+COMBINE_BLOCK = 1024
+
+
+class _FusedL1SSIMLoss(torch.autograd.Function):
+    """Forward: the SSIM kernel with the L1 sums, then one combining program. Backward: one
+    kernel writes (1 - lambda) / N_l1 * sign(x - y) - lambda / N_ssim * dS/dx."""
+
+    @staticmethod
+    def forward(ctx, render: Tensor, gt: Tensor, ssim_lambda: float, padding: str):
+        batch, height, width, _ = render.shape
+        out_h, out_w, _ = output_size(height, width, padding)
+        gx, gy, gb = _grid(out_h, out_w, batch)
+        partials = torch.empty(2, gx * gy * gb, dtype=torch.float32, device=render.device)
+        train = ctx.needs_input_grad[0]
+        maps = (torch.empty(3, batch, 3, out_h, out_w, dtype=torch.float32, device=render.device)
+                if train else None)
+        ssim_forward_into(render, gt, padding, partials, maps, with_l1=True)
+        out = torch.empty(3, dtype=torch.float32, device=render.device)
+        num_ssim, num_l1 = batch * 3 * out_h * out_w, render.numel()
+        _combine_kernel[(1,)](partials, out, partials.shape[1], float(ssim_lambda), 1.0 / num_ssim, 1.0 / num_l1,
+                              BLOCK=COMBINE_BLOCK)
+        ctx.padding, ctx.factors = padding, (-ssim_lambda / num_ssim, (1.0 - ssim_lambda) / num_l1)
+        if train:
+            ctx.save_for_backward(render, gt, maps)
+        ctx.mark_non_differentiable(out)
+        return out[0], out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss: Tensor, _unused):
+        render, gt, maps = ctx.saved_tensors
+        grad = torch.empty(render.shape, dtype=torch.float32, device=render.device)
+        ssim_backward_into(grad_loss, render, gt, ctx.padding, maps, grad, *ctx.factors)
+        return grad, None, None, None
+
+
+def fused_l1_ssim_loss(render: Tensor, gt: Tensor, ssim_lambda: float = 0.2,
+                       padding: str = "valid") -> tuple[Tensor, dict[str, Tensor]]:
+    """(1 - lambda) mean|render - gt| + lambda (1 - mean SSIM) in two kernels forward and one
+    backward (Kerbl et al. 2023, eq. 7; the SSIM as :func:`fused_ssim`).
+
+    Args:
+        render: float32 [B, H, W, 3] in [0, 1]; differentiable (once).
+        gt: float32 [B, H, W, 3] in [0, 1], or uint8 [B, H, W, 3] (0..255, read as value / 255,
+            so images can stay uint8 on the device); no gradient.
+        ssim_lambda: weight of the D-SSIM term, in [0, 1].
+        padding: the SSIM's, as :func:`fused_ssim` ("valid" is gsplat simple_trainer's).
+
+    Returns (loss, terms): loss a 0-dim tensor; terms "l1" (mean absolute error) and "ssim" (mean
+    SSIM), detached 0-dim views of the same device buffer (reading them on the host
+    synchronizes; the step does not need to). The value equals
+    :func:`splat_train.trainer.losses.photometric_loss` (the tests' reference) up to float32
+    rounding. Raises ValueError as :func:`fused_ssim`, and for a lambda outside [0, 1].
+    """
+    if not 0.0 <= ssim_lambda <= 1.0:
+        raise ValueError(f"ssim_lambda must be in [0, 1], got {ssim_lambda}")
+    _check(render, gt, padding)
+    loss, out = _FusedL1SSIMLoss.apply(render, gt.detach(), float(ssim_lambda), padding)
+    return loss, {"l1": out[1], "ssim": out[2]}

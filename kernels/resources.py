@@ -90,14 +90,22 @@ def kernel_specs() -> dict:
     raster_scalars = {"l1_scale": "fp32", "ssim_scale": "fp32"}
     ints = {n: "*i32" for n in ("bits_ptr", "bitmap_ptr", "counts_ptr", "offsets_ptr", "packed_ptr")}
     rows = dict(BLOCK_R=sc.BLOCK_ROWS, BLOCK_D=16)
+    ssim_fwd = dict(C1=fs.C1, C2=fs.C2, WINDOW=fs.WINDOW, BLOCK=fs.BLOCK, SAVE=True)
+    ssim_bwd = dict(WINDOW=fs.WINDOW, BLOCK=fs.BLOCK)
+    ssim_scalars = {n: "fp32" for n in ("y_scale", "ssim_factor", "l1_factor")}
+    u8_gt = {"y_ptr": "*u8"}
     return {
         "fused_raster_resident": (fr._fused_raster_loss_kernel, dict(raster, RESIDENT=True, K=8), raster_ptrs,
                                   raster_scalars, fr.NUM_WARPS),
         "fused_raster_streaming": (fr._fused_raster_loss_kernel, dict(raster, RESIDENT=False, K=8), raster_ptrs,
                                    raster_scalars, fr.NUM_WARPS),
-        "ssim_forward": (fs._ssim_fwd_kernel, dict(C1=fs.C1, C2=fs.C2, WINDOW=fs.WINDOW, BLOCK=fs.BLOCK, SAVE=True),
-                         {}, {}, 4),
-        "ssim_backward": (fs._ssim_bwd_kernel, dict(WINDOW=fs.WINDOW, BLOCK=fs.BLOCK), {}, {}, 4),
+        "ssim_forward": (fs._ssim_fwd_kernel, dict(ssim_fwd, L1=False), {}, ssim_scalars, 4),
+        "ssim_backward": (fs._ssim_bwd_kernel, dict(ssim_bwd, L1=False), {}, ssim_scalars, 4),
+        # the training loss: L1 + D-SSIM against uint8 ground truth (fused_l1_ssim_loss)
+        "l1_ssim_forward": (fs._ssim_fwd_kernel, dict(ssim_fwd, L1=True), u8_gt, ssim_scalars, 4),
+        "l1_ssim_backward": (fs._ssim_bwd_kernel, dict(ssim_bwd, L1=True), u8_gt, ssim_scalars, 4),
+        "loss_combine": (fs._combine_kernel, dict(BLOCK=fs.COMBINE_BLOCK), {},
+                         {n: "fp32" for n in ("lam", "inv_ssim", "inv_l1")}, 4),
         "sparse_mark": (sc._mark_kernel, rows, ints, {}, 4),
         "sparse_count": (sc._count_kernel, dict(BLOCK_R=sc.BLOCK_ROWS), ints, {}, 4),
         "sparse_compact": (sc._compact_kernel, rows, ints, {}, 4),

@@ -76,6 +76,59 @@ def run_case(img1, img2, padding, kind):
                 via_losses_grad=render.grad.cpu())
 
 
+LOSS_CASES = [((2, 37, 23), "valid", "u8"), ((1, 40, 70), "valid", "float"), ((2, 16, 16), "same", "u8"),
+              ((1, 64, 48), "same", "float"), ((1, 11, 11), "valid", "u8"), ((1, 30, 60), "valid", "identical-u8")]
+LOSS_LAMBDA = 0.2
+
+
+def loss_case_id(case):
+    (b, h, w), padding, kind = case
+    return f"loss-{b}x{h}x{w}-{padding}-{kind}"
+
+
+def make_loss_images(size, kind, seed):
+    """(render float32, ground truth float32 or uint8) for the fused loss."""
+    gen = torch.Generator().manual_seed(seed)
+    gt8 = torch.randint(0, 256, (*size, 3), generator=gen, dtype=torch.uint8)
+    gt = fs.uint8_to_unit(gt8)  # the kernels' reading of uint8 ground truth
+    if kind == "identical-u8":
+        return gt, gt8
+    render = (gt + 0.1 * torch.randn((*size, 3), generator=gen)).clamp(0, 1)
+    return render, (gt8 if kind.endswith("u8") else gt)
+
+
+def loss_reference(render, gt, padding):
+    """(loss, l1, ssim, d loss / d render) of trainer.losses.photometric_loss in float64."""
+    x = render.double().requires_grad_()
+    y = (fs.uint8_to_unit(gt) if gt.dtype == torch.uint8 else gt).double()
+    loss, terms = losses.photometric_loss(x, y, LOSS_LAMBDA, ssim_padding=padding, ssim_backend_name="pytorch")
+    loss.backward()
+    return loss.detach(), terms["l1"], terms["ssim"], x.grad
+
+
+def run_loss_case(render, gt, padding):
+    """The fused loss's value, terms and gradient (upstream gradient 3), wherever it can run."""
+    x = render.clone().requires_grad_()
+    loss, terms = fs.fused_l1_ssim_loss(x, gt, LOSS_LAMBDA, padding=padding)
+    (3.0 * loss).backward()
+    return dict(loss=loss.detach().cpu(), l1=terms["l1"].cpu(), ssim=terms["ssim"].cpu(), grad=x.grad.cpu())
+
+
+def check_loss_case(render, gt, padding, got):
+    for name, t in got.items():
+        assert torch.isfinite(t).all(), f"{name} has NaN/Inf"
+    ref_loss, ref_l1, ref_ssim, ref_grad = loss_reference(render, gt, padding)
+    assert abs(got["loss"].item() - ref_loss.item()) <= 1e-5 * max(1.0, abs(ref_loss.item()))
+    assert abs(got["l1"].item() - ref_l1.item()) <= 1e-5
+    assert abs(got["ssim"].item() - ref_ssim.item()) <= VALUE_ATOL
+    ref_grad = 3.0 * ref_grad
+    if ref_l1.item() == 0:  # identical images: L1's sign is 0 and SSIM's gradient is rounding
+        assert got["loss"].item() == 0 and got["grad"].abs().max().item() <= 1e-8
+        return
+    scale = ref_grad.abs().max().item()
+    assert (got["grad"].double() - ref_grad).abs().max().item() <= GRAD_RTOL * scale
+
+
 def check_case(img1, img2, padding, kind, got):
     for name, t in got.items():
         assert torch.isfinite(t).all(), f"{name} has NaN/Inf (unwritten or wrong)"
@@ -111,8 +164,13 @@ def check_case(img1, img2, padding, kind, got):
 def _run_kernels(in_path, out_path):
     """Child side: run the kernels on the parent's images and save what they return."""
     assert fs._INTERPRETED, "TRITON_INTERPRET=1 must be set before the import"
-    torch.save({key: run_case(c["img1"], c["img2"], c["padding"], c["kind"])
-                for key, c in torch.load(in_path).items()}, out_path)
+    out = {}
+    for key, c in torch.load(in_path).items():
+        if key.startswith("loss-"):
+            out[key] = run_loss_case(c["img1"], c["img2"], c["padding"])
+        else:
+            out[key] = run_case(c["img1"], c["img2"], c["padding"], c["kind"])
+    torch.save(out, out_path)
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +183,10 @@ def kernel_results(tmp_path_factory):
         size, padding, kind = case
         img1, img2 = make_images(size, kind, seed=1000 + i)
         cases[case_id(case)] = dict(img1=img1, img2=img2, padding=padding, kind=kind)
+    for i, case in enumerate(LOSS_CASES):
+        size, padding, kind = case
+        render, gt = make_loss_images(size, kind, seed=3000 + i)
+        cases[loss_case_id(case)] = dict(img1=render, img2=gt, padding=padding, kind=kind)
     torch.save(cases, tmp / "in.pt")
     run_interpreted(__file__, "kernels", str(tmp / "in.pt"), str(tmp / "out.pt"), timeout=600)
     return cases, torch.load(tmp / "out.pt")
@@ -135,6 +197,25 @@ def test_kernel_matches_pytorch_ssim(kernel_results, case):
     cases, results = kernel_results
     c = cases[case_id(case)]
     check_case(c["img1"], c["img2"], c["padding"], c["kind"], results[case_id(case)])
+
+
+@pytest.mark.parametrize("case", LOSS_CASES, ids=loss_case_id)
+def test_fused_loss_matches_photometric_loss(kernel_results, case):
+    """L1 + D-SSIM in the SSIM kernels (uint8 or float ground truth) equals the PyTorch loss."""
+    cases, results = kernel_results
+    c = cases[loss_case_id(case)]
+    check_loss_case(c["img1"], c["img2"], c["padding"], results[loss_case_id(case)])
+
+
+def test_loss_checker_rejects_wrong_values():
+    render, gt = make_loss_images((1, 20, 30), "u8", seed=5)
+    loss, l1, ssim_value, grad = loss_reference(render, gt, "valid")
+    good = dict(loss=loss.float(), l1=l1.float(), ssim=ssim_value.float(), grad=(3 * grad).float())
+    check_loss_case(render, gt, "valid", good)
+    for name, bad in [("loss", loss.float() + 1e-3), ("l1", l1.float() * 1.01), ("grad", good["grad"] * 1.01),
+                      ("ssim", torch.tensor(float("nan")))]:
+        with pytest.raises(AssertionError):
+            check_loss_case(render, gt, "valid", dict(good, **{name: bad}))
 
 
 def test_checker_rejects_nan_and_wrong_values():
@@ -218,6 +299,18 @@ def test_kernel_on_gpu_matches_pytorch_ssim(case):
     img1, img2 = make_images(size, kind, seed=2000 + CASES.index(case))
     got = run_case(img1.cuda(), img2.cuda(), padding, kind)
     check_case(img1, img2, padding, kind, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
+@pytest.mark.skipif(not fs.available(), reason="needs Triton")
+@pytest.mark.parametrize("case", LOSS_CASES + [((2, 270, 480), "valid", "u8"), ((1, 1200, 1600), "valid", "u8")],
+                         ids=loss_case_id)
+def test_fused_loss_on_gpu_matches_photometric_loss(case):
+    size, padding, kind = case
+    render, gt = make_loss_images(size, kind, seed=4000)
+    got = run_loss_case(render.cuda(), gt.cuda(), padding)
+    check_loss_case(render, gt, padding, got)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["kernels"]:
