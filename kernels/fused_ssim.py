@@ -318,7 +318,7 @@ def ssim_backward_into(grad_output: Tensor, img1: Tensor, img2: Tensor, padding:
     return grad
 
 
-UINT8_SCALE = 1.0 / 255.0  # uint8 ground truth is read as value * UINT8_SCALE (float32)
+UINT8_SCALE = 1.0 / 255.0  # the kernels read uint8 ground truth as value * UINT8_SCALE (float32)
 
 
 def _gt_scale(img2: Tensor) -> float:
@@ -327,8 +327,9 @@ def _gt_scale(img2: Tensor) -> float:
 
 
 def uint8_to_unit(images: Tensor) -> Tensor:
-    """uint8 images -> float32 in [0, 1], exactly as the kernels read uint8 ground truth."""
-    return images.float() * UINT8_SCALE
+    """uint8 images -> float32 in [0, 1]: value / 255, as the data loader has always converted
+    them (the kernels multiply by UINT8_SCALE instead, which differs by at most 1 ulp)."""
+    return images.float() / 255.0
 
 
 def buffers(img1: Tensor, padding: str, train: bool) -> tuple[Tensor, Tensor | None]:

@@ -90,7 +90,7 @@ def make_loss_images(size, kind, seed):
     """(render float32, ground truth float32 or uint8) for the fused loss."""
     gen = torch.Generator().manual_seed(seed)
     gt8 = torch.randint(0, 256, (*size, 3), generator=gen, dtype=torch.uint8)
-    gt = fs.uint8_to_unit(gt8)  # the kernels' reading of uint8 ground truth
+    gt = gt8.float() * fs.UINT8_SCALE  # the kernels' reading of uint8 ground truth
     if kind == "identical-u8":
         return gt, gt8
     render = (gt + 0.1 * torch.randn((*size, 3), generator=gen)).clamp(0, 1)
@@ -100,7 +100,7 @@ def make_loss_images(size, kind, seed):
 def loss_reference(render, gt, padding):
     """(loss, l1, ssim, d loss / d render) of trainer.losses.photometric_loss in float64."""
     x = render.double().requires_grad_()
-    y = (fs.uint8_to_unit(gt) if gt.dtype == torch.uint8 else gt).double()
+    y = (gt.float() * fs.UINT8_SCALE if gt.dtype == torch.uint8 else gt).double()
     loss, terms = losses.photometric_loss(x, y, LOSS_LAMBDA, ssim_padding=padding, ssim_backend_name="pytorch")
     loss.backward()
     return loss.detach(), terms["l1"], terms["ssim"], x.grad

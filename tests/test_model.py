@@ -8,7 +8,8 @@ import torch
 
 from splat_train.trainer.config import Config, Schedule, StrategyConfig
 from splat_train.trainer.data import DataError, Scene
-from splat_train.trainer.densify import DefaultStrategy, initialize_state, make_strategy, strategy_info
+from splat_train.trainer.densify import (DefaultStrategy, initialize_state, make_strategy, ndc_gradient_norms,
+                                               strategy_info)
 from splat_train.trainer.model import (InitPoints, batch_rule, bytes_per_gaussian, create_optimizers,
                                        create_shard, initial_points, knn_mean_distance)
 
@@ -114,15 +115,67 @@ def test_opacity_reset_happens_at_reset_every():
     assert history[5] == pytest.approx(0.01, abs=1e-5)  # reset to 2 x prune_opa at step 5
 
 
-def test_strategy_info_normalizes_per_camera_size():
-    means2d = torch.zeros(2, 3, 2)
-    means2d.grad = torch.ones(2, 3, 2)
-    info = dict(means2d=means2d, radii=torch.ones(2, 3, 2, dtype=torch.int32), packed=False, n_cameras=2,
-                gaussian_ids=None, camera_ids=None, widths=[40, 20], heights=[30, 60])
-    grads = strategy_info(info)["means2d"].grad
-    assert torch.equal(grads[0, 0], torch.tensor([40.0, 30.0]))  # w/2 * n_cameras, h/2 * n_cameras
-    assert torch.equal(grads[1, 0], torch.tensor([20.0, 60.0]))
+def test_ndc_gradient_norms_scale_per_camera_size():
+    grads = torch.ones(2, 3, 2)
+    info = dict(packed=False, n_cameras=2, camera_ids=None, widths=[40, 20], heights=[30, 60])
+    norms = ndc_gradient_norms(grads, info)  # x by w/2 * n_cameras, y by h/2 * n_cameras
+    assert torch.allclose(norms[0], torch.full((3,), math.hypot(40.0, 30.0)))
+    assert torch.allclose(norms[1], torch.full((3,), math.hypot(20.0, 60.0)))
     info.update(widths=[40, 40], heights=[30, 30])
-    grads = strategy_info(info)["means2d"].grad
-    assert torch.equal(grads[1, 2], torch.tensor([40.0, 30.0]))
-    assert torch.equal(means2d.grad, torch.ones(2, 3, 2))  # the render's gradient is left alone
+    assert torch.allclose(ndc_gradient_norms(grads, info), torch.full((2, 3), 50.0))
+    packed = dict(packed=True, n_cameras=2, camera_ids=torch.tensor([1, 0, 1]), widths=[40, 20], heights=[30, 60])
+    assert torch.allclose(ndc_gradient_norms(torch.ones(3, 2), packed),
+                          torch.tensor([math.hypot(20.0, 60.0), 50.0, math.hypot(20.0, 60.0)]))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_update_state_equals_gsplats(packed):
+    """The synchronization-free statistics equal gsplat 1.5.3's own _update_state (torch.where over
+    the visibility mask) on the same gradients: random visibility, two cameras of one size."""
+    from gsplat.strategy import DefaultStrategy as GsplatDefault
+
+    gen = torch.Generator().manual_seed(3)
+    C, N, width, height = 2, 50, 64, 48
+    radii = torch.randint(0, 3, (C, N, 2), generator=gen, dtype=torch.int32)  # 0: not seen
+    grad = torch.randn(C, N, 2, generator=gen)
+    params = {"means": torch.zeros(N, 3)}
+    ours, theirs = make_strategy(Config()), GsplatDefault()
+    state_ours, state_theirs = ours.initialize_state(1.0), theirs.initialize_state(1.0)
+    for _ in range(2):  # accumulates over steps
+        if packed:
+            seen = (radii > 0).all(-1)
+            cam_ids, gs_ids = torch.nonzero(seen, as_tuple=True)
+            g, r = grad[cam_ids, gs_ids], radii[cam_ids, gs_ids]
+        else:
+            cam_ids = gs_ids = None
+            g, r = grad, radii
+        means2d = torch.zeros_like(g)
+        means2d.grad = g.clone()
+        info = dict(means2d=means2d, radii=r, packed=packed, n_cameras=C, gaussian_ids=gs_ids, camera_ids=cam_ids,
+                    widths=[width] * C, heights=[height] * C)
+        ours._update_state(params, state_ours, strategy_info(info), packed=packed)
+        theirs._update_state(params, state_theirs, dict(means2d=means2d, radii=r, gaussian_ids=gs_ids,
+                                                         width=width, height=height, n_cameras=C), packed=packed)
+    assert torch.allclose(state_ours["count"], state_theirs["count"]) and state_ours["count"].sum() > 0
+    assert torch.allclose(state_ours["grad2d"], state_theirs["grad2d"], rtol=1e-5)
+
+
+def test_optimizers_are_fused_adams_that_match_the_foreach_update():
+    """create_optimizers uses torch's fused Adam (one kernel per parameter and step) where the
+    device has it; its updates equal the multi-tensor (foreach) Adam's to float32 rounding."""
+    params = create_shard(_points(30), Config(), 0, 1, torch.device("cpu"))
+    opts = create_optimizers(params, Config(), 1, 1.0)
+    assert all(o.defaults["fused"] for o in opts.values())
+    twin = {k: torch.nn.Parameter(v.detach().clone()) for k, v in params.items()}
+    ref = {k: torch.optim.Adam([twin[k]], **{n: opts[k].param_groups[0][n] for n in ("lr", "eps", "betas")},
+                               foreach=True) for k in twin}
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for k in params:
+            params[k].grad = torch.randn(params[k].shape, generator=gen)
+            twin[k].grad = params[k].grad.clone()
+            opts[k].step()
+            ref[k].step()
+    for k in params:
+        assert not torch.equal(params[k].detach(), create_shard(_points(30), Config(), 0, 1, torch.device("cpu"))[k])
+        torch.testing.assert_close(params[k].detach(), twin[k].detach(), rtol=1e-6, atol=1e-7)

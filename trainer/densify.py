@@ -8,8 +8,11 @@ Two adaptations, both documented where they happen:
   :class:`DefaultStrategy` below performs the reset at ``reset_every`` as intended (the reset is
   idempotent, so it stays right if gsplat fixes the condition).
 * The strategy reads image-plane gradients normalized to NDC by one ``width``/``height``; our
-  cameras may differ in size (portrait and landscape in one batch, or across ranks), so
-  :func:`strategy_info` normalizes each camera's gradient by its own size before handing it over.
+  cameras may differ in size (portrait and landscape in one batch, or across ranks), so each
+  camera's gradient is normalized by its own size (:func:`ndc_gradient_norms`).
+* :meth:`DefaultStrategy._update_state` accumulates the statistics without gsplat's
+  ``torch.where`` over the visibility mask (a host synchronization in every step): a masked sum
+  over cameras (dense) or an index_add over the records (packed), all on the device.
 """
 
 from __future__ import annotations
@@ -25,7 +28,29 @@ from .config import Config
 
 
 class DefaultStrategy(_GsplatDefault):
-    """gsplat's DefaultStrategy with the opacity reset firing at every ``reset_every`` steps."""
+    """gsplat's DefaultStrategy with the opacity reset firing at every ``reset_every`` steps and
+    its running statistics accumulated without a host synchronization."""
+
+    def _update_state(self, params, state, info, packed=False):
+        """Add this step's visible 2D-mean gradient norms (NDC) to ``state["grad2d"]`` [N] and the
+        views that saw each Gaussian to ``state["count"]`` [N] (gsplat's update, the same sums).
+        ``info`` is :func:`strategy_info`'s."""
+        assert self.refine_scale2d_stop_iter == 0, "the 2D-scale statistics (refine_scale2d_stop_iter) are not kept"
+        means2d = info[self.key_for_gradient]
+        grads = means2d.absgrad if self.absgrad else means2d.grad
+        n = len(params["means"])
+        for key in ("grad2d", "count"):
+            if state[key] is None:
+                state[key] = torch.zeros(n, device=grads.device)
+        norms = ndc_gradient_norms(grads, info)  # [C, N] or [nnz]
+        if packed:  # every record is a visible (camera, Gaussian) pair
+            ids = info["gaussian_ids"]
+            state["grad2d"].index_add_(0, ids, norms)
+            state["count"].index_add_(0, ids, torch.ones_like(norms))
+        else:
+            seen = (info["radii"] > 0).all(dim=-1)  # [C, N]
+            state["grad2d"].add_(torch.where(seen, norms, 0.0).sum(dim=0))
+            state["count"].add_(seen.sum(dim=0, dtype=state["count"].dtype))
 
     def step_post_backward(self, params, optimizers, state, step, info, packed=False):
         super().step_post_backward(params, optimizers, state, step, info, packed=packed)
@@ -58,6 +83,20 @@ def initialize_state(strategy, scene_scale: float) -> dict[str, Any]:
     return strategy.initialize_state(scene_scale=scene_scale)
 
 
+def ndc_gradient_norms(grads: torch.Tensor, info: dict[str, Any]) -> torch.Tensor:
+    """|gradient of the 2D mean| in NDC per projection: [C, N, 2] (dense) or [nnz, 2] (packed)
+    pixel gradients -> [C, N] or [nnz]. x is scaled by width / 2 and y by height / 2 of each
+    projection's camera, and both by the number of cameras of the pass (gsplat normalizes by
+    ``n_cameras`` because the loss averages over the batch)."""
+    n = info["n_cameras"]
+    widths, heights = info["widths"], info["heights"]  # Python lists, one entry per camera
+    if len(set(widths)) == 1 and len(set(heights)) == 1:  # one size: scalar factors, no copy
+        return torch.hypot(grads[..., 0] * (widths[0] * 0.5 * n), grads[..., 1] * (heights[0] * 0.5 * n))
+    size = torch.tensor([widths, heights], dtype=grads.dtype, device=grads.device).T * 0.5 * n  # [C, 2]
+    scaled = grads * (size[info["camera_ids"]] if info["packed"] else size[:, None, :])
+    return scaled.norm(dim=-1)
+
+
 class _GradHolder:
     """Stands in for the 2D-means tensor: the strategy only reads ``.grad``."""
 
@@ -66,30 +105,22 @@ class _GradHolder:
 
 
 def strategy_info(info: dict) -> dict[str, Any]:
-    """Build the info dict gsplat's strategies read, from a render's info after backward.
-
-    Gradients of the local 2D means are scaled per camera to NDC (x by width/2, y by height/2)
-    and by the number of cameras of the pass (gsplat normalizes by ``n_cameras`` because the loss
-    averages over the batch); ``width = height = 2`` and ``n_cameras = 1`` then make the
-    strategy's own normalization the identity.
-    """
+    """The info dict the strategies read, from a render's info after backward: the local 2D
+    means (their ``.grad``; a zero gradient when none arrived), radii, ids, and each camera's
+    size for :func:`ndc_gradient_norms` (``width = height = 2``, ``n_cameras = 1`` are what
+    gsplat's own normalization would need to be the identity)."""
     means2d = info["means2d"]
-    grad = means2d.grad if means2d.grad is not None else torch.zeros_like(means2d)
-    n = info["n_cameras"]
-    widths, heights = info["widths"], info["heights"]  # Python lists, one entry per camera
-    if len(set(widths)) == 1 and len(set(heights)) == 1:
-        # one size (the common case): scalar factors, no host-to-device copy
-        grad = grad.clone()
-        grad[..., 0] *= widths[0] * 0.5 * n
-        grad[..., 1] *= heights[0] * 0.5 * n
-    else:
-        size = torch.tensor([widths, heights], dtype=grad.dtype, device=grad.device).T * 0.5 * n  # [C, 2]
-        grad = grad * (size[info["camera_ids"]] if info["packed"] else size[:, None, :])
+    if means2d.grad is None:
+        means2d = _GradHolder(torch.zeros_like(means2d))
     return {
-        "means2d": _GradHolder(grad),
+        "means2d": means2d,
         "radii": info["radii"],
         "gaussian_ids": info["gaussian_ids"],
+        "camera_ids": info.get("camera_ids"),
+        "packed": info["packed"],
+        "widths": info["widths"],
+        "heights": info["heights"],
+        "n_cameras": info["n_cameras"],
         "width": 2.0,
         "height": 2.0,
-        "n_cameras": 1,
     }
