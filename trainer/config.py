@@ -190,6 +190,8 @@ class Config:
     """Weight of the opacity regularizer mean(sigmoid(opacities))."""
     scale_reg: float = 0.0
     """Weight of the scale regularizer mean(exp(scales))."""
+    device_images_share: float = 0.25
+    """Largest share of a GPU's memory the training images may take on it, as uint8 (uploaded once; the loss reads them there). Beyond it (or at 0) they stay in pinned host memory and each batch is copied one step ahead on a side stream."""
     random_bkgd: bool = False
     """Composite over a random background colour each step."""
     near_plane: float = 0.01
@@ -280,6 +282,7 @@ def validate(cfg: Config) -> None:
          or cfg.schedule.prune_stage3_step > cfg.schedule.prune_stage2_step,
          "--prune_stage3_step must come after --prune_stage2_step"),
         (cfg.prune.prune_rounds >= 1, "--prune_rounds must be >= 1"),
+        (0.0 <= cfg.device_images_share <= 1.0, "--device_images_share must be in [0, 1]"),
         (0.0 < cfg.prune.prune_fraction <= 1.0, "--prune_fraction must be in (0, 1]"),
         (cfg.prune.tile_budget >= 0, "--tile_budget must be >= 0 (0 = from the device)"),
         (not (cfg.raster == "fused" and cfg.app_opt),

@@ -167,7 +167,7 @@ def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
         if ctx.is_main:
             print("video skipped: imageio-ffmpeg is not installed (pip install imageio-ffmpeg)", flush=True)
         return None
-    first = trainer.trainset[0]
+    first = trainer.trainset.camera(0)
     c2ws = np.stack([trainer.scene.cameras[i].camtoworld for i in trainer.trainset.indices])
     poses = torch.from_numpy(trajectory_poses(c2ws, n)).to(trainer.device)
     mine, rounds = _my_views(n, ctx)

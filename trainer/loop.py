@@ -16,17 +16,20 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import checkpoint, evaluate, export, prune
+from . import checkpoint, evaluate, exchange, export, prune
+from ..kernels.fused_ssim import fused_l1_ssim_loss, uint8_to_unit
 from .config import Config, dump_yaml
 from .data import CameraSampler, Dataset, Scene, split_indices
+from .data.views import TrainViews
 from .densify import initialize_state, make_strategy, strategy_info
 from .launch import DistContext
+from . import losses
 from .losses import opacity_reg, photometric_loss, scale_reg
 from .model import (activated, create_optimizers, create_shard, initial_points,
                     means_lr_scheduler)
 from .profiling import PhaseTimer
-from .render import (TILE_SIZE, CameraBatch, ops_for, padding_only_radii, render, resolve_backend, rigid_inverse,
-                     shift_cameras)
+from .render import (TILE_SIZE, CameraBatch, PassLayout, ops_for, padding_only_radii, render, resolve_backend,
+                     rigid_inverse, shift_cameras, shift_intrinsics)
 
 
 def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:
@@ -48,7 +51,12 @@ class Trainer:
         train_idx, test_idx = split_indices(len(scene.cameras), cfg.test_every)
         self.trainset = Dataset(scene, train_idx)
         self.testset = Dataset(scene, test_idx)
-        self.sampler = CameraSampler(self.trainset, cfg.batch_size, cfg.seed, ctx.rank)
+        # every rank's sampler: a rank knows what every other rank renders at a step without asking
+        self.samplers = [CameraSampler(self.trainset, cfg.batch_size, cfg.seed, r) for r in range(ctx.world_size)]
+        self.sampler = self.samplers[ctx.rank]
+        self.views = TrainViews(self.trainset, self.device, cfg.device_images_share)
+        self.viewmats = rigid_inverse(self.views.camtoworlds)  # [V, 4, 4] world-to-camera, training views
+        self.loss_backend = losses.training_loss_backend(self.device, cfg.ssim_backend)
         torch.manual_seed(cfg.seed + ctx.rank)
         np.random.seed((cfg.seed + ctx.rank) % 2**32)
         points = initial_points(scene, cfg, self.scene_scale)
@@ -74,6 +82,7 @@ class Trainer:
         self.strategy_state = initialize_state(self.strategy, self.scene_scale)
         self.aux, self.aux_optimizers = self._make_aux_modules()
         self.step = 0  # completed steps
+        self._n_world: Optional[list[int]] = None  # Gaussians per rank; None: gather before the next step
         self._stats_step = 0  # step of the previous train stats file
         self.writer = None
         self.last_stats: dict = {}
@@ -128,6 +137,7 @@ class Trainer:
                 _unwrapped(module).load_state_dict(saved)
                 self.aux_optimizers[k].load_state_dict(state["aux_optimizers"][k])
         self.step = self._stats_step = int(state["step"])
+        self.shard_sizes_changed()
         if restore_rng and "rng" in state:
             checkpoint.set_rng_state(state["rng"], self.device)
 
@@ -140,20 +150,52 @@ class Trainer:
     def sh_degree_at(self, step: int) -> int:
         return min(step // self.cfg.schedule.sh_degree_interval, self.cfg.sh_degree)
 
+    def shard_sizes_changed(self) -> None:
+        """Say that the shards may have changed size on some rank (densification, pruning, a
+        loaded checkpoint): the next step gathers every rank's Gaussian count again. Every rank
+        calls it at the same points of the run."""
+        self._n_world = None
+
+    def pass_layout(self, step: int, items: list[int], origin: tuple[int, int]) -> PassLayout:
+        """Step ``step``'s sizes and cameras of every rank (render.PassLayout), from this rank's
+        ``items``, the other ranks' samplers and the shard sizes gathered after the last step
+        that could change them."""
+        n = int(self.params["means"].shape[0])
+        if self.ctx.world_size == 1:
+            self._n_world = [n]
+        elif self._n_world is None:  # a host synchronization, only after a change
+            self._n_world = exchange.gather_metadata(self.ctx, [n])[:, 0].tolist()
+        items = [items if r == self.ctx.rank else sampler.batch_at(step) for r, sampler in enumerate(self.samplers)]
+        ox, oy = origin
+        sizes = [(w + ox, h + oy) for batch in items for w, h in (self.trainset.size(i) for i in batch)]
+        layout = PassLayout(self._n_world, [len(b) for b in items], sizes)
+        if "pose" not in self.aux:  # cameras not learned: every rank has them all
+            flat = [i for batch in items for i in batch]
+            layout.viewmats = self.views._stack(self.viewmats, flat)
+            c2w, Ks = self.views.cameras(flat)
+            layout.Ks = shift_intrinsics(Ks, ox, oy) if origin != (0, 0) else Ks
+            layout.campos = c2w[:, :3, 3]
+        return layout
+
     def train_step(self, step: int) -> dict:
         """Run training step ``step`` (0-based) on this rank; returns its scalars."""
         cfg = self.cfg
         items = self.sampler.batch_at(step)
-        batch = self.trainset.batch(items)
-        item_ids = torch.tensor(items, device=self.device) if self.aux else None  # aux modules only
+        gts = self.views.images_of(items)  # uint8 [C, H, W, 3], on the device
+        self.views.prefetch(self.sampler.batch_at(step + 1))
+        camtoworlds, Ks = self.views.cameras(items)
+        item_ids = self.views.item_ids(items) if self.aux else None  # aux modules only
         if "pose" in self.aux:
-            batch["camtoworld"] = self.aux["pose"](batch["camtoworld"].to(self.device), item_ids)
-        cams = self.camera_batch(batch)
-        gts = batch["image"].to(self.device)  # [C, H, W, 3]
-        C = gts.shape[0]
+            viewmats = rigid_inverse(self.aux["pose"](camtoworlds, item_ids))
+        else:
+            viewmats = self.views._stack(self.viewmats, items)
+        width, height = self.trainset.size(items[0])
+        cams = CameraBatch(viewmats, Ks, width, height)
+        C = len(items)
         origin = self.tile_shift(step)
         if origin != (0, 0):
             cams = shift_cameras(cams, *origin)
+        layout = self.pass_layout(step, items, origin) if cfg.pipeline == "ours" else None
         backgrounds = torch.rand(C, 3, device=self.device) if cfg.random_bkgd else None
         self.ctx.stats.phase = "forward"
         timer = self.timer
@@ -163,35 +205,38 @@ class Trainer:
         else:
             result = render(activated(self.params), cams, self.ctx, self.ops, self.sh_degree_at(step),
                             packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
-                            backgrounds=backgrounds, keep_means2d_grad=True, timer=timer, rasterize=not fused)
+                            backgrounds=backgrounds, keep_means2d_grad=True, timer=timer, rasterize=not fused,
+                            layout=layout)
         if origin != (0, 0):  # densification sees the images, not the padded renders: their size
             # (NDC scaling of the 2D-mean gradients) and only the projections that reach them
             result.info["widths"] = [w - origin[0] for w in result.info["widths"]]
             result.info["heights"] = [h - origin[1] for h in result.info["heights"]]
             result.info["radii"] = padding_only_radii(result.info["radii"], result.info["means2d"], *origin)
         if fused:
-            loss, parts = self._fused_loss(result, gts, backgrounds, origin)
+            loss, parts = self._fused_loss(result, uint8_to_unit(gts), backgrounds, origin)
         else:
             timer.begin("loss")
             if "app" in self.aux:
                 result.colors = self.aux["app"](result.colors, item_ids)
-            # valid-padded SSIM, as gsplat simple_trainer's fused_ssim call
-            loss, parts = photometric_loss(
-                result.colors, gts, cfg.ssim_lambda, ssim_padding="valid",
-                ssim_backend_name=None if cfg.ssim_backend == "auto" else cfg.ssim_backend)
+            if self.loss_backend == "fused_l1_ssim":  # L1 + D-SSIM in two kernels, uint8 ground truth
+                loss, parts = fused_l1_ssim_loss(result.colors, gts, cfg.ssim_lambda, padding="valid")
+            else:  # valid-padded SSIM, as gsplat simple_trainer's fused_ssim call
+                loss, parts = photometric_loss(
+                    result.colors, uint8_to_unit(gts), cfg.ssim_lambda, ssim_padding="valid",
+                    ssim_backend_name=None if self.loss_backend == "auto" else self.loss_backend)
         # The loss of the global batch is the mean over every rank's images, and a regularizer is
         # a mean over every rank's Gaussians; this rank contributes its share of each, so that the
         # gradients summed at the owners equal those of one process holding everything.
         weight = C / sum(result.info["C_world"])
+        total = loss if weight == 1.0 else loss * weight
         shard_share = self.params["means"].shape[0] / sum(result.info["N_world"])
-        reg = torch.zeros((), device=self.device)
         if cfg.opacity_reg > 0:
-            reg = reg + opacity_reg(torch.sigmoid(self.params["opacities"]), cfg.opacity_reg) * shard_share
+            total = total + opacity_reg(torch.sigmoid(self.params["opacities"]), cfg.opacity_reg) * shard_share
         if cfg.scale_reg > 0:
-            reg = reg + scale_reg(torch.exp(self.params["scales"]), cfg.scale_reg) * shard_share
+            total = total + scale_reg(torch.exp(self.params["scales"]), cfg.scale_reg) * shard_share
         self.ctx.stats.phase = "backward"
         timer.begin("backward_raster")
-        (loss * weight + reg).backward()
+        total.backward()
         timer.begin("optimizer")
         for opt in (*self.optimizers.values(), *self.aux_optimizers.values()):
             opt.step()
@@ -205,6 +250,8 @@ class Trainer:
         else:
             self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state, step, info,
                                              packed=cfg.packed)
+        if step % cfg.schedule.refine_every == 0:  # the strategies grow, prune or relocate only here
+            self.shard_sizes_changed()
         self.last_phases = timer.end_step()
         # tensors stay on the device: converting them here would synchronize every step
         return dict(loss=loss.detach(), l1=parts["l1"], ssim=parts["ssim"],
@@ -349,7 +396,15 @@ class Trainer:
         rank = self.ctx.rank
 
         def save(prof):
-            prof.export_chrome_trace(str(out_dir / f"trace_rank{rank}.json"))
+            from .profiling import format_trace_summary, summarize_trace
+
+            trace_path = out_dir / f"trace_rank{rank}.json"
+            prof.export_chrome_trace(str(trace_path))
+            summary = summarize_trace(json.loads(trace_path.read_text()), s.profile_num_steps)
+            checkpoint.atomic_write(out_dir / f"summary_rank{rank}.json",
+                                    lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
+            if self.ctx.is_main:
+                print(format_trace_summary(summary), flush=True)
 
         wait = max(s.profile_start_step - self.step - 1, 0)
         prof = torch.profiler.profile(

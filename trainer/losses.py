@@ -72,6 +72,16 @@ def ssim_backend(device: torch.device | str) -> str:
     return "pytorch"
 
 
+def training_loss_backend(device: torch.device | str, ssim_backend_flag: str = "auto") -> str:
+    """How the training step computes L1 + D-SSIM on ``device`` for ``--ssim_backend``:
+    "fused_l1_ssim" (kernels/fused_ssim.py's one-pass loss, reading uint8 ground truth) on a
+    CUDA/ROCm device with Triton when the flag is "auto" or "triton"; otherwise the flag itself
+    ("auto" then picks :func:`ssim_backend` inside :func:`photometric_loss`)."""
+    if ssim_backend_flag in ("auto", "triton") and torch.device(device).type == "cuda" and _triton_ssim_fn():
+        return "fused_l1_ssim"
+    return ssim_backend_flag
+
+
 def gaussian_kernel_1d(window_size: int = 11, sigma: float = 1.5) -> torch.Tensor:
     """Normalized 1D Gaussian, float64 [window_size], centered, entries summing to 1.
 

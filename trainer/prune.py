@@ -231,7 +231,7 @@ def measure(trainer: "Trainer", budget: int, composite: bool = True) -> Measurem
     tiles = torch.zeros(1, 6, dtype=torch.float64)
     for r in range(rounds):
         real = r < len(mine)
-        cam = trainer.camera_batch(views.batch([mine[r] if real else (mine[-1] if mine else 0)]))
+        cam = trainer.camera_batch(views.batch([mine[r] if real else (mine[-1] if mine else 0)], images=False))
         res = render(gaussians, cam, ctx, trainer.ops, 0, packed=cfg.packed, near=cfg.near_plane,
                      far=cfg.far_plane, rasterize=False)  # colours play no part: SH degree 0
         values, counts = record_statistics(res.info, budget, composite)
@@ -295,6 +295,7 @@ def initial_pruning(trainer: "Trainer", step: int) -> dict:
     num_before = _count_all(trainer)
     m = measure(trainer, budget, composite=True)
     num_pruned = remove_gaussians(trainer.params, trainer.optimizers, trainer.strategy_state, m.wins == 0)
+    trainer.shard_sizes_changed()
     limit_densification(trainer.strategy, trainer.cfg)
     after = measure(trainer, budget, composite=False)
     return dict(stage=2, step=step, tile_budget=budget, num_before=num_before, num_after=_count_all(trainer),
@@ -315,6 +316,7 @@ def hardware_aware_pruning(trainer: "Trainer", step: int) -> dict:
         k = min(math.ceil(p.prune_fraction * num_candidates), m.removals_needed(num_candidates))
         mask = select_top(trainer, stage3_scores(m, budget), candidates, k)
         remove_gaussians(trainer.params, trainer.optimizers, trainer.strategy_state, mask)
+        trainer.shard_sizes_changed()
         rounds += 1
         per_round.append(dict(candidates=num_candidates, removed=k))
         m = measure(trainer, budget, composite=True)

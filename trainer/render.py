@@ -75,6 +75,39 @@ class CameraBatch:
     height: int
 
 
+@dataclass
+class PassLayout:
+    """What every rank knows about a training pass without asking the others: the shard sizes
+    (they change only at densification and pruning steps, after which the trainer gathers them
+    once), every rank's cameras (the sampler is a pure function of (seed, rank, step) and every
+    rank holds every training camera), so a steady-state pass needs no metadata collective and
+    no host synchronization.
+
+    ``viewmats`` / ``Ks`` / ``campos`` are None when the cameras depend on learned state
+    (``--pose_opt``): then render() all-gathers the cameras (a differentiable collective).
+    """
+
+    N_world: list[int]  # Gaussians per rank
+    C_world: list[int]  # cameras per rank
+    sizes: list[tuple[int, int]]  # (width, height) per camera of the pass, rank-major, pixels
+    viewmats: Optional[torch.Tensor] = None  # [C_all, 4, 4]
+    Ks: Optional[torch.Tensor] = None  # [C_all, 3, 3]
+    campos: Optional[torch.Tensor] = None  # [C_all, 3] camera centres
+
+
+def camera_centres(viewmats: torch.Tensor) -> torch.Tensor:
+    """[C, 4, 4] world-to-camera -> [C, 3] camera centres in the world, -R^T t."""
+    return -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]
+
+
+def shift_intrinsics(Ks: torch.Tensor, ox: int, oy: int) -> torch.Tensor:
+    """[C, 3, 3] intrinsics with the principal point moved by (ox, oy) pixels (see shift_cameras)."""
+    Ks = Ks.clone()
+    Ks[:, 0, 2] += ox
+    Ks[:, 1, 2] += oy
+    return Ks
+
+
 def shift_cameras(cams: CameraBatch, ox: int, oy: int) -> CameraBatch:
     """The cameras with their images moved ``ox`` pixels right and ``oy`` down and padded by as
     much at the left and top: principal point (cx + ox, cy + oy), size (width + ox, height + oy).
@@ -82,10 +115,7 @@ def shift_cameras(cams: CameraBatch, ox: int, oy: int) -> CameraBatch:
     Exact for the means; the EWA Jacobian's clamp of off-screen Gaussians (gsplat's persp_proj,
     limits from cx and width with a 30% margin) moves with the larger image, so the 2D
     covariance of a Gaussian that far outside the view can differ slightly."""
-    Ks = cams.Ks.clone()
-    Ks[:, 0, 2] += ox
-    Ks[:, 1, 2] += oy
-    return CameraBatch(cams.viewmats, Ks, cams.width + ox, cams.height + oy)
+    return CameraBatch(cams.viewmats, shift_intrinsics(cams.Ks, ox, oy), cams.width + ox, cams.height + oy)
 
 
 def padding_only_radii(radii: torch.Tensor, means2d: torch.Tensor, ox: int, oy: int) -> torch.Tensor:
@@ -163,6 +193,7 @@ def render(
     keep_means2d_grad: bool = False,
     timer: Optional[PhaseTimer] = None,
     rasterize: bool = True,
+    layout: Optional[PassLayout] = None,
 ) -> RenderResult:
     """Render this rank's cameras from every rank's Gaussians.
 
@@ -174,19 +205,31 @@ def render(
     ``rasterize=False`` stops after tile intersection (colors/alphas None): ``info["records"]``
     (the received records) and the tile lists feed a fused rasterize+loss kernel instead.
     ``info["layout"]`` describes the exchange, for :func:`route_to_owners`.
+    ``layout`` (:class:`PassLayout`): the pass's sizes and cameras as every rank knows them;
+    None gathers them (one all_gather of four ints per rank, read on the host, and one of the
+    cameras).
     """
     timer = timer or PhaseTimer(gaussians["means"].device)
     timer.begin("forward_exchange")  # shard sizes and cameras
     N, C = gaussians["means"].shape[0], cams.viewmats.shape[0]
-    meta = exchange.gather_metadata(ctx, [N, C, cams.width, cams.height])  # [W, 4]
-    N_world, C_world = meta[:, 0].tolist(), meta[:, 1].tolist()
-    sizes = [(int(w), int(h)) for w, h, c in zip(meta[:, 2], meta[:, 3], C_world) for _ in range(c)]
-    viewmats, Ks = exchange.all_gather_cameras(ctx, cams.viewmats, cams.Ks, C_world)
+    campos = None
+    if layout is None:
+        meta = exchange.gather_metadata(ctx, [N, C, cams.width, cams.height])  # [W, 4]
+        N_world, C_world = meta[:, 0].tolist(), meta[:, 1].tolist()
+        sizes = [(int(w), int(h)) for w, h, c in zip(meta[:, 2], meta[:, 3], C_world) for _ in range(c)]
+    else:
+        N_world, C_world, sizes = layout.N_world, layout.C_world, layout.sizes
+        assert N_world[ctx.rank] == N and C_world[ctx.rank] == C, "stale pass layout: shard sizes changed"
+    if layout is not None and layout.viewmats is not None:
+        viewmats, Ks, campos = layout.viewmats, layout.Ks, layout.campos
+    else:
+        viewmats, Ks = exchange.all_gather_cameras(ctx, cams.viewmats, cams.Ks, C_world)
     C_all = viewmats.shape[0]
 
     timer.begin("projection")
     proj = project_all(ops, gaussians, viewmats, Ks, sizes, near, far, packed)
-    campos = rigid_inverse(viewmats)[:, :3, 3]  # [C_all, 3] camera centres
+    if campos is None:
+        campos = camera_centres(viewmats)  # [C_all, 3]
     coeffs = gaussians["colors"][:, : (sh_degree + 1) ** 2]
     if packed:
         cam_ids, gs_ids = proj["camera_ids"], proj["gaussian_ids"]
@@ -203,7 +246,7 @@ def render(
     if keep_means2d_grad and means2d.requires_grad:
         means2d.retain_grad()
 
-    fields = [proj["radii"].float(), means2d, proj["depths"][..., None], proj["conics"], opacities[..., None], colors]
+    fields = [proj["radii"], means2d, proj["depths"][..., None], proj["conics"], opacities[..., None], colors]
     timer.begin("forward_exchange")
     if packed:
         recv = _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer)
@@ -282,13 +325,12 @@ def _exchange_dense(ctx, fields, N, N_world, C_world, timer) -> dict:
         names = ["radii", "means2d", "depths", "conics", "opacities", "colors"]
         fields = list(fields)
         fields[1] = boundary(boundary(fields[1], timer, "backward_projection"), timer, "backward_exchange")
-        out = dict(zip(names, fields))
-        out["radii"] = fields[0].to(torch.int32)
+        out = dict(zip(names, fields))  # radii stay int32
         out["depths"], out["opacities"] = fields[2][..., 0], fields[4][..., 0]
         out["layout"] = dict(packed=False, N_local=N, N_world=N_world, send_rows=[N * c for c in C_world],
                              recv_rows=[C_world[0] * N])
         return out
-    payload = torch.cat(fields, dim=-1).reshape(-1, RECORD_LANES)  # [C_all * N, 12]
+    payload = torch.cat([fields[0].float(), *fields[1:]], dim=-1).reshape(-1, RECORD_LANES)  # [C_all * N, 12]
     C = C_world[ctx.rank]
     send_rows = [c * N for c in C_world]
     recv_rows = [C * n for n in N_world]
@@ -314,25 +356,26 @@ def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer) -> d
     Camera ids are rebased global -> the receiver's local ids and Gaussian ids local -> global
     before sending (gsplat rendering.py does the same with two more all_to_alls; here they ride
     in the payload buffer, bit-cast into float lanes)."""
+    if ctx.world_size == 1:  # local ids are global ids: nothing to rebase, nothing to send
+        fields = list(fields)
+        fields[1] = boundary(boundary(fields[1], timer, "backward_projection"), timer, "backward_exchange")
+        out = dict(radii=fields[0], means2d=fields[1], depths=fields[2][..., 0], conics=fields[3],
+                   opacities=fields[4][..., 0], colors=fields[5])
+        out.update(image_ids=cam_ids, gaussian_ids=gs_ids)
+        out["layout"] = dict(packed=True, N_local=N_world[0], N_world=N_world, send_rows=[cam_ids.shape[0]],
+                             recv_rows=[cam_ids.shape[0]], sent_gaussian_ids=gs_ids)
+        return out
     device = cam_ids.device
     cam_offsets = torch.tensor([0] + C_world, device=device).cumsum(0)  # [W + 1]
     dest = torch.searchsorted(cam_offsets[1:], cam_ids, right=True)  # rank rendering each record
     send_counts = torch.bincount(dest, minlength=ctx.world_size)
     local_cam = cam_ids - cam_offsets[dest]
     global_gs = gs_ids + sum(N_world[: ctx.rank])
-    if ctx.world_size == 1:
-        fields = list(fields)
-        fields[1] = boundary(boundary(fields[1], timer, "backward_projection"), timer, "backward_exchange")
-        out = _split_fields(torch.cat(fields, dim=-1), (cam_ids.shape[0],))
-        out["radii"] = fields[0].to(torch.int32)
-        out.update(image_ids=local_cam, gaussian_ids=global_gs)
-        out["layout"] = dict(packed=True, N_local=N_world[0], N_world=N_world, send_rows=[cam_ids.shape[0]],
-                             recv_rows=[cam_ids.shape[0]], sent_gaussian_ids=gs_ids)
-        return out
     send_rows = send_counts.tolist()
     recv_rows = exchange.exchange_counts(ctx, send_counts)
     payload = torch.cat(
-        [exchange.ids_to_float_lanes(local_cam), exchange.ids_to_float_lanes(global_gs)] + list(fields), dim=-1
+        [exchange.ids_to_float_lanes(local_cam), exchange.ids_to_float_lanes(global_gs), fields[0].float(),
+         *fields[1:]], dim=-1
     )  # [nnz, 14]
     recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer)
     out = _split_fields(recv[:, 2:], (recv.shape[0],))

@@ -55,16 +55,16 @@ class Dataset:
         camera = self.scene.cameras[self.indices[i]]
         return camera.width, camera.height
 
-    def image(self, i: int) -> np.ndarray:
-        """uint8 [H, W, 3] RGB of item i."""
-        if self._images is not None:
-            return self._images[i]
-        return load_image(self.scene, self.indices[i])
+    def release_images(self) -> None:
+        """Drop the preloaded images (a copy lives elsewhere, e.g. on the GPU); :meth:`image`
+        then decodes from the files again."""
+        self._images = None
 
-    def __getitem__(self, i: int) -> dict:
+    def camera(self, i: int) -> dict:
+        """Item i without its image: K [3, 3], camtoworld [4, 4] (float32 tensors), image_id,
+        width, height."""
         camera = self.scene.cameras[self.indices[i]]
         return {
-            "image": torch.from_numpy(self.image(i)).float() / 255.0,  # [H, W, 3]
             "K": torch.from_numpy(camera.K).float(),  # [3, 3]
             "camtoworld": torch.from_numpy(camera.camtoworld).float(),  # [4, 4]
             "image_id": self.indices[i],
@@ -72,24 +72,35 @@ class Dataset:
             "height": camera.height,
         }
 
-    def batch(self, items: list[int]) -> dict:
+    def image(self, i: int) -> np.ndarray:
+        """uint8 [H, W, 3] RGB of item i."""
+        if self._images is not None:
+            return self._images[i]
+        return load_image(self.scene, self.indices[i])
+
+    def __getitem__(self, i: int) -> dict:
+        return dict(self.camera(i), image=torch.from_numpy(self.image(i)).float() / 255.0)  # [H, W, 3]
+
+    def batch(self, items: list[int], images: bool = True) -> dict:
         """Stack items (indices into this dataset) that share one image size.
 
-        -> image [B, H, W, 3] float32, K [B, 3, 3], camtoworld [B, 4, 4], image_id int64 [B],
-        width, height ints.
+        -> image [B, H, W, 3] float32 (left out when ``images`` is False), K [B, 3, 3],
+        camtoworld [B, 4, 4], image_id int64 [B], width, height ints.
         """
-        samples = [self[i] for i in items]
+        samples = [self[i] if images else self.camera(i) for i in items]
         assert samples, "empty batch"
         width, height = samples[0]["width"], samples[0]["height"]
         assert all((s["width"], s["height"]) == (width, height) for s in samples), "mixed image sizes"
-        return {
-            "image": torch.stack([s["image"] for s in samples]),
+        out = {
             "K": torch.stack([s["K"] for s in samples]),
             "camtoworld": torch.stack([s["camtoworld"] for s in samples]),
             "image_id": torch.tensor([s["image_id"] for s in samples], dtype=torch.int64),
             "width": width,
             "height": height,
         }
+        if images:
+            out["image"] = torch.stack([s["image"] for s in samples])
+        return out
 
 
 class CameraSampler:
