@@ -116,3 +116,29 @@ def _free_port():
     from splat_train.trainer.launch import free_port
 
     return free_port()
+
+
+def test_local_process_count_of_each_launcher():
+    from splat_train.trainer.launch import local_processes_of_launcher
+
+    assert local_processes_of_launcher({"LOCAL_WORLD_SIZE": "4"}) == 4
+    assert local_processes_of_launcher({"OMPI_COMM_WORLD_LOCAL_SIZE": "8"}) == 8
+    assert local_processes_of_launcher({"SLURM_NTASKS_PER_NODE": "2(x3)"}) == 2
+    assert local_processes_of_launcher({}) == 1
+
+
+def test_share_cpu_threads_divides_the_cores(monkeypatch):
+    import torch
+
+    from splat_train.trainer import launch
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 16)
+    try:
+        assert launch.share_cpu_threads(4) == 4 and torch.get_num_threads() == 4
+        assert launch.share_cpu_threads(32) == 1
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert launch.share_cpu_threads(4) == 3
+    finally:
+        torch.set_num_threads(before)

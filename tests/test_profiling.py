@@ -48,3 +48,26 @@ def test_disabled_timer_does_nothing():
     timer = profiling.PhaseTimer(torch.device("cpu"))
     timer.begin("loss")
     assert timer.end_step() == {}
+
+
+def test_trace_summary_counts_busy_time_launches_and_syncs():
+    """A hand-made trace of 2 steps: overlapping device intervals count once, syncs are counted."""
+    def span(cat, name, ts, dur):
+        return dict(ph="X", cat=cat, name=name, ts=ts, dur=dur)
+
+    trace = {"traceEvents": [
+        span("kernel", "rasterize", 0, 100), span("kernel", "ssim", 50, 100),  # overlap: busy 0-150
+        span("gpu_memcpy", "Memcpy HtoD", 300, 50),  # busy 300-350; idle 150-300
+        span("kernel", "rasterize", 500, 100),  # wall 0-600
+        span("cuda_runtime", "cudaLaunchKernel", 0, 1), span("cuda_runtime", "cudaLaunchKernel", 1, 1),
+        span("cuda_runtime", "cudaStreamSynchronize", 2, 1), span("cpu_op", "aten::add", 0, 5),
+        dict(ph="i", name="marker", ts=10)]}
+    s = profiling.summarize_trace(trace, steps=2)
+    assert s["wall_ms_per_step"] == 0.3 and s["gpu_busy_ms_per_step"] == 0.15
+    assert abs(s["gpu_busy_share"] - 0.5) < 1e-12
+    assert s["kernels_per_step"] == 1.5 and s["memcpys_per_step"] == 0.5 and s["syncs_per_step"] == 0.5
+    assert s["top_kernels"][0] == dict(name="rasterize", ms_per_step=0.1, count_per_step=1.0)
+    assert s["runtime_calls_per_step"]["cudaLaunchKernel"] == 1.0
+    assert "GPU busy 0.15 ms/step (50%)" in profiling.format_trace_summary(s)
+    cpu_only = profiling.summarize_trace({"traceEvents": [span("cpu_op", "aten::add", 0, 5)]}, steps=3)
+    assert cpu_only["gpu_busy_share"] is None and "CPU run" in profiling.format_trace_summary(cpu_only)

@@ -118,6 +118,19 @@ def detect_external(env: Optional[dict] = None) -> Optional[dict]:
     return layout
 
 
+def local_processes_of_launcher(env: Optional[dict] = None) -> int:
+    """Processes an external launcher started on this host: torchrun's LOCAL_WORLD_SIZE, OpenMPI's
+    OMPI_COMM_WORLD_LOCAL_SIZE, SLURM's SLURM_NTASKS_PER_NODE (its leading number); 1 when none
+    says."""
+    env = os.environ if env is None else env
+    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = env.get(name, "")
+        digits = value[: len(value) - len(value.lstrip("0123456789"))] if value else ""
+        if digits:
+            return max(1, int(digits))
+    return 1
+
+
 def pick_device(local_rank: int, device: str) -> torch.device:
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
@@ -164,9 +177,7 @@ def _free_store(world_size: int, attempts: int = 5):
 def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callable, args: tuple) -> None:
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>` prints where this rank is (all threads)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    if device == "cpu" or not torch.cuda.is_available():
-        # CPU ranks share the host's cores: oversubscribed intra-op threads slow every rank down
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    share_cpu_threads(world_size)
     code = 0
     try:
         store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
@@ -185,6 +196,25 @@ def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callab
         sys.stderr.flush()
         os._exit(code)
     end_rank()
+
+
+def share_cpu_threads(local_processes: int) -> int:
+    """Give this process ``cores / local_processes`` CPU threads (at least 1) for torch's intra-op
+    pool and OpenCV, and return that number: ranks on one host share its cores, and each
+    library's default of one thread per core oversubscribes them (torchrun sets
+    OMP_NUM_THREADS=1 for the same reason). An OMP_NUM_THREADS the user exported wins."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
+    else:
+        threads = max(1, (os.cpu_count() or 1) // max(1, local_processes))
+    torch.set_num_threads(threads)
+    try:
+        import cv2
+
+        cv2.setNumThreads(threads)
+    except ImportError:  # pragma: no cover - opencv is a dependency
+        pass
+    return threads
 
 
 def end_rank() -> NoReturn:
@@ -231,6 +261,9 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
     """
     external = detect_external()
     if external is not None:
+        local = local_processes_of_launcher()
+        if local > 1:
+            share_cpu_threads(local)
         os.environ.setdefault("MASTER_ADDR", external["master_addr"])
         os.environ.setdefault("MASTER_PORT", str(external["master_port"]))
         ctx = init_context(external["rank"], external["world_size"], external["local_rank"], device)

@@ -146,3 +146,75 @@ def profile_calls(fn, calls: int, device: torch.device, most: int = 6) -> dict:
     return dict(unit="GPU kernels" if gpu else "CPU operators", calls=calls,
                 total_ms=sum(e[1] for e in events) / calls / 1e3, count=sum(e[2] for e in events) / calls,
                 top=[dict(name=k, ms=t / calls / 1e3, count=c / calls) for k, t, c in events[:most]])
+
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize")
+"""Runtime calls that block the host until the device catches up (a host synchronization)."""
+
+
+def summarize_trace(trace: dict | list, steps: int, most: int = 12) -> dict:
+    """Where a ``--profile`` window's time went, from the torch-profiler Chrome trace of ``steps``
+    steps (``profile/trace_rank<r>.json``).
+
+    Returns {"steps", "wall_ms_per_step" (first to last device event), "gpu_busy_ms_per_step"
+    (the union of kernel, memcpy and memset intervals), "gpu_busy_share", "kernels_per_step",
+    "memcpys_per_step", "memsets_per_step", "syncs_per_step" (:data:`SYNC_CALLS`),
+    "runtime_calls_per_step" {name: n}, "top_kernels" [{"name", "ms_per_step", "count_per_step"}]}.
+    A trace without device events (a CPU run) gives the step count and None elsewhere.
+    Raises ValueError if steps < 1.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    spans = [e for e in events if e.get("ph") == "X"]
+    device = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    runtime: dict[str, int] = {}
+    for e in spans:
+        if e.get("cat") == "cuda_runtime":
+            runtime[e["name"]] = runtime.get(e["name"], 0) + 1
+    out = dict(steps=steps, wall_ms_per_step=None, gpu_busy_ms_per_step=None, gpu_busy_share=None,
+               kernels_per_step=None, memcpys_per_step=None, memsets_per_step=None,
+               syncs_per_step=sum(runtime.get(n, 0) for n in SYNC_CALLS) / steps,
+               runtime_calls_per_step={k: v / steps for k, v in sorted(runtime.items(), key=lambda kv: -kv[1])},
+               top_kernels=[])
+    if not device:
+        return out
+    start = min(e["ts"] for e in device)
+    end = max(e["ts"] + e["dur"] for e in device)
+    busy, current = 0.0, None
+    for e in sorted(device, key=lambda e: e["ts"]):
+        a, b = e["ts"], e["ts"] + e["dur"]
+        if current is None or a > current[1]:
+            busy += 0.0 if current is None else current[1] - current[0]
+            current = [a, b]
+        else:
+            current[1] = max(current[1], b)
+    busy += current[1] - current[0]
+    by_name: dict[str, list] = {}
+    for e in device:
+        entry = by_name.setdefault(e["name"][:90], [0.0, 0])
+        entry[0] += e["dur"]
+        entry[1] += 1
+    count = {cat: sum(1 for e in device if e["cat"] == cat) / steps for cat in ("kernel", "gpu_memcpy", "gpu_memset")}
+    out.update(wall_ms_per_step=(end - start) / 1e3 / steps, gpu_busy_ms_per_step=busy / 1e3 / steps,
+               gpu_busy_share=busy / max(end - start, 1e-9), kernels_per_step=count["kernel"],
+               memcpys_per_step=count["gpu_memcpy"], memsets_per_step=count["gpu_memset"],
+               top_kernels=[dict(name=k, ms_per_step=v[0] / 1e3 / steps, count_per_step=v[1] / steps)
+                            for k, v in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:most]])
+    return out
+
+
+def format_trace_summary(summary: dict) -> str:
+    """The printed form of :func:`summarize_trace`: a few lines, largest kernels last."""
+    if summary["wall_ms_per_step"] is None:
+        return f"profile: no device events over {summary['steps']} steps (a CPU run)"
+    s = summary
+    calls = ", ".join(f"{k} {v:.1f}" for k, v in list(s["runtime_calls_per_step"].items())[:6])
+    lines = [f"profile: {s['wall_ms_per_step']:.2f} ms/step (first to last device event), GPU busy "
+             f"{s['gpu_busy_ms_per_step']:.2f} ms/step ({100 * s['gpu_busy_share']:.0f}%); per step "
+             f"{s['kernels_per_step']:.0f} kernels, {s['memcpys_per_step']:.1f} memcpys, "
+             f"{s['syncs_per_step']:.1f} host syncs",
+             f"  runtime calls per step: {calls}", "  largest kernels (ms/step):"]
+    lines += [f"  {k['ms_per_step']:8.3f}  x{k['count_per_step']:.1f}  {k['name']}" for k in s["top_kernels"]]
+    return "\n".join(lines)
