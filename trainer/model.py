@@ -78,10 +78,78 @@ def knn_mean_distance(points: np.ndarray, query: np.ndarray, k: int = 3) -> np.n
     if len(points) < 2:
         return np.full(len(query), 0.01, dtype=np.float32)
     k_eff = min(k, len(points) - 1)
-    dists, _ = cKDTree(points).query(query, k=k_eff + 1)  # first neighbour is the point itself
+    dists, _ = cKDTree(points).query(query, k=k_eff + 1, workers=-1)  # first neighbour: the point itself
     dists = np.asarray(dists, dtype=np.float64).reshape(len(query), -1)[:, 1:]
     rms = np.sqrt((dists**2).mean(axis=1))
     return np.maximum(rms, 1e-7).astype(np.float32)
+
+
+MORTON_BITS = 21  # bits per axis of the Morton codes (3 x 21 = 63 bits of an int64)
+# grid offsets, fractions of the box (orders x window against exactness: docs/gpu-bound-step.md)
+MORTON_SHIFTS = ((0.0, 0.0, 0.0), (0.37, 0.23, 0.11), (0.13, 0.41, 0.29), (0.71, 0.53, 0.83),
+                 (0.29, 0.89, 0.61), (0.57, 0.07, 0.47), (0.91, 0.67, 0.19))
+
+
+def _morton_codes(cells: torch.Tensor) -> torch.Tensor:
+    """int64 [P, 3] cell coordinates in [0, 2^21) -> int64 [P] Morton (Z-order) codes, the bits of
+    x, y, z interleaved (the "magic bits" spread of Morton 1966 / Karras 2012)."""
+    def spread(v):
+        v = v & 0x1FFFFF
+        v = (v | (v << 32)) & 0x1F00000000FFFF
+        v = (v | (v << 16)) & 0x1F0000FF0000FF
+        v = (v | (v << 8)) & 0x100F00F00F00F00F
+        v = (v | (v << 4)) & 0x10C30C30C30C30C3
+        return (v | (v << 2)) & 0x1249249249249249
+    return spread(cells[:, 0]) | (spread(cells[:, 1]) << 1) | (spread(cells[:, 2]) << 2)
+
+
+def knn_mean_distance_morton(points: torch.Tensor, query_ids: torch.Tensor, k: int = 3, window: int = 16,
+                             chunk: int = 1 << 20) -> torch.Tensor:
+    """Approximate :func:`knn_mean_distance` on any device in a few sorts: RMS distance from each
+    query point ``points[query_ids]`` to its ``k`` nearest other points.
+
+    points [P, 3] float, query_ids int64 [Q] -> float32 [Q] (scene units). The points are sorted
+    along a Morton curve (as 3DGS's simple-knn does) for each of :data:`MORTON_SHIFTS` (the grid
+    moved by a fraction of the bounding box, so that neighbours the curve separates in one order
+    meet in another), and each query's candidates are the ``window`` points on either side of it
+    in every order; the result is the k nearest distinct candidates. Exact whenever the true
+    neighbours are among them, which the tests check on uniform and clustered clouds; where not,
+    the distance is an over-estimate (a farther neighbour). Memory: chunk x (2 window + k) floats
+    and indices.
+    """
+    n = points.shape[0]
+    device = points.device
+    if n < 2:
+        return torch.full((query_ids.shape[0],), 0.01, dtype=torch.float32, device=device)
+    k = min(k, n - 1)
+    pts = points.float()
+    lo, hi = pts.min(dim=0).values, pts.max(dim=0).values
+    extent = (hi - lo).max().clamp_min(1e-12)
+    scale = (2**MORTON_BITS - 1) / (2.0 * extent)  # the shifted grids need room: the box spans half
+    offsets = torch.arange(-window, window + 1, device=device)
+    offsets = offsets[offsets != 0]  # [2 window]
+    best_d = torch.full((query_ids.shape[0], k), float("inf"), device=device)
+    best_i = torch.full((query_ids.shape[0], k), -1, dtype=torch.long, device=device)
+    for shift in MORTON_SHIFTS:
+        cells = ((pts - lo + torch.tensor(shift, device=device) * extent) * scale).long()
+        order = torch.argsort(_morton_codes(cells))  # sorted position -> point
+        rank_of = torch.empty_like(order)
+        rank_of[order] = torch.arange(n, device=device)  # point -> sorted position
+        for start in range(0, query_ids.shape[0], chunk):
+            q = query_ids[start : start + chunk]
+            cand = order[(rank_of[q][:, None] + offsets).clamp(0, n - 1)]  # [q, 2 window]
+            d2 = ((pts[cand] - pts[q][:, None]) ** 2).sum(-1)
+            d2 = torch.where(cand == q[:, None], float("inf"), d2)  # not the point itself
+            ids = torch.cat([best_i[start : start + chunk], cand], dim=1)
+            dist = torch.cat([best_d[start : start + chunk], d2], dim=1)
+            dist, pos = torch.sort(dist, dim=1)
+            ids = torch.gather(ids, 1, pos)
+            dup = torch.zeros_like(ids, dtype=torch.bool)  # a candidate seen in an earlier order or
+            dup[:, 1:] = ids[:, 1:] == ids[:, :-1]  # clamped twice: equal distances sort together
+            dist = torch.where(dup, float("inf"), dist)
+            dist, pos = torch.topk(dist, k, dim=1, largest=False, sorted=True)
+            best_d[start : start + chunk], best_i[start : start + chunk] = dist, torch.gather(ids, 1, pos)
+    return best_d.mean(dim=1).sqrt().clamp_min(1e-7)
 
 
 def create_shard(
@@ -95,7 +163,11 @@ def create_shard(
     """
     shard = slice(rank, None, world_size)
     means = points.means[shard]
-    dist = knn_mean_distance(points.means, means)  # neighbours from the whole set
+    if device.type == "cuda":  # neighbours from the whole set; seconds for tens of millions of points
+        dist = knn_mean_distance_morton(torch.from_numpy(points.means).to(device),
+                                        torch.arange(rank, len(points.means), world_size, device=device)).cpu().numpy()
+    else:
+        dist = knn_mean_distance(points.means, means)
     rgbs = torch.from_numpy(np.ascontiguousarray(points.rgbs[shard]))
     n = len(means)
     scales = torch.log(torch.from_numpy(dist) * cfg.init_scale)[:, None].repeat(1, 3)
