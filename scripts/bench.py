@@ -6,10 +6,12 @@ invocation, with the ratio to the baseline.
     python -m splat_train.scripts.bench ...            # the same
 
 Each variant is a list of ordinary ``splat-train`` flags (``--variant NAME="--packed ..."`` adds
-one); every variant starts from the same initial model (same scene, seed and sharding) and trains
-``--steps`` steps. Per variant and rank it records: ms per iteration (median and p90 after
-discarding ``--warmup`` iterations; the step is closed by a device synchronize), images/s, the
-per-phase split (CUDA events; profiling.py), collectives and bytes per iteration in each
+one); every variant starts from the same initial model (same scene, seed and sharding; the
+scene and its points' nearest-neighbour distances are built once per invocation) and trains
+``--steps`` steps. Per variant and rank it records: ms per iteration over the steps after the
+``--warmup`` ones, run back to back (the rate a run trains at), the time from start-up to the end
+of the first step, images/s, the median of ``--phase_steps`` more steps each closed by a device synchronize and
+their per-phase split (CUDA events; profiling.py), collectives and bytes per iteration in each
 direction, tile-Gaussian intersections (load skew), peak device memory against the memory model,
 and the test PSNR after the run. Output under ``--out``: ``bench.json``, ``bench.md`` (a table
 with ratios to the baseline column) and ``phases.png`` (stacked per-phase bars, matplotlib).
@@ -46,42 +48,68 @@ def _percentile(values, q):
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
-def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str, ckpt=None):
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str, ckpt=None, phase_steps: int = 10):
+    """One rank of one variant: ``warmup`` steps, then ``steps - warmup`` steps back to back with
+    one synchronization at each end (ms_per_iter: the rate a run trains at, the host free to run
+    ahead of the device), then ``phase_steps`` steps each closed by a synchronization with the
+    per-phase timer on (ms_median / ms_p90 and the phase split: a step that cannot overlap the
+    next)."""
     from splat_train.trainer import checkpoint, evaluate
     from splat_train.trainer.cli import parse_args
     from splat_train.trainer.loop import Trainer
     from splat_train.trainer.profiling import memory_model
 
+    t_start = time.perf_counter()
     cfg = parse_args(["default", *flags])
     trainer = Trainer(cfg, ctx, scene)
     start = 0
     if ckpt:  # a trained model, re-sharded for this world size; steps continue from its step
         trainer.load_state_dict(checkpoint.load_shard(ckpt, ctx.rank, ctx.world_size), restore_rng=False)
         start = trainer.step
-    trainer.timer.enabled = True
-    trainer.timer.cuda = ctx.device.type == "cuda"
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     rows = []
-    for step in range(start, start + steps):
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
-        t0 = time.perf_counter()
+
+    def step_row(step, ms=None):
         out = trainer.train_step(step)
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
-        ms = (time.perf_counter() - t0) * 1000.0
-        comm = ctx.stats.reset()
-        rows.append(dict(ms=ms, phases=trainer.last_phases, isects=out["num_isects"], comm=comm,
+        rows.append(dict(ms=ms, phases=trainer.last_phases, isects=out["num_isects"], comm=ctx.stats.reset(),
                          num_gaussians=out["num_gaussians"]))
-    steady = rows[warmup:] or rows
+
+    step_row(start)
+    _sync(ctx.device)
+    startup_s = time.perf_counter() - t_start  # start-up and the first step (compilation included)
+    for step in range(start + 1, start + warmup):
+        step_row(step)
+    _sync(ctx.device)
+    t0 = time.perf_counter()
+    for step in range(start + warmup, start + steps):
+        step_row(step)
+    _sync(ctx.device)
+    ms_per_iter = (time.perf_counter() - t0) * 1000.0 / (steps - warmup)
+    window = rows[warmup:]
+    trainer.timer.enabled = True
+    trainer.timer.cuda = ctx.device.type == "cuda"
+    timed = []
+    for step in range(start + steps, start + steps + phase_steps):
+        _sync(ctx.device)
+        t1 = time.perf_counter()
+        out = trainer.train_step(step)
+        _sync(ctx.device)
+        timed.append(dict(ms=(time.perf_counter() - t1) * 1000.0, phases=trainer.last_phases))
+        ctx.stats.reset()
+    steady = window
     peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
-    trainer.step = start + steps
+    trainer.step = start + steps + phase_steps
     trainer.timer.enabled = False
     metrics = evaluate.run_eval(trainer, trainer.step) if len(trainer.testset) else None
     phases = {}
-    for name in steady[0]["phases"]:
-        phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in steady)
+    for name in timed[0]["phases"]:
+        phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in timed)
 
     def per_iter(key):
         total: dict = {}
@@ -92,13 +120,14 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
 
     result = dict(
         rank=ctx.rank, world_size=ctx.world_size, backend=trainer.backend, device=str(ctx.device),
-        ms_median=statistics.median(r["ms"] for r in steady), ms_p90=_percentile([r["ms"] for r in steady], 90),
+        ms_per_iter=ms_per_iter, startup_s=startup_s,
+        ms_median=statistics.median(r["ms"] for r in timed), ms_p90=_percentile([r["ms"] for r in timed], 90),
         phases_median_ms=phases, isects_mean=float(np.mean([r["isects"] for r in steady])),
         calls_per_iter=per_iter("calls"), bytes_sent_per_iter=per_iter("bytes_sent"),
         bytes_recv_per_iter=per_iter("bytes_recv"), peak_memory_bytes=peak,
         num_gaussians_local=steady[-1]["num_gaussians"],
         memory_model=memory_model(cfg.sh_degree, ctx.world_size, ctx.device),
-        batch_size=cfg.batch_size, steps=steps, warmup=warmup, start_step=start,
+        batch_size=cfg.batch_size, steps=steps, warmup=warmup, phase_steps=phase_steps, start_step=start,
         test_psnr=(metrics or {}).get("psnr"), test_ssim=(metrics or {}).get("ssim"),
         fused_tiles=trainer.last_fused_stats or None,
         ssim_backend=cfg.ssim_backend if cfg.ssim_backend != "auto" else _ssim_backend(ctx.device),
@@ -110,6 +139,16 @@ def _ssim_backend(device):
     from splat_train.trainer.losses import ssim_backend
 
     return ssim_backend(device)
+
+
+def points_knn_rms(points: np.ndarray, device: str) -> np.ndarray:
+    """RMS distance of every point to its 3 nearest others (model.create_shard's initial scales)."""
+    from splat_train.trainer.model import knn_mean_distance, knn_mean_distance_morton
+
+    if device != "cpu" and torch.cuda.is_available():
+        pts = torch.from_numpy(np.ascontiguousarray(points, dtype=np.float32)).cuda()
+        return knn_mean_distance_morton(pts, torch.arange(len(points), device="cuda")).cpu().numpy()
+    return knn_mean_distance(points, points)
 
 
 def build_scene(args):
@@ -140,6 +179,8 @@ def run(args, on_result=None) -> dict:
     start = ckpt_step(args.ckpt) if args.ckpt else 0
     check_variants(variants, lambda extra: variant_flags(args, start, extra, "bench-check"))
     scene = build_scene(args)
+    if not args.ckpt and scene.points is not None:  # every variant's initial scales, computed once
+        scene.points_knn_rms = points_knn_rms(scene.points, args.device)
     results = []
     baseline = next(iter(variants), None)
 
@@ -153,7 +194,7 @@ def run(args, on_result=None) -> dict:
                 t0 = time.perf_counter()
                 try:
                     rc = launch(_worker_entry, (scene, flags, args.steps, args.warmup, f"{tmp}/{name}_{world_size}",
-                                                args.ckpt), nproc_per_node=world_size, device=args.device,
+                                                args.ckpt, args.phase_steps), nproc_per_node=world_size, device=args.device,
                                 timeout_s=args.variant_timeout or None)
                 except Exception as e:  # one process runs in this one: record the failure, go on
                     print(f"bench: {name} W={world_size} failed: {e}", file=sys.stderr, flush=True)
@@ -171,7 +212,8 @@ def run(args, on_result=None) -> dict:
                 else:
                     ranks = [json.loads(Path(f).read_text()) for f in files]
                     results.append(dict(variant=name, world_size=world_size, flags=extra, wall_s=wall, ranks=ranks))
-                    print(f"bench: {name} W={world_size}: {max(r['ms_median'] for r in ranks):.2f} ms/iter", flush=True)
+                    print(f"bench: {name} W={world_size}: {max(r['ms_per_iter'] for r in ranks):.2f} ms/iter, start-up "
+                          f"to first step {max(r['startup_s'] for r in ranks):.1f} s", flush=True)
                 if on_result is not None:
                     on_result(report())
                 _release_cached_gpu_memory()
@@ -193,7 +235,7 @@ def variant_flags(args, start: int, extra: str, result_dir: str) -> list[str]:
     from the initial model (start 0) gsplat's strategy still accumulates its gradient statistics,
     as in the first steps of a run; from a checkpoint (start > 0) the strategy is past its stop
     step, as in the late steps of a run. Variant flags come last and win."""
-    end = start + args.steps
+    end = start + args.steps + args.phase_steps
     flags = ["--device", args.device, "--batch_size", str(args.batch_size), "--max_steps", str(end),
              "--refine_start_iter", str(end + 1), "--refine_stop_iter", str(start if start > 0 else end + 2),
              "--reset_every", str(end + 1), "--prune_stage2_step", "0", "--prune_stage3_step", "0",
@@ -226,9 +268,9 @@ def check_variants(variants: dict, flags_of) -> None:
                              + " ".join(lines[:6])) from None
 
 
-def _worker_entry(ctx, scene, flags, steps, warmup, prefix, ckpt):
+def _worker_entry(ctx, scene, flags, steps, warmup, prefix, ckpt, phase_steps):
     try:
-        _worker(ctx, scene, flags, steps, warmup, f"{prefix}_rank{ctx.rank}.json", ckpt)
+        _worker(ctx, scene, flags, steps, warmup, f"{prefix}_rank{ctx.rank}.json", ckpt, phase_steps)
     except Exception as e:  # the parent reports the first line of it in the variant's row
         Path(f"{prefix}_rank{ctx.rank}.error").write_text(f"{type(e).__name__}: {e}")
         raise
@@ -259,13 +301,13 @@ def scene_summary(args, scene) -> dict:
 
 
 def iteration_ms(entry) -> float:
-    """A step ends when the slowest rank ends: the max over ranks of the median."""
-    return max(r["ms_median"] for r in entry["ranks"])
+    """A step ends when the slowest rank ends: the max over ranks of the window's ms/iter."""
+    return max(r["ms_per_iter"] for r in entry["ranks"])
 
 
 def markdown(report: dict) -> str:
     base = report["baseline"]
-    head = ("| variant | W | ms/iter (median) | p90 | images/s | vs baseline | fwd bytes/rank | bwd bytes/rank "
+    head = ("| variant | W | ms/iter | synced step median | images/s | vs baseline | fwd bytes/rank | bwd bytes/rank "
             "| collectives/iter | isects per rank (min-max) | peak mem/rank (GiB) | model (B/G) | test PSNR "
             "| fused tiles: in budget / resident |")
     start = f" from {len(report['scene']['ckpt'])} checkpoint shard(s)" if report["scene"].get("ckpt") else ""
@@ -296,7 +338,7 @@ def markdown(report: dict) -> str:
         model = str(ranks[0]["memory_model"]["bytes_per_gaussian"])
         if per_gaussian:
             model += f" (peak/G {np.mean(per_gaussian):.0f})"
-        cells = [e["variant"], e["world_size"], f"{ms:.2f}", f"{max(r['ms_p90'] for r in ranks):.2f}", f"{imgs:.1f}",
+        cells = [e["variant"], e["world_size"], f"{ms:.2f}", f"{max(r['ms_median'] for r in ranks):.2f}", f"{imgs:.1f}",
                  ratio, f"{fwd / 1e6:.2f} MB", f"{bwd / 1e6:.2f} MB", f"{calls:.1f}",
                  f"{min(isects):,.0f}-{max(isects):,.0f}", mem, model, f"{psnr:.2f}" if psnr is not None else "-",
                  _fused_cell(ranks)]
@@ -369,6 +411,8 @@ def parse(argv):
                    "the --data_dir / --data_factor of the run that wrote them")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--phase_steps", type=int, default=10,
+                   help="steps after the measured window, each synchronized, for the per-phase split")
     p.add_argument("--batch_size", type=int, default=1)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--variant_timeout", type=float, default=0.0,
@@ -382,6 +426,9 @@ def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     if args.warmup >= args.steps:
         print("error: --warmup must be smaller than --steps", file=sys.stderr)
+        return 2
+    if args.phase_steps < 1:
+        print("error: --phase_steps must be >= 1", file=sys.stderr)
         return 2
     if args.variant_timeout < 0:
         print("error: --variant_timeout must be >= 0 seconds (0: no limit)", file=sys.stderr)

@@ -7,7 +7,7 @@ import pytest
 from splat_train.scripts import bench
 
 TINY = ["--device", "cpu", "--synthetic_gaussians", "300", "--resolution", "32x24", "--num_cameras", "6",
-        "--steps", "6", "--warmup", "2"]
+        "--steps", "6", "--warmup", "2", "--phase_steps", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,8 @@ def test_every_variant_and_world_size_is_reported(report):
         assert len(e["ranks"]) == e["world_size"]
         for r in e["ranks"]:
             assert r["ms_median"] > 0 and r["ms_p90"] >= r["ms_median"]
-            assert r["steps"] == 6 and r["warmup"] == 2
+            assert r["ms_per_iter"] > 0 and r["startup_s"] > 0
+            assert r["steps"] == 6 and r["warmup"] == 2 and r["phase_steps"] == 2
             assert r["isects_mean"] > 0
             assert set(r["phases_median_ms"]) >= {"projection", "rasterization", "optimizer"}
         assert e["ranks"][0]["test_psnr"] > 0  # rank 0 evaluates (every rank renders)

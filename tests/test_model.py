@@ -205,3 +205,12 @@ def test_morton_knn_finds_the_nearest_neighbours(cloud):
     rel = approx / exact - 1
     assert rel.min() >= -1e-5  # a found neighbour is a real one: never an under-estimate
     assert np.mean(np.abs(rel) < 1e-5) >= 0.99, np.mean(np.abs(rel) < 1e-5)
+
+
+def test_create_shard_takes_precomputed_neighbour_distances():
+    """The benchmark computes the points' neighbour distances once for all its variants."""
+    pts = _points(40)
+    pts.knn_rms = np.full(40, 0.25, dtype=np.float32)
+    params = create_shard(pts, Config(init_scale=2.0), 1, 4, torch.device("cpu"))
+    assert params["scales"].shape == (10, 3)
+    assert torch.allclose(params["scales"], torch.full((10, 3), math.log(0.5)))

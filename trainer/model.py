@@ -39,6 +39,7 @@ class InitPoints:
 
     means: np.ndarray  # [P, 3] float32, scene units
     rgbs: np.ndarray  # [P, 3] float32 in [0, 1]
+    knn_rms: Optional[np.ndarray] = None  # [P] RMS distance to the 3 nearest others, when known
 
 
 def initial_points(scene: Scene, cfg: Config, scene_scale: float) -> InitPoints:
@@ -58,7 +59,7 @@ def initial_points(scene: Scene, cfg: Config, scene_scale: float) -> InitPoints:
                 "use --init_type random"
             )
         rgbs = scene.points_rgb.astype(np.float32) / 255.0
-        return InitPoints(scene.points.astype(np.float32), rgbs)
+        return InitPoints(scene.points.astype(np.float32), rgbs, scene.points_knn_rms)
     rng = np.random.default_rng(cfg.seed)
     centres = np.stack([c.camtoworld[:3, 3] for c in scene.cameras])
     centre = centres.mean(axis=0)
@@ -163,7 +164,9 @@ def create_shard(
     """
     shard = slice(rank, None, world_size)
     means = points.means[shard]
-    if device.type == "cuda":  # neighbours from the whole set; seconds for tens of millions of points
+    if points.knn_rms is not None:  # computed once for several trainers (the benchmark's variants)
+        dist = np.asarray(points.knn_rms[shard], dtype=np.float32)
+    elif device.type == "cuda":  # neighbours from the whole set; seconds for tens of millions of points
         dist = knn_mean_distance_morton(torch.from_numpy(points.means).to(device),
                                         torch.arange(rank, len(points.means), world_size, device=device)).cpu().numpy()
     else:

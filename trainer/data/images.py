@@ -89,6 +89,7 @@ class Scene:
     transform: np.ndarray  # [4, 4] float32 world normalization applied (identity if none)
     source: str  # "colmap" | "nerf" | "synthetic"
     images: Optional[list] = None  # synthetic: uint8 [H, W, 3] per camera; None when read from files
+    points_knn_rms: Optional[np.ndarray] = None  # [P] RMS distance of each point to its 3 nearest, when precomputed
 
 
 # ----------------------------------------------------------------------------------------------
