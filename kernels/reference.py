@@ -676,3 +676,19 @@ def rasterize_to_pixels(
     if backgrounds is not None:
         out = out + T_final * backgrounds[..., None, None, :]
     return out, 1.0 - T_final
+
+
+# ------------------------------------------------------------------------------------------------
+# Optimizer (kernels/adam.py)
+# ------------------------------------------------------------------------------------------------
+
+
+def adam_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int, lr: float,
+                beta1: float, beta2: float, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """One Adam step (Kingma & Ba 2015, Algorithm 1, eps placed as torch.optim.Adam places it):
+    returns the new (param, exp_avg, exp_avg_sq) for step number ``step`` (1 for the first); the
+    inputs are not modified. Any shapes, all alike."""
+    m = beta1 * exp_avg + (1.0 - beta1) * grad
+    v = beta2 * exp_avg_sq + (1.0 - beta2) * grad * grad
+    denom = v.sqrt() / math.sqrt(1.0 - beta2**step) + eps
+    return param - lr / (1.0 - beta1**step) * m / denom, m, v

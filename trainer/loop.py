@@ -25,8 +25,8 @@ from .densify import initialize_state, make_strategy, strategy_info
 from .launch import DistContext
 from . import losses
 from .losses import opacity_reg, photometric_loss, scale_reg
-from .model import (activated, create_optimizers, create_shard, initial_points,
-                    means_lr_scheduler)
+from .model import (activated, create_optimizers, create_shard, initial_points, means_lr_scheduler,
+                    optimizer_step)
 from .profiling import PhaseTimer
 from .render import (TILE_SIZE, CameraBatch, PassLayout, ops_for, padding_only_radii, render, resolve_backend,
                      rigid_inverse, shift_cameras, shift_intrinsics)
@@ -238,7 +238,8 @@ class Trainer:
         timer.begin("backward_raster")
         total.backward()
         timer.begin("optimizer")
-        for opt in (*self.optimizers.values(), *self.aux_optimizers.values()):
+        optimizer_step(self.optimizers)  # the Gaussians' Adams: one launch on a GPU
+        for opt in self.aux_optimizers.values():
             opt.step()
             opt.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -336,10 +337,11 @@ class Trainer:
             if profiler is not None:
                 self.timer.enabled = s.profile_start_step <= step < s.profile_start_step + s.profile_num_steps
                 self.timer.cuda = self.timer.enabled and self.device.type == "cuda"
+                self.timer.deferred = True  # no synchronization per step in the profiled window
             out = self.train_step(step)
             if profiler is not None:
                 profiler.step()
-                if self.timer.enabled:
+                if self.timer.enabled and self.last_phases:  # a CPU run's phases come at once
                     self._phase_log.append(self.last_phases)
             self.step = done = step + 1
             window_steps += 1
@@ -379,6 +381,7 @@ class Trainer:
                   f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}", flush=True)
         if profiler is not None:
             profiler.stop()
+            self._phase_log += self.timer.collect()
             self._write_phase_table()
         if self.writer is not None:
             self.writer.close()

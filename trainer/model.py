@@ -209,9 +209,9 @@ def create_optimizers(
     params: torch.nn.ParameterDict, cfg: Config, world_size: int, scene_scale: float
 ) -> dict[str, torch.optim.Adam]:
     """One Adam per parameter (gsplat's densification swaps parameters and their Adam state one
-    at a time), each PyTorch's fused implementation where the device has one (CUDA, ROCm, CPU):
-    one kernel per parameter and step instead of a dozen (the same Adam update, elementwise,
-    float32)."""
+    at a time). :func:`optimizer_step` steps them: on a GPU all in one launch of
+    kernels/adam.py (the Adams hold the learning rates and state), elsewhere each with PyTorch's
+    fused implementation where the device has one (the same update, elementwise, float32)."""
     lr_mult, eps, betas = batch_rule(cfg.batch_size, world_size)
     o = cfg.optim
     lrs = dict(
@@ -233,14 +233,40 @@ def create_optimizers(
     }
 
 
+def _uses_adam_kernel(device: torch.device) -> bool:
+    from ..kernels import adam
+
+    return device.type == "cuda" and adam.available()
+
+
 def _adam_impl(device: torch.device) -> dict:
-    """{"fused": True} where torch.optim.Adam has a fused kernel for ``device``, else {} (foreach)."""
+    """{"fused": True} where torch.optim.Adam steps with its fused kernel on ``device``; {} where
+    kernels/adam.py steps it (the Adam only holds state, in torch's format) or no fused kernel
+    exists (foreach)."""
+    if _uses_adam_kernel(device):
+        return {}
     try:
         from torch.optim.optimizer import _get_fused_kernels_supported_devices
         supported = _get_fused_kernels_supported_devices()
     except ImportError:  # pragma: no cover - a torch that moved the helper
         supported = ["cuda"]
     return {"fused": True} if device.type in supported else {}
+
+
+def optimizer_step(optimizers: dict[str, torch.optim.Optimizer]) -> None:
+    """One step of every optimizer, then their gradients dropped (set to None). The Gaussians'
+    Adams on a GPU run in one launch (kernels/adam.py); anything else through its own step()."""
+    opts = list(optimizers.values())
+    from ..kernels import adam
+
+    params = [p for o in opts for g in o.param_groups for p in g["params"]]
+    if params and _uses_adam_kernel(params[0].device) and all(adam.supported(o) for o in opts):
+        adam.adam_step(opts)
+    else:
+        for opt in opts:
+            opt.step()
+    for opt in opts:
+        opt.zero_grad(set_to_none=True)
 
 
 def means_lr_scheduler(optimizer: torch.optim.Optimizer, max_steps: int) -> torch.optim.lr_scheduler.ExponentialLR:

@@ -1,0 +1,150 @@
+"""Adam for several parameter tensors in one Triton launch.
+
+A 3DGS step updates six parameter tensors (means, scales, quats, opacities, sh0, shN), each with
+its own learning rate. torch.optim.Adam runs one optimizer per tensor (gsplat's densification
+swaps parameters and their moments one tensor at a time) and, even fused, costs a kernel and
+tens of microseconds of host work per tensor. :func:`adam_step` takes those optimizers as they
+are (their param_groups, learning rates after the scheduler, and state: ``step``, ``exp_avg``,
+``exp_avg_sq``, kept in torch's format, so checkpoints and gsplat's surgery are unchanged) and
+updates up to :data:`MAX_TENSORS` tensors per launch: each program handles one BLOCK-sized slice
+of one tensor, found from the programs' cumulative offsets.
+
+Update (Kingma & Ba 2015, Algorithm 1, with torch.optim.Adam's placement of eps), per element,
+for step t (counted per tensor, on the host: no synchronization):
+    m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2,
+    p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+The PyTorch reference is :func:`splat_train.kernels.reference.adam_update`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only torch wheels
+    triton = None
+
+MAX_TENSORS = 6  # parameter tensors per launch (the kernel's argument slots)
+BLOCK = 1024  # elements per program
+
+
+def available() -> bool:
+    return triton is not None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _update(p_ptr, g_ptr, m_ptr, v_ptr, n, start, step_size, inv_bc2_sqrt, beta1, beta2, eps,
+                BLOCK: tl.constexpr):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+        m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+        p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+        m = beta1 * m + (1.0 - beta1) * g
+        v = beta2 * v + (1.0 - beta2) * g * g
+        p = p - step_size * m / (tl.sqrt(v) * inv_bc2_sqrt + eps)
+        tl.store(m_ptr + offs, m, mask=mask)
+        tl.store(v_ptr + offs, v, mask=mask)
+        tl.store(p_ptr + offs, p, mask=mask)
+
+    _SIZES = ["n0", "n1", "n2", "n3", "n4", "n5", "e1", "e2", "e3", "e4", "e5"]
+
+    # sizes change at every densification: no recompilation for their divisibility
+    @triton.jit(do_not_specialize=_SIZES)
+    def _adam_kernel(
+        p0, g0, m0, v0, p1, g1, m1, v1, p2, g2, m2, v2, p3, g3, m3, v3, p4, g4, m4, v4, p5, g5, m5, v5,
+        n0, n1, n2, n3, n4, n5, e1, e2, e3, e4, e5,
+        s0, s1, s2, s3, s4, s5, c0, c1, c2, c3, c4, c5,
+        beta1, beta2, eps, BLOCK: tl.constexpr,
+    ):
+        """Program pid updates block pid - e_i of tensor i, where e_i (e_0 = 0) is the first
+        program of tensor i; s_i = lr_i / (1 - beta1^t_i), c_i = 1 / sqrt(1 - beta2^t_i)."""
+        pid = tl.program_id(0)
+        if pid < e1:
+            _update(p0, g0, m0, v0, n0, pid * BLOCK, s0, c0, beta1, beta2, eps, BLOCK)
+        elif pid < e2:
+            _update(p1, g1, m1, v1, n1, (pid - e1) * BLOCK, s1, c1, beta1, beta2, eps, BLOCK)
+        elif pid < e3:
+            _update(p2, g2, m2, v2, n2, (pid - e2) * BLOCK, s2, c2, beta1, beta2, eps, BLOCK)
+        elif pid < e4:
+            _update(p3, g3, m3, v3, n3, (pid - e3) * BLOCK, s3, c3, beta1, beta2, eps, BLOCK)
+        elif pid < e5:
+            _update(p4, g4, m4, v4, n4, (pid - e4) * BLOCK, s4, c4, beta1, beta2, eps, BLOCK)
+        else:
+            _update(p5, g5, m5, v5, n5, (pid - e5) * BLOCK, s5, c5, beta1, beta2, eps, BLOCK)
+
+
+def supported(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether :func:`adam_step` can run ``optimizer``: a torch.optim.Adam without amsgrad,
+    weight decay, maximize or differentiable, over contiguous float32 tensors."""
+    if type(optimizer) is not torch.optim.Adam:
+        return False
+    for group in optimizer.param_groups:
+        if group["amsgrad"] or group["weight_decay"] or group["maximize"] or group.get("differentiable"):
+            return False
+        if any(p.dtype != torch.float32 or not p.is_contiguous() for p in group["params"]):
+            return False
+    return True
+
+
+def _entries(optimizers: Iterable[torch.optim.Adam]) -> list[tuple]:
+    """(param, grad, exp_avg, exp_avg_sq, step_size, 1/sqrt(bias correction 2), hyper) of every
+    parameter with a gradient; advances each one's host-side step count (torch's format)."""
+    out = []
+    for opt in optimizers:
+        for group in opt.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = opt.state[p]
+                if len(state) == 0:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if state["step"].device.type != "cpu":  # saved by a fused Adam: count on the host
+                    state["step"] = state["step"].cpu()
+                state["step"] += 1
+                t = float(state["step"])
+                lr = float(group["lr"])
+                out.append((p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], lr / (1.0 - beta1**t),
+                            1.0 / math.sqrt(1.0 - beta2**t), (float(beta1), float(beta2), float(group["eps"]))))
+    return out
+
+
+@torch.no_grad()
+def adam_step(optimizers: Iterable[torch.optim.Adam]) -> None:
+    """One Adam step of every parameter (with a gradient) of ``optimizers``, in
+    ceil(tensors / MAX_TENSORS) launches per (betas, eps) combination. The optimizers must pass
+    :func:`supported` and their tensors live on one CUDA/ROCm device (or the CPU under
+    TRITON_INTERPRET=1). Gradients are left in place (zero or drop them after)."""
+    entries = _entries(optimizers)
+    by_hyper: dict[tuple, list] = {}
+    for e in entries:
+        by_hyper.setdefault(e[6], []).append(e)
+    for (beta1, beta2, eps), group in by_hyper.items():
+        for i in range(0, len(group), MAX_TENSORS):
+            _launch(group[i : i + MAX_TENSORS], beta1, beta2, eps)
+
+
+def _launch(entries: list[tuple], beta1: float, beta2: float, eps: float) -> None:
+    blocks = [triton.cdiv(e[0].numel(), BLOCK) for e in entries]
+    starts = [sum(blocks[:i]) for i in range(1, MAX_TENSORS)]  # e1..e5
+    total = sum(blocks)
+    if total == 0:
+        return
+    pad = entries[-1]  # unused slots point at a real tensor; no program reaches them
+    slots = entries + [pad] * (MAX_TENSORS - len(entries))
+    tensors = [t for e in slots for t in e[:4]]
+    sizes = [e[0].numel() for e in slots]
+    _adam_kernel[(total,)](
+        *tensors, *sizes, *[min(s, total) for s in starts],
+        *[e[4] for e in slots], *[e[5] for e in slots], beta1, beta2, eps, BLOCK=BLOCK)

@@ -1,0 +1,128 @@
+"""kernels/adam.py (one launch for several parameter tensors) against kernels.reference.adam_update,
+and that reference against torch.optim.Adam.
+
+The kernel runs under ``TRITON_INTERPRET=1`` in a child process (``python tests/test_adam.py
+kernel IN OUT``), on fresh seeded tensors, with the parameters' state in torch's format; on a GPU
+(``-m gpu``) it runs directly."""
+
+import sys
+
+import pytest
+import torch
+
+from interpreted import run_interpreted
+
+from splat_train.kernels import adam
+from splat_train.kernels.reference import adam_update
+
+# sizes: shN-like large, a few-element one, an empty one (SH degree 0's shN), one over a block
+SHAPES = [(300, 15, 3), (7,), (5, 0, 3), (1100, 3), (40, 4), (1, 3)]
+LRS = [2.5e-3 / 20, 5e-2, 1e-3, 1.6e-4, 5e-3, 2.5e-3]
+STEPS = 3
+
+
+def make_problem(seed: int, shapes=SHAPES):
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.randn(s, generator=gen) for s in shapes]
+    grads = [[torch.randn(s, generator=gen) * 10 ** (-i % 4) for s in shapes] for i in range(STEPS)]
+    return params, grads
+
+
+def optimizers_for(params, lrs, betas=(0.9**2, 0.999**2), eps=1e-15 / 2**0.5):
+    leaves = [torch.nn.Parameter(p.clone()) for p in params]
+    return leaves, [torch.optim.Adam([leaf], lr=lr, betas=betas, eps=eps) for leaf, lr in zip(leaves, lrs)]
+
+
+def run_kernel(params, grads, device):
+    """adam_step over one optimizer per tensor, STEPS steps; returns the params and moments."""
+    leaves, opts = optimizers_for([p.to(device) for p in params], LRS)
+    for step_grads in grads:
+        for leaf, g in zip(leaves, step_grads):
+            leaf.grad = g.to(device)
+        adam.adam_step(opts)
+    state = [opt.state[leaf] for opt, leaf in zip(opts, leaves)]
+    return dict(params=[leaf.detach().cpu() for leaf in leaves], exp_avg=[s["exp_avg"].cpu() for s in state],
+                exp_avg_sq=[s["exp_avg_sq"].cpu() for s in state], steps=[float(s["step"]) for s in state])
+
+
+def check(params, grads, got):
+    betas, eps = (0.9**2, 0.999**2), 1e-15 / 2**0.5
+    for i, (p, lr) in enumerate(zip(params, LRS)):
+        m = v = torch.zeros_like(p, dtype=torch.float64)
+        p = p.double()
+        for t, step_grads in enumerate(grads, start=1):
+            p, m, v = adam_update(p, step_grads[i].double(), m, v, t, lr, *betas, eps)
+        for name, ref in (("params", p), ("exp_avg", m), ("exp_avg_sq", v)):
+            out = got[name][i]
+            assert out.shape == ref.shape and torch.isfinite(out).all(), (i, name)
+            atol = 1e-6 * float(ref.abs().max()) if ref.numel() else 0.0
+            assert torch.allclose(out.double(), ref, rtol=1e-5, atol=atol), (i, name)
+        assert got["steps"][i] == STEPS
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    if not adam.available():
+        pytest.skip("Triton is not installed")
+    tmp = tmp_path_factory.mktemp("adam")
+    params, grads = make_problem(0)
+    torch.save(dict(params=params, grads=grads), tmp / "in.pt")
+    run_interpreted(__file__, "kernel", str(tmp / "in.pt"), str(tmp / "out.pt"))
+    return params, grads, torch.load(tmp / "out.pt")
+
+
+def test_kernel_matches_reference_under_the_interpreter(interpreted):
+    params, grads, got = interpreted
+    check(params, grads, got)
+
+
+def test_reference_matches_torch_adam():
+    params, grads = make_problem(1)
+    leaves, opts = optimizers_for(params, LRS)
+    for step_grads in grads:
+        for leaf, g, opt in zip(leaves, step_grads, opts):
+            leaf.grad = g
+            opt.step()
+    got = dict(params=[leaf.detach() for leaf in leaves],
+               exp_avg=[o.state[leaf]["exp_avg"] for o, leaf in zip(opts, leaves)],
+               exp_avg_sq=[o.state[leaf]["exp_avg_sq"] for o, leaf in zip(opts, leaves)],
+               steps=[float(o.state[leaf]["step"]) for o, leaf in zip(opts, leaves)])
+    check(params, grads, got)
+
+
+def test_check_rejects_a_wrong_update():
+    params, grads = make_problem(2)
+    leaves, opts = optimizers_for(params, LRS)
+    for step_grads in grads:
+        for leaf, g, opt in zip(leaves, step_grads, opts):
+            leaf.grad = g * 1.01  # a different gradient: a different trajectory
+            opt.step()
+    got = dict(params=[leaf.detach() for leaf in leaves],
+               exp_avg=[o.state[leaf]["exp_avg"] for o, leaf in zip(opts, leaves)],
+               exp_avg_sq=[o.state[leaf]["exp_avg_sq"] for o, leaf in zip(opts, leaves)], steps=[STEPS] * len(LRS))
+    with pytest.raises(AssertionError):
+        check(params, grads, got)
+
+
+def test_supported_refuses_what_the_kernel_does_not_do():
+    p = torch.nn.Parameter(torch.zeros(4))
+    assert adam.supported(torch.optim.Adam([p], lr=0.1))
+    assert not adam.supported(torch.optim.Adam([p], lr=0.1, amsgrad=True))
+    assert not adam.supported(torch.optim.Adam([p], lr=0.1, weight_decay=1e-4))
+    assert not adam.supported(torch.optim.SGD([p], lr=0.1))
+    assert not adam.supported(torch.optim.Adam([torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))], lr=0.1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
+@pytest.mark.skipif(not adam.available(), reason="needs Triton")
+@pytest.mark.parametrize("scale", [1, 1000])
+def test_kernel_on_gpu_matches_reference(scale):
+    shapes = [(s[0] * scale,) + tuple(s[1:]) for s in SHAPES]  # up to 1.1 M elements a tensor
+    params, grads = make_problem(3, shapes)
+    check(params, grads, run_kernel(params, grads, "cuda"))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
+    data = torch.load(sys.argv[2])
+    torch.save(run_kernel(data["params"], data["grads"], "cpu"), sys.argv[3])
