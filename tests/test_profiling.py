@@ -71,3 +71,23 @@ def test_trace_summary_counts_busy_time_launches_and_syncs():
     assert "GPU busy 0.15 ms/step (50%)" in profiling.format_trace_summary(s)
     cpu_only = profiling.summarize_trace({"traceEvents": [span("cpu_op", "aten::add", 0, 5)]}, steps=3)
     assert cpu_only["gpu_busy_share"] is None and "CPU run" in profiling.format_trace_summary(cpu_only)
+
+
+def test_deferred_timer_synchronizes_once_at_collect(monkeypatch):
+    """In a --profile window the timer keeps each step's events and reads them at the end, so the
+    window does not synchronize the device every step (which would hide the host running ahead)."""
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_start", lambda msg: 1)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_end", lambda rid: None)
+    timer = profiling.PhaseTimer(torch.device("cuda", 0), enabled=True, deferred=True)
+    for _ in range(4):
+        timer.begin("loss")
+        timer.begin("optimizer")
+        assert timer.end_step() == {}
+    assert syncs == []
+    steps = timer.collect()
+    assert len(syncs) == 1 and len(steps) == 4
+    assert all(set(s) == {"loss", "optimizer", "total"} and s["total"] >= 0 for s in steps)
+    assert timer.collect() == []

@@ -28,10 +28,12 @@ PHASES = ("projection", "forward_exchange", "rasterization", "loss", "backward_r
 
 
 class PhaseTimer:
-    def __init__(self, device: torch.device, enabled: bool = False):
+    def __init__(self, device: torch.device, enabled: bool = False, deferred: bool = False):
         self.device, self.enabled = device, enabled
         self.cuda = enabled and device.type == "cuda"
+        self.deferred = deferred  # keep the steps' CUDA events; read them all in collect()
         self._marks: list[tuple[str, object]] = []
+        self._pending: list[list[tuple[str, object]]] = []
         self._range = None
         self._nvtx = None  # id of the open NVTX / roctx range
 
@@ -62,19 +64,36 @@ class PhaseTimer:
             self._nvtx = torch.cuda.nvtx.range_start(phase)  # push / pop stacks are per thread
 
     def end_step(self) -> dict[str, float]:
-        """Close the step; return {phase: ms} (phases that occurred twice add up) and the total."""
+        """Close the step; return {phase: ms} (phases that occurred twice add up) and the total.
+        On CUDA this synchronizes the device, unless ``deferred``: then the step's events are kept
+        for :meth:`collect` and {} is returned (a profiled window keeps the host ahead of the
+        device, as training does)."""
         if not self.enabled:
             return {}
         self._close_range()
         self._marks.append(("end", self._stamp()))
+        marks, self._marks = self._marks, []
+        if self.cuda and self.deferred:
+            self._pending.append(marks)
+            return {}
         if self.cuda:
             torch.cuda.synchronize(self.device)
+        return self._phase_ms(marks)
+
+    def collect(self) -> list[dict[str, float]]:
+        """The {phase: ms} of every step kept by a deferred timer (one synchronization)."""
+        if self._pending and self.cuda:
+            torch.cuda.synchronize(self.device)
+        out = [self._phase_ms(marks) for marks in self._pending]
+        self._pending.clear()
+        return out
+
+    def _phase_ms(self, marks: list) -> dict[str, float]:
         out: dict[str, float] = {}
-        for (name, a), (_, b) in zip(self._marks[:-1], self._marks[1:]):
+        for (name, a), (_, b) in zip(marks[:-1], marks[1:]):
             ms = a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
             out[name] = out.get(name, 0.0) + ms
         out["total"] = sum(out.values())
-        self._marks.clear()
         return out
 
 
