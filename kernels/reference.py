@@ -692,3 +692,21 @@ def adam_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor
     v = beta2 * exp_avg_sq + (1.0 - beta2) * grad * grad
     denom = v.sqrt() / math.sqrt(1.0 - beta2**step) + eps
     return param - lr / (1.0 - beta1**step) * m / denom, m, v
+
+
+def densify_stats_update(grad2d: Tensor, count: Tensor, grads: Tensor, scales: Tensor, radii: Tensor | None = None,
+                         gaussian_ids: Tensor | None = None, camera_ids: Tensor | None = None) -> None:
+    """Densification statistics (kernels/densify_stats.py): add one step's to ``grad2d`` [N] and
+    ``count`` [N] in place.
+
+    Dense: grads [C, N, 2], radii [C, N, 2]; packed: grads [R, 2], gaussian_ids [R], camera_ids [R].
+    scales [C, 2]: (sx, sy) per camera of the pass."""
+    if gaussian_ids is not None:
+        norms = (grads * scales[camera_ids]).norm(dim=-1)
+        grad2d.index_add_(0, gaussian_ids, norms)
+        count.index_add_(0, gaussian_ids, torch.ones_like(norms))
+        return
+    seen = (radii > 0).all(dim=-1)  # [C, N]
+    norms = (grads * scales[:, None, :]).norm(dim=-1)
+    grad2d.add_(torch.where(seen, norms, 0.0).sum(dim=0))
+    count.add_(seen.sum(dim=0, dtype=count.dtype))

@@ -80,6 +80,8 @@ def _signature(kernel, constants: dict, pointers: dict, scalars: dict) -> tuple[
 def kernel_specs() -> dict:
     """Every Triton kernel of splat_train.kernels at the configuration its host code launches:
     name -> (jit function, constexpr values, pointer element types, scalar types, num_warps)."""
+    from . import adam
+    from . import densify_stats as ds
     from . import fused_raster as fr
     from . import fused_ssim as fs
     from . import sparse_comm as sc
@@ -104,6 +106,12 @@ def kernel_specs() -> dict:
         # the training loss: L1 + D-SSIM against uint8 ground truth (fused_l1_ssim_loss)
         "l1_ssim_forward": (fs._ssim_fwd_kernel, dict(ssim_fwd, L1=True), u8_gt, ssim_scalars, 4),
         "l1_ssim_backward": (fs._ssim_bwd_kernel, dict(ssim_bwd, L1=True), u8_gt, ssim_scalars, 4),
+        "adam": (adam._adam_kernel, dict(BLOCK=adam.BLOCK), {},
+                 dict({f"{k}{i}": "*fp32" for k in "pgmv" for i in range(adam.MAX_TENSORS)},
+                      **{f"{k}{i}": "fp32" for k in "sc" for i in range(adam.MAX_TENSORS)},
+                      beta1="fp32", beta2="fp32", eps="fp32"), 4),
+        "densify_dense": (ds._dense_kernel, dict(BLOCK=ds.BLOCK), {"radii_ptr": "*i32"}, {}, 4),
+        "densify_packed": (ds._packed_kernel, dict(BLOCK=ds.BLOCK), {"ids_ptr": "*i64", "cams_ptr": "*i64"}, {}, 4),
         "loss_combine": (fs._combine_kernel, dict(BLOCK=fs.COMBINE_BLOCK), {},
                          {n: "fp32" for n in ("lam", "inv_ssim", "inv_l1")}, 4),
         "sparse_mark": (sc._mark_kernel, rows, ints, {}, 4),

@@ -8,8 +8,7 @@ import torch
 
 from splat_train.trainer.config import Config, Schedule, StrategyConfig
 from splat_train.trainer.data import DataError, Scene
-from splat_train.trainer.densify import (DefaultStrategy, initialize_state, make_strategy, ndc_gradient_norms,
-                                               strategy_info)
+from splat_train.trainer.densify import DefaultStrategy, initialize_state, make_strategy, ndc_scales, strategy_info
 from splat_train.trainer.model import (InitPoints, batch_rule, bytes_per_gaussian, create_optimizers,
                                        create_shard, initial_points, knn_mean_distance)
 
@@ -115,17 +114,9 @@ def test_opacity_reset_happens_at_reset_every():
     assert history[5] == pytest.approx(0.01, abs=1e-5)  # reset to 2 x prune_opa at step 5
 
 
-def test_ndc_gradient_norms_scale_per_camera_size():
-    grads = torch.ones(2, 3, 2)
-    info = dict(packed=False, n_cameras=2, camera_ids=None, widths=[40, 20], heights=[30, 60])
-    norms = ndc_gradient_norms(grads, info)  # x by w/2 * n_cameras, y by h/2 * n_cameras
-    assert torch.allclose(norms[0], torch.full((3,), math.hypot(40.0, 30.0)))
-    assert torch.allclose(norms[1], torch.full((3,), math.hypot(20.0, 60.0)))
-    info.update(widths=[40, 40], heights=[30, 30])
-    assert torch.allclose(ndc_gradient_norms(grads, info), torch.full((2, 3), 50.0))
-    packed = dict(packed=True, n_cameras=2, camera_ids=torch.tensor([1, 0, 1]), widths=[40, 20], heights=[30, 60])
-    assert torch.allclose(ndc_gradient_norms(torch.ones(3, 2), packed),
-                          torch.tensor([math.hypot(20.0, 60.0), 50.0, math.hypot(20.0, 60.0)]))
+def test_ndc_scales_per_camera_size():
+    info = dict(n_cameras=2, widths=[40, 20], heights=[30, 60])
+    assert torch.equal(ndc_scales(info), torch.tensor([[40.0, 30.0], [20.0, 60.0]]))  # w/2, h/2 x n_cameras
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -135,7 +126,7 @@ def test_update_state_equals_gsplats(packed):
     from gsplat.strategy import DefaultStrategy as GsplatDefault
 
     gen = torch.Generator().manual_seed(3)
-    C, N, width, height = 2, 50, 64, 48
+    C, N, width, height = 2, 50, 64, 48  # one size: gsplat's single width / height applies
     radii = torch.randint(0, 3, (C, N, 2), generator=gen, dtype=torch.int32)  # 0: not seen
     grad = torch.randn(C, N, 2, generator=gen)
     params = {"means": torch.zeros(N, 3)}

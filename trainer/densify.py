@@ -9,7 +9,7 @@ Two adaptations, both documented where they happen:
   idempotent, so it stays right if gsplat fixes the condition).
 * The strategy reads image-plane gradients normalized to NDC by one ``width``/``height``; our
   cameras may differ in size (portrait and landscape in one batch, or across ranks), so each
-  camera's gradient is normalized by its own size (:func:`ndc_gradient_norms`).
+  camera's gradient is normalized by its own size (:func:`ndc_scales`).
 * :meth:`DefaultStrategy._update_state` accumulates the statistics without gsplat's
   ``torch.where`` over the visibility mask (a host synchronization in every step): a masked sum
   over cameras (dense) or an index_add over the records (packed), all on the device.
@@ -24,6 +24,8 @@ from gsplat.strategy import DefaultStrategy as _GsplatDefault
 from gsplat.strategy import MCMCStrategy
 from gsplat.strategy.ops import reset_opa
 
+from ..kernels import densify_stats
+from ..kernels.reference import densify_stats_update
 from .config import Config
 
 
@@ -33,8 +35,8 @@ class DefaultStrategy(_GsplatDefault):
 
     def _update_state(self, params, state, info, packed=False):
         """Add this step's visible 2D-mean gradient norms (NDC) to ``state["grad2d"]`` [N] and the
-        views that saw each Gaussian to ``state["count"]`` [N] (gsplat's update, the same sums).
-        ``info`` is :func:`strategy_info`'s."""
+        views that saw each Gaussian to ``state["count"]`` [N] (gsplat's update, the same sums),
+        in one launch on a GPU (kernels/densify_stats.py). ``info`` is :func:`strategy_info`'s."""
         assert self.refine_scale2d_stop_iter == 0, "the 2D-scale statistics (refine_scale2d_stop_iter) are not kept"
         means2d = info[self.key_for_gradient]
         grads = means2d.absgrad if self.absgrad else means2d.grad
@@ -42,15 +44,23 @@ class DefaultStrategy(_GsplatDefault):
         for key in ("grad2d", "count"):
             if state[key] is None:
                 state[key] = torch.zeros(n, device=grads.device)
-        norms = ndc_gradient_norms(grads, info)  # [C, N] or [nnz]
-        if packed:  # every record is a visible (camera, Gaussian) pair
-            ids = info["gaussian_ids"]
-            state["grad2d"].index_add_(0, ids, norms)
-            state["count"].index_add_(0, ids, torch.ones_like(norms))
+        scales = self._ndc_scales(info, grads.device)
+        args = ((state["grad2d"], state["count"], grads, scales) +
+                ((None, info["gaussian_ids"], info["camera_ids"]) if packed else (info["radii"],)))
+        if grads.device.type == "cuda" and densify_stats.available():
+            densify_stats.accumulate(*args)
         else:
-            seen = (info["radii"] > 0).all(dim=-1)  # [C, N]
-            state["grad2d"].add_(torch.where(seen, norms, 0.0).sum(dim=0))
-            state["count"].add_(seen.sum(dim=0, dtype=state["count"].dtype))
+            densify_stats_update(*args)
+
+    def _ndc_scales(self, info, device) -> torch.Tensor:
+        """[C, 2] float32 on ``device``: :func:`ndc_scales`, made once per camera layout (a
+        host-to-device copy every step would cost an upload)."""
+        key = (tuple(info["widths"]), tuple(info["heights"]), info["n_cameras"], str(device))
+        cache = self.__dict__.setdefault("_scale_cache", {})
+        if key not in cache:
+            cache.clear()
+            cache[key] = ndc_scales(info).to(device)
+        return cache[key]
 
     def step_post_backward(self, params, optimizers, state, step, info, packed=False):
         super().step_post_backward(params, optimizers, state, step, info, packed=packed)
@@ -83,18 +93,12 @@ def initialize_state(strategy, scene_scale: float) -> dict[str, Any]:
     return strategy.initialize_state(scene_scale=scene_scale)
 
 
-def ndc_gradient_norms(grads: torch.Tensor, info: dict[str, Any]) -> torch.Tensor:
-    """|gradient of the 2D mean| in NDC per projection: [C, N, 2] (dense) or [nnz, 2] (packed)
-    pixel gradients -> [C, N] or [nnz]. x is scaled by width / 2 and y by height / 2 of each
-    projection's camera, and both by the number of cameras of the pass (gsplat normalizes by
-    ``n_cameras`` because the loss averages over the batch)."""
+def ndc_scales(info: dict[str, Any]) -> torch.Tensor:
+    """[C, 2] float32 factors from pixel to NDC gradients of the pass's cameras: x by width / 2,
+    y by height / 2 of each camera, both by the number of cameras of the pass (gsplat normalizes
+    by ``n_cameras`` because the loss averages over the batch)."""
     n = info["n_cameras"]
-    widths, heights = info["widths"], info["heights"]  # Python lists, one entry per camera
-    if len(set(widths)) == 1 and len(set(heights)) == 1:  # one size: scalar factors, no copy
-        return torch.hypot(grads[..., 0] * (widths[0] * 0.5 * n), grads[..., 1] * (heights[0] * 0.5 * n))
-    size = torch.tensor([widths, heights], dtype=grads.dtype, device=grads.device).T * 0.5 * n  # [C, 2]
-    scaled = grads * (size[info["camera_ids"]] if info["packed"] else size[:, None, :])
-    return scaled.norm(dim=-1)
+    return torch.tensor([info["widths"], info["heights"]], dtype=torch.float32).T * (0.5 * n)
 
 
 class _GradHolder:
@@ -107,7 +111,7 @@ class _GradHolder:
 def strategy_info(info: dict) -> dict[str, Any]:
     """The info dict the strategies read, from a render's info after backward: the local 2D
     means (their ``.grad``; a zero gradient when none arrived), radii, ids, and each camera's
-    size for :func:`ndc_gradient_norms` (``width = height = 2``, ``n_cameras = 1`` are what
+    size for :func:`ndc_scales` (``width = height = 2``, ``n_cameras = 1`` are what
     gsplat's own normalization would need to be the identity)."""
     means2d = info["means2d"]
     if means2d.grad is None:
