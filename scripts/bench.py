@@ -130,7 +130,7 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
         batch_size=cfg.batch_size, steps=steps, warmup=warmup, phase_steps=phase_steps, start_step=start,
         test_psnr=(metrics or {}).get("psnr"), test_ssim=(metrics or {}).get("ssim"),
         fused_tiles=trainer.last_fused_stats or None,
-        ssim_backend=cfg.ssim_backend if cfg.ssim_backend != "auto" else _ssim_backend(ctx.device),
+        ssim_backend=(trainer.loss_backend if trainer.loss_backend != "auto" else _ssim_backend(ctx.device)),
     )
     Path(out_file).write_text(json.dumps(result, indent=2))
 
@@ -313,7 +313,7 @@ def markdown(report: dict) -> str:
     start = f" from {len(report['scene']['ckpt'])} checkpoint shard(s)" if report["scene"].get("ckpt") else ""
     lines = [f"Scene: {report['scene']['source']}{start}, {report['scene']['num_cameras']} cameras "
              f"{report['scene']['image_size'][0]}x{report['scene']['image_size'][1]}; baseline: {base}; "
-             f"SSIM: {report['variants'][0].get('ranks', [{}])[0].get('ssim_backend', '?')}", "", head,
+             f"loss (L1 + D-SSIM): {report['variants'][0].get('ranks', [{}])[0].get('ssim_backend', '?')}", "", head,
              "|" + "---|" * 14]
     by_w = {}
     for e in report["variants"]:
