@@ -181,3 +181,40 @@ def test_bare_command_prints_usage_and_fails_but_help_succeeds(capsys):
         main(["--help"])
     out, err = capsys.readouterr()
     assert helped.value.code == 0 and out.startswith("usage: splat-train PRESET") and err == ""
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:"), err
+    return err[0]
+
+
+def test_unreadable_checkpoints_are_one_error_line_naming_the_file(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run("--max_steps", "2", "--num_traj_frames", "0", "--result_dir", str(out)) == 0
+    ckpt = out / "ckpts/ckpt_2_rank0.pt"
+    whole = ckpt.read_bytes()
+    ckpt.write_bytes(whole[: len(whole) // 2])  # truncated, as by a full disk or a killed copy
+    capsys.readouterr()
+    assert run("--max_steps", "4", "--result_dir", str(out), "--resume") == 2
+    line = _one_error_line(capsys)
+    assert str(ckpt) in line and "truncated" in line
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint\n" * 100)
+    assert run("--ckpt", str(garbage), "--result_dir", str(tmp_path / "ev")) == 2
+    assert str(garbage) in _one_error_line(capsys) and not (tmp_path / "ev").exists()
+
+
+def test_a_checkpoint_archive_torch_cannot_load_is_named(tmp_path):
+    """The cheap archive check passes (a complete zip file); torch.load then fails: still one line."""
+    import zipfile
+
+    from splat_train.trainer.checkpoint import load_shard
+
+    path = tmp_path / "ckpt_3_rank0.pt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("notes.txt", "a zip, but no data.pkl")
+    with pytest.raises(ValueError) as e:
+        load_shard([path], rank=0, world_size=1)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+

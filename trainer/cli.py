@@ -106,7 +106,7 @@ def run(ctx: DistContext, cfg: Config) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from .checkpoint import prepare_result_dir
+    from .checkpoint import check_readable, prepare_result_dir
 
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "bench":
@@ -124,6 +124,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for f in cfg.ckpt or []:
             if not Path(f).is_file():
                 raise ValueError(f"--ckpt: no such file: {f}")
+            check_readable(f)
         if cfg.raster == "fused":  # before any output
             require_triton("--raster fused (the bytesplat preset)")
         prepare_result_dir(Path(cfg.result_dir), cfg.resume, cfg.overwrite, evaluating=bool(cfg.ckpt))
