@@ -218,3 +218,26 @@ def test_a_checkpoint_archive_torch_cannot_load_is_named(tmp_path):
         load_shard([path], rank=0, world_size=1)
     assert str(path) in str(e.value) and "\n" not in str(e.value)
 
+
+def test_folder_of_a_run_stopped_before_its_first_checkpoint_is_not_mixed_into(tmp_path, capsys):
+    out = tmp_path / "run"  # what a run killed before its first checkpoint leaves
+    (out / "tb").mkdir(parents=True)
+    (out / "tb" / "events.out.tfevents.old").write_text("old events")
+    (out / "stats").mkdir()
+    (out / "cfg.yml").write_text("max_steps: 30000\n")
+    assert run("--max_steps", "2", "--num_traj_frames", "0", "--result_dir", str(out)) == 2
+    line = _one_error_line(capsys)
+    assert str(out) in line and "no checkpoint" in line and "--overwrite" in line and "tb/" in line
+    assert (out / "cfg.yml").read_text() == "max_steps: 30000\n" and not (out / "ckpts").exists()
+    # --overwrite moves the old outputs aside (nothing deleted); the new TensorBoard folder is the new run's
+    assert run("--max_steps", "2", "--num_traj_frames", "0", "--result_dir", str(out), "--overwrite") == 0
+    aside = list(out.glob("superseded_*"))
+    assert len(aside) == 1 and (aside[0] / "tb/events.out.tfevents.old").read_text() == "old events"
+    assert (aside[0] / "cfg.yml").read_text() == "max_steps: 30000\n"
+    assert [p.name for p in (out / "tb").iterdir() if "old" in p.name] == []
+    # a folder that exists but holds no run's outputs is used as it is
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("mine")
+    assert run("--max_steps", "2", "--num_traj_frames", "0", "--result_dir", str(empty)) == 0
+    assert (empty / "notes.txt").read_text() == "mine" and (empty / "ckpts/ckpt_2_rank0.pt").is_file()

@@ -6,11 +6,13 @@ Resuming with the same world size continues exactly; with another world size the
 every per-Gaussian optimizer and strategy tensor) are concatenated in rank order and re-split
 round-robin, as at initialization.
 
-A run never overwrites or corrupts a previous run's checkpoints: a result dir that holds
+A run never overwrites, corrupts or mixes into a previous run's outputs: a result dir that holds
 checkpoints is refused unless ``--resume`` (continue them) or ``--overwrite`` (move them aside
-into ``superseded_<UTC time>/``; nothing is deleted), and every file goes to a temporary name
-first and is renamed into place only when complete. A checkpoint that cannot be read (truncated,
-corrupted, not a checkpoint) is a ValueError naming the file.
+into ``superseded_<UTC time>/``; nothing is deleted); one that holds a run's other outputs but no
+checkpoint (a run stopped before its first checkpoint: cfg.yml, tb/, stats/ ...) is refused the
+same way, as there is nothing to resume; and every file goes to a temporary name first and is
+renamed into place only when complete. A checkpoint that cannot be read (truncated, corrupted,
+not a checkpoint) is a ValueError naming the file.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .fileio import atomic_write
 
 CKPT_RE = re.compile(r"ckpt_(\d+)_rank(\d+)\.pt$")
 PER_GAUSSIAN_STRATEGY_KEYS = ("grad2d", "count", "radii")
-RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "cfg.yml")
+RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "profile", "cfg.yml")
 
 
 def list_checkpoints(ckpt_dir: Path) -> dict[int, dict[int, Path]]:
@@ -44,9 +46,19 @@ def list_checkpoints(ckpt_dir: Path) -> dict[int, dict[int, Path]]:
     return found
 
 
+def run_outputs(result_dir: Path) -> list[str]:
+    """The names of RUN_OUTPUTS present in ``result_dir`` (folders with a trailing /)."""
+    result_dir = Path(result_dir)
+    return [name + ("/" if (result_dir / name).is_dir() else "") for name in RUN_OUTPUTS
+            if (result_dir / name).exists()]
+
+
 def prepare_result_dir(result_dir: Path, resume: bool, overwrite: bool, evaluating: bool) -> None:
-    """Refuse to start a new run over another run's checkpoints (ValueError naming the dir);
-    with ``overwrite``, move that run's outputs into ``superseded_<UTC time>/`` first."""
+    """Refuse to start a new run in a folder holding another run's outputs (ValueError naming the
+    folder and the flags that proceed); with ``overwrite``, move those outputs into
+    ``superseded_<UTC time>/`` first. A folder with outputs but no checkpoint (a run stopped before
+    its first one) is refused too: the new run's TensorBoard events and stats would mix with the
+    old ones. ``evaluating`` (--ckpt) writes into any folder, as before."""
     result_dir = Path(result_dir)
     existing = list_checkpoints(result_dir / "ckpts")
     if resume:
@@ -55,13 +67,20 @@ def prepare_result_dir(result_dir: Path, resume: bool, overwrite: bool, evaluati
         for path in existing[max(existing)].values():  # the set resume_from reads first
             check_readable(path)
         return
-    if not existing or evaluating:
+    outputs = run_outputs(result_dir)
+    if not outputs or evaluating:
         return
     if not overwrite:
+        if existing:
+            raise ValueError(
+                f"{result_dir} already holds another run's checkpoints (steps {sorted(existing)}); "
+                "pass --resume to continue that run, --overwrite to start afresh (the old outputs are "
+                "moved aside, not deleted), or choose another --result_dir"
+            )
         raise ValueError(
-            f"{result_dir} already holds another run's checkpoints (steps {sorted(existing)}); "
-            "pass --resume to continue that run, --overwrite to start afresh (the old outputs are "
-            "moved aside, not deleted), or choose another --result_dir"
+            f"{result_dir} holds another run's outputs ({', '.join(outputs)}) but no checkpoint to resume "
+            "(that run stopped before its first one); pass --overwrite to move them aside (not deleted) and "
+            "start afresh, or choose another --result_dir"
         )
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     aside = result_dir / f"superseded_{stamp}"
