@@ -40,7 +40,7 @@ def _final_params(result_dir, step):
     return torch.load(result_dir / "ckpts" / f"ckpt_{step}_rank0.pt", weights_only=False)
 
 
-def test_resume_continues_exactly(tmp_path):
+def test_resume_continues_exactly(tmp_path, capsys):
     """N steps straight == N/2 steps + --resume + N/2 steps (densification and random
     backgrounds in between, so parameters, Adam, strategy state and RNG must all round-trip)."""
     common = [*DENSIFY, "--random_bkgd", "--max_steps", "24", "--eval_steps", "24", "--ply_steps", "24"]
@@ -50,7 +50,10 @@ def test_resume_continues_exactly(tmp_path):
     # leaves what an interruption after step 12 leaves
     assert run(*common, "--save_steps", "12", "24", "--result_dir", str(resumed)) == 0
     (resumed / "ckpts" / "ckpt_24_rank0.pt").unlink()  # keep only the half-way checkpoint
+    capsys.readouterr()
     assert run(*common, "--save_steps", "12", "24", "--result_dir", str(resumed), "--resume") == 0
+    printed = capsys.readouterr().out
+    assert f"resumed from step 12 (world size 1) from {resumed / 'ckpts'}" in printed
     a, b = _final_params(straight, 24), _final_params(resumed, 24)
     assert a["params"]["means"].shape[0] != 150  # densification really happened
     for k in a["params"]:
@@ -241,3 +244,19 @@ def test_folder_of_a_run_stopped_before_its_first_checkpoint_is_not_mixed_into(t
     (empty / "notes.txt").write_text("mine")
     assert run("--max_steps", "2", "--num_traj_frames", "0", "--result_dir", str(empty)) == 0
     assert (empty / "notes.txt").read_text() == "mine" and (empty / "ckpts/ckpt_2_rank0.pt").is_file()
+
+
+def test_a_run_says_what_it_loads_and_writes_and_the_lpips_note_once(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run("--max_steps", "4", "--eval_steps", "0", "2", "--result_dir", str(out)) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "images: 8 views (7 train, 1 test), 32x32, rendered (synthetic scene), 0.0 MB in memory"
+    evaluations = [line for line in printed if line.startswith("step ")]
+    assert [line.split(":")[0] for line in evaluations] == ["step 0", "step 2", "step 4"]
+    assert sum("LPIPS unavailable" in line for line in printed) == 1  # once per run, not per evaluation
+    assert not any("LPIPS" in line for line in evaluations)
+    outputs = printed[-1]
+    assert outputs.startswith("outputs: ") and f"{out}/ckpts/ckpt_4_rank0.pt" in outputs
+    for rel in ("ply/point_cloud_4.ply", "stats/val_step4.json", "renders/val_step4_*.png (1 files)",
+                "videos/traj_4.mp4", "tb/"):
+        assert f"{out}/{rel}" in outputs, rel

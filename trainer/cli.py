@@ -79,8 +79,9 @@ def parse_args(argv: Sequence[str]) -> Config:
     return resolve(cfg)
 
 
-def build_scene(cfg: Config):
-    """The scene of ``cfg``: the data dir's, or the embedded synthetic one."""
+def build_scene(cfg: Config, log=None):
+    """The scene of ``cfg``: the data dir's, or the embedded synthetic one. ``log``: a callable
+    given one line before slow loading work (data.load_scene)."""
     from .data import DataError, load_scene
     from .data.synthetic import make_synthetic_scene
 
@@ -89,14 +90,23 @@ def build_scene(cfg: Config):
                                     cfg.synthetic_image_size, seed=0)
     if not Path(cfg.data_dir).is_dir():
         raise DataError(f"--data_dir: no such folder: {cfg.data_dir}")
-    return load_scene(Path(cfg.data_dir), cfg.data_factor, normalize=cfg.normalize_world_space)
+    return load_scene(Path(cfg.data_dir), cfg.data_factor, normalize=cfg.normalize_world_space, log=log)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def run(ctx: DistContext, cfg: Config) -> None:
-    """What every rank runs."""
+    """What every rank runs. Rank 0 says what is loaded before the images are decoded."""
+    from .data import describe_views, split_indices
     from .loop import Trainer, evaluate_only, resume_from
 
-    trainer = Trainer(cfg, ctx, build_scene(cfg))
+    scene = build_scene(cfg, log=_say if ctx.is_main else None)
+    if ctx.is_main:
+        for line in describe_views(scene, *split_indices(len(scene.cameras), cfg.test_every)):
+            _say(line)
+    trainer = Trainer(cfg, ctx, scene)
     if cfg.ckpt:
         evaluate_only(trainer, list(cfg.ckpt))
         return

@@ -76,6 +76,19 @@ def optional(what: str, write: Callable[[], Optional[Path]]) -> Optional[Path]:
         return None
 
 
+def _lpips(trainer: "Trainer") -> metrics.LPIPSMetric:
+    """The run's LPIPS metric, built at its first evaluation (kept on the trainer); when it is
+    unavailable, the reason is printed then, once per run."""
+    metric = getattr(trainer, "lpips_metric", None)
+    if metric is None:
+        metric = trainer.lpips_metric = metrics.LPIPSMetric()
+        if not metric.available:
+            from tqdm import tqdm
+
+            tqdm.write(f"note: {metric.reason}; test metrics are PSNR and SSIM")
+    return metric
+
+
 def _my_views(n: int, ctx) -> tuple[list[int], int]:
     """Indices of the views this rank renders, and the number of rounds every rank runs."""
     rounds = math.ceil(n / ctx.world_size) if n else 0
@@ -102,7 +115,7 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
         return None
     num_gaussians = sum(n for n, _ in gathered)
     results = sorted((x for _, part in gathered for x in part), key=lambda x: x[0])
-    lpips = metrics.LPIPSMetric()
+    lpips = _lpips(trainer)
     per_view = []
     for i, pred, gt in results:
         p = torch.from_numpy(pred)[None]
@@ -131,8 +144,9 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
                 trainer.writer.add_scalar(f"val/{k}", summary[k], step)
     from tqdm import tqdm
 
-    tqdm.write(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f} "
-               f"({len(per_view)} views){'' if lpips.available else ' (' + lpips.reason + ')'}")
+    lpips_text = f" LPIPS {summary['lpips']:.4f}" if lpips.available else ""
+    tqdm.write(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f}{lpips_text} "
+               f"({len(per_view)} views)")
     if trainer.cfg.save_eval_images:
         renders = trainer.result_dir / "renders"
         optional(f"test renders {renders}/val_step{step}_*.png", lambda: _write_pngs(renders, step, [

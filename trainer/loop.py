@@ -455,6 +455,7 @@ def evaluate_only(trainer: Trainer, files: list[Path]) -> list[Path]:
     order of Trainer.write_outputs); no training. Returns the files written (rank 0)."""
     state = checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size)
     trainer.load_state_dict(state, restore_rng=False)
+    _say_loaded("loaded", trainer, files)
     if trainer.ctx.is_main:
         trainer.result_dir.mkdir(parents=True, exist_ok=True)
         trainer.writer = evaluate.make_writer(trainer.result_dir)
@@ -471,4 +472,13 @@ def resume_from(trainer: Trainer, ckpt_dir: Path) -> Optional[int]:
         raise ValueError(f"--resume: no complete set of checkpoints in {ckpt_dir}")
     step, files = found
     trainer.load_state_dict(checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size))
+    _say_loaded("resumed from", trainer, files)
     return step
+
+
+def _say_loaded(verb: str, trainer: Trainer, files: list[Path]) -> None:
+    """Rank 0: '<verb> step N (world size W -> W', Gaussians re-sharded) from <folder>'."""
+    if trainer.ctx.is_main:
+        old, new = len(files), trainer.ctx.world_size
+        world = f"world size {old}" if old == new else f"world size {old} -> {new}, Gaussians re-sharded"
+        print(f"{verb} step {trainer.step} ({world}) from {Path(files[0]).parent}", flush=True)
