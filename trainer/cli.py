@@ -5,12 +5,14 @@
     splat-train --config results/x/cfg.yml [flags]     # rerun a resolved config exactly
     splat-train default --help                          # every flag, documented
 
-User errors (bad flag, bad data, an occupied result dir) print one ``error:`` line naming the
-flag or file and exit with status 2.
+User errors (bad flag, bad data, an occupied result dir, a first step that cannot fit in memory)
+print one ``error:`` line naming the flag or file and exit with status 2. SIGTERM and SIGINT end a
+run with one line and status 143 / 130 (128 + the signal number), the spawned ranks stopped.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -20,7 +22,7 @@ import tyro
 from ..configs import preset_names, preset_path
 from ..kernels.resources import require_triton
 from .config import Config, load_yaml, resolve, validate
-from .launch import DistContext, LaunchError, launch
+from .launch import DistContext, Interrupted, LaunchError, interruptible, launch
 
 
 def _usage() -> str:
@@ -105,19 +107,36 @@ def run(ctx: DistContext, cfg: Config) -> None:
     from .loop import Trainer, evaluate_only, resume_from
     from .memory import check_first_step
 
-    scene = build_scene(cfg, log=_say if ctx.is_main else None)
-    if ctx.is_main:
-        for line in describe_views(scene, *split_indices(len(scene.cameras), cfg.test_every)):
-            _say(line)
-        if not (cfg.ckpt or cfg.resume):  # a loaded model is not the initial one
-            _say(check_first_step(cfg, scene, ctx.world_size, ctx.device))
-    trainer = Trainer(cfg, ctx, scene)
-    if cfg.ckpt:
-        evaluate_only(trainer, list(cfg.ckpt))
-        return
-    if cfg.resume:
-        resume_from(trainer, Path(cfg.result_dir) / "ckpts")
-    trainer.train()
+    with interruptible():  # after the imports: pycolmap's native SIGTERM handler is replaced
+        scene = build_scene(cfg, log=_say if ctx.is_main else None)
+        if ctx.is_main:
+            for line in describe_views(scene, *split_indices(len(scene.cameras), cfg.test_every)):
+                _say(line)
+            if not (cfg.ckpt or cfg.resume):  # a loaded model is not the initial one
+                _say(check_first_step(cfg, scene, ctx.world_size, ctx.device))
+        trainer = Trainer(cfg, ctx, scene)
+        if cfg.ckpt:
+            evaluate_only(trainer, list(cfg.ckpt))
+            return
+        if cfg.resume:
+            resume_from(trainer, Path(cfg.result_dir) / "ckpts")
+        trainer.train()
+
+
+def stopped_message(cfg: Optional[Config], signum: int) -> str:
+    """The one line printed when a signal ends a run: which signal, and what the folder holds."""
+    from .checkpoint import list_checkpoints, run_outputs
+
+    line = f"stopped by {signal.Signals(signum).name}"
+    if cfg is None or cfg.ckpt:
+        return line
+    result_dir = Path(cfg.result_dir)
+    steps = list_checkpoints(result_dir / "ckpts")
+    if steps:
+        return f"{line}; the newest checkpoint is step {max(steps)} in {result_dir / 'ckpts'} (--resume continues it)"
+    if run_outputs(result_dir):
+        return f"{line} before the first checkpoint; {result_dir} needs --overwrite to start again"
+    return line
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -132,6 +151,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from ..scripts.bench_raster import main as bench_raster_main
 
         return bench_raster_main(list(argv[1:]))
+    cfg = None
     try:
         cfg = parse_args(argv)
         if cfg.data_dir is not None and not Path(cfg.data_dir).is_dir():
@@ -147,6 +167,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ValueError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (Interrupted, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, Interrupted) else int(signal.SIGINT)
+    # out of the handler: the interrupted frames are gone, so the progress bar has closed its line
+    print(stopped_message(cfg, signum), file=sys.stderr, flush=True)
+    return 128 + signum
 
 
 if __name__ == "__main__":  # pragma: no cover
