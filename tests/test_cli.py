@@ -85,6 +85,23 @@ def test_config_file_reruns_exactly(tmp_path):
         assert torch.equal(a["params"][k], b["params"][k]), k
 
 
+def test_config_of_a_resumed_run_reruns_into_a_new_folder(tmp_path, capsys):
+    """cfg.yml records --resume / --overwrite; rerunning it starts a new run (README's sentence),
+    and the run's own folder is refused, naming --resume and --overwrite."""
+    out = tmp_path / "a"
+    assert run("--max_steps", "2", "--num_traj_frames", "0", "--result_dir", str(out)) == 0
+    assert run("--max_steps", "4", "--num_traj_frames", "0", "--result_dir", str(out), "--resume") == 0
+    again = tmp_path / "b"
+    assert main(["--config", str(out / "cfg.yml"), "--result_dir", str(again)]) == 0
+    assert (again / "ckpts/ckpt_4_rank0.pt").is_file() and not (again / "ckpts/ckpt_2_rank0.pt").exists()
+    capsys.readouterr()
+    assert main(["--config", str(out / "cfg.yml")]) == 2
+    line = _one_error_line(capsys)
+    assert str(out) in line and "--resume" in line and "--overwrite" in line
+    assert main(["--config", str(again / "cfg.yml"), "--resume", "--max_steps", "6"]) == 0
+    assert (again / "ckpts/ckpt_6_rank0.pt").is_file()
+
+
 def test_occupied_result_dir_is_refused_and_untouched(tmp_path, capsys):
     out = tmp_path / "run"
     assert run("--max_steps", "3", "--result_dir", str(out)) == 0

@@ -2,7 +2,7 @@
 
     splat-train default [--data_dir DIR] [--data_factor 4] [--result_dir DIR] [flags]
     splat-train mcmc ...
-    splat-train --config results/x/cfg.yml [flags]     # rerun a resolved config exactly
+    splat-train --config results/x/cfg.yml --result_dir results/y [flags]   # rerun a run's config
     splat-train default --help                          # every flag, documented
 
 User errors (bad flag, bad data, an occupied result dir, a first step that cannot fit in memory)
@@ -12,6 +12,7 @@ run with one line and status 143 / 130 (128 + the signal number), the spawned ra
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 from pathlib import Path
@@ -72,7 +73,9 @@ def parse_args(argv: Sequence[str]) -> Config:
         raise ValueError(f"name a preset ({', '.join(preset_names())}) or pass --config FILE")
     base = load_yaml(preset_path(preset)) if preset else Config()
     if config_file is not None:
-        base = load_yaml(config_file, base)
+        # a saved cfg.yml records how that run was started (--resume, --overwrite, --ckpt); rerunning
+        # its config starts a new run unless this command line says otherwise
+        base = dataclasses.replace(load_yaml(config_file, base), resume=False, overwrite=False, ckpt=None)
     cfg = tyro.cli(
         Config, default=base, args=args, use_underscores=True, prog=f"splat-train {preset or ''}".strip(),
         config=(tyro.conf.OmitArgPrefixes,),
