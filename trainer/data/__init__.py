@@ -62,7 +62,8 @@ def describe_views(scene: Scene, train: list[int], test: list[int]) -> list[str]
     memory they take as uint8), and one on undistortion when a camera has distortion."""
     cameras = scene.cameras
     num_bytes = 3 * sum(c.width * c.height for c in cameras)
-    size = f"{len(cameras)} views ({len(train)} train, {len(test)} test), {_sizes([(c.width, c.height) for c in cameras])}"
+    sizes = _sizes([(c.width, c.height) for c in cameras])
+    size = f"{len(cameras)} views ({len(train)} train, {len(test)} test), {sizes}"
     if scene.images is not None:
         lines = [f"images: {size}, rendered ({scene.source} scene), {num_bytes / 2**20:,.1f} MB in memory"]
     else:
