@@ -103,8 +103,8 @@ def _say(line: str) -> None:
 
 
 def run(ctx: DistContext, cfg: Config) -> None:
-    """What every rank runs. Rank 0 says what is loaded and checks, for a new run, that the first
-    step fits in memory (memory.check_first_step; ValueError otherwise) before any image is
+    """What every rank runs. Rank 0 checks, for a new run, that the first step fits in memory
+    (memory.check_first_step; ValueError otherwise) and says what it loads, before any image is
     decoded; its estimate stands for every rank (they differ by at most one Gaussian)."""
     from .data import describe_views, split_indices
     from .loop import Trainer, evaluate_only, resume_from
@@ -113,10 +113,10 @@ def run(ctx: DistContext, cfg: Config) -> None:
     with interruptible():  # after the imports: pycolmap's native SIGTERM handler is replaced
         scene = build_scene(cfg, log=_say if ctx.is_main else None)
         if ctx.is_main:
-            for line in describe_views(scene, *split_indices(len(scene.cameras), cfg.test_every)):
-                _say(line)
             if not (cfg.ckpt or cfg.resume):  # a loaded model is not the initial one
                 _say(check_first_step(cfg, scene, ctx.world_size, ctx.device))
+            for line in describe_views(scene, *split_indices(len(scene.cameras), cfg.test_every)):
+                _say(line)  # just before the Trainer decodes them
         trainer = Trainer(cfg, ctx, scene)
         if cfg.ckpt:
             evaluate_only(trainer, list(cfg.ckpt))
