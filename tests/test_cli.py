@@ -40,7 +40,7 @@ def _final_params(result_dir, step):
     return torch.load(result_dir / "ckpts" / f"ckpt_{step}_rank0.pt", weights_only=False)
 
 
-def test_resume_continues_exactly(tmp_path):
+def test_resume_continues_exactly(tmp_path, capsys):
     """N steps straight == N/2 steps + --resume + N/2 steps (densification and random
     backgrounds in between, so parameters, Adam, strategy state and RNG must all round-trip)."""
     common = [*DENSIFY, "--random_bkgd", "--max_steps", "24", "--eval_steps", "24", "--ply_steps", "24"]
@@ -50,7 +50,10 @@ def test_resume_continues_exactly(tmp_path):
     # leaves what an interruption after step 12 leaves
     assert run(*common, "--save_steps", "12", "24", "--result_dir", str(resumed)) == 0
     (resumed / "ckpts" / "ckpt_24_rank0.pt").unlink()  # keep only the half-way checkpoint
+    capsys.readouterr()
     assert run(*common, "--save_steps", "12", "24", "--result_dir", str(resumed), "--resume") == 0
+    printed = capsys.readouterr().out
+    assert f"resumed from step 12 (world size 1) from {resumed / 'ckpts'}" in printed
     a, b = _final_params(straight, 24), _final_params(resumed, 24)
     assert a["params"]["means"].shape[0] != 150  # densification really happened
     for k in a["params"]:
@@ -80,6 +83,23 @@ def test_config_file_reruns_exactly(tmp_path):
     a, b = _final_params(out, 10), _final_params(again, 10)
     for k in a["params"]:
         assert torch.equal(a["params"][k], b["params"][k]), k
+
+
+def test_config_of_a_resumed_run_reruns_into_a_new_folder(tmp_path, capsys):
+    """cfg.yml records --resume / --overwrite; rerunning it starts a new run (README's sentence),
+    and the run's own folder is refused, naming --resume and --overwrite."""
+    out = tmp_path / "a"
+    assert run("--max_steps", "2", "--num_traj_frames", "0", "--result_dir", str(out)) == 0
+    assert run("--max_steps", "4", "--num_traj_frames", "0", "--result_dir", str(out), "--resume") == 0
+    again = tmp_path / "b"
+    assert main(["--config", str(out / "cfg.yml"), "--result_dir", str(again)]) == 0
+    assert (again / "ckpts/ckpt_4_rank0.pt").is_file() and not (again / "ckpts/ckpt_2_rank0.pt").exists()
+    capsys.readouterr()
+    assert main(["--config", str(out / "cfg.yml")]) == 2
+    line = _one_error_line(capsys)
+    assert str(out) in line and "--resume" in line and "--overwrite" in line
+    assert main(["--config", str(again / "cfg.yml"), "--resume", "--max_steps", "6"]) == 0
+    assert (again / "ckpts/ckpt_6_rank0.pt").is_file()
 
 
 def test_occupied_result_dir_is_refused_and_untouched(tmp_path, capsys):
@@ -181,3 +201,80 @@ def test_bare_command_prints_usage_and_fails_but_help_succeeds(capsys):
         main(["--help"])
     out, err = capsys.readouterr()
     assert helped.value.code == 0 and out.startswith("usage: splat-train PRESET") and err == ""
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:"), err
+    return err[0]
+
+
+def test_unreadable_checkpoints_are_one_error_line_naming_the_file(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run("--max_steps", "2", "--num_traj_frames", "0", "--result_dir", str(out)) == 0
+    ckpt = out / "ckpts/ckpt_2_rank0.pt"
+    whole = ckpt.read_bytes()
+    ckpt.write_bytes(whole[: len(whole) // 2])  # truncated, as by a full disk or a killed copy
+    capsys.readouterr()
+    assert run("--max_steps", "4", "--result_dir", str(out), "--resume") == 2
+    line = _one_error_line(capsys)
+    assert str(ckpt) in line and "truncated" in line
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint\n" * 100)
+    assert run("--ckpt", str(garbage), "--result_dir", str(tmp_path / "ev")) == 2
+    assert str(garbage) in _one_error_line(capsys) and not (tmp_path / "ev").exists()
+
+
+def test_a_checkpoint_archive_torch_cannot_load_is_named(tmp_path):
+    """The cheap archive check passes (a complete zip file); torch.load then fails: still one line."""
+    import zipfile
+
+    from splat_train.trainer.checkpoint import load_shard
+
+    path = tmp_path / "ckpt_3_rank0.pt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("notes.txt", "a zip, but no data.pkl")
+    with pytest.raises(ValueError) as e:
+        load_shard([path], rank=0, world_size=1)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_folder_of_a_run_stopped_before_its_first_checkpoint_is_not_mixed_into(tmp_path, capsys):
+    out = tmp_path / "run"  # what a run killed before its first checkpoint leaves
+    (out / "tb").mkdir(parents=True)
+    (out / "tb" / "events.out.tfevents.old").write_text("old events")
+    (out / "stats").mkdir()
+    (out / "cfg.yml").write_text("max_steps: 30000\n")
+    assert run("--max_steps", "2", "--num_traj_frames", "0", "--result_dir", str(out)) == 2
+    line = _one_error_line(capsys)
+    assert str(out) in line and "no checkpoint" in line and "--overwrite" in line and "tb/" in line
+    assert (out / "cfg.yml").read_text() == "max_steps: 30000\n" and not (out / "ckpts").exists()
+    # --overwrite moves the old outputs aside (nothing deleted); the new TensorBoard folder is the new run's
+    assert run("--max_steps", "2", "--num_traj_frames", "0", "--result_dir", str(out), "--overwrite") == 0
+    aside = list(out.glob("superseded_*"))
+    assert len(aside) == 1 and (aside[0] / "tb/events.out.tfevents.old").read_text() == "old events"
+    assert (aside[0] / "cfg.yml").read_text() == "max_steps: 30000\n"
+    assert [p.name for p in (out / "tb").iterdir() if "old" in p.name] == []
+    # a folder that exists but holds no run's outputs is used as it is
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("mine")
+    assert run("--max_steps", "2", "--num_traj_frames", "0", "--result_dir", str(empty)) == 0
+    assert (empty / "notes.txt").read_text() == "mine" and (empty / "ckpts/ckpt_2_rank0.pt").is_file()
+
+
+def test_a_run_says_what_it_loads_and_writes_and_the_lpips_note_once(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run("--max_steps", "4", "--eval_steps", "0", "2", "--result_dir", str(out)) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("memory: the first step needs about 0.2 GiB of the ")  # the 192 MiB chunk term
+    assert printed[1] == "images: 8 views (7 train, 1 test), 32x32, rendered (synthetic scene), 0.0 MB in memory"
+    evaluations = [line for line in printed if line.startswith("step ")]
+    assert [line.split(":")[0] for line in evaluations] == ["step 0", "step 2", "step 4"]
+    assert sum("LPIPS unavailable" in line for line in printed) == 1  # once per run, not per evaluation
+    assert not any("LPIPS" in line for line in evaluations)
+    outputs = printed[-1]
+    assert outputs.startswith("outputs: ") and f"{out}/ckpts/ckpt_4_rank0.pt" in outputs
+    for rel in ("ply/point_cloud_4.ply", "stats/val_step4.json", "renders/val_step4_*.png (1 files)",
+                "videos/traj_4.mp4", "tb/"):
+        assert f"{out}/{rel}" in outputs, rel

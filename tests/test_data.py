@@ -14,7 +14,7 @@ import pycolmap
 import pytest
 import torch
 
-from splat_train.trainer.data import (CameraSampler, DataError, Dataset, load_image, load_scene,
+from splat_train.trainer.data import (CameraSampler, DataError, Dataset, describe_views, load_image, load_scene,
                                       split_indices)
 from splat_train.trainer.data.images import make_undistortion, read_rgb
 from splat_train.trainer.data.normalize import transform_points
@@ -239,9 +239,30 @@ def test_data_factor_cache_made_once_outside_data_dir(tmp_path):
         expected = cv2.resize(original, size, interpolation=cv2.INTER_AREA)
         np.testing.assert_array_equal(read_rgb(camera.image_path), expected)  # lossless PNG
     stamps = {p: p.stat().st_mtime_ns for p in cached}
-    again = load_scene(data, data_factor=2)
+    said = []
+    again = load_scene(data, data_factor=2, log=said.append)
     assert {p: p.stat().st_mtime_ns for p in cached} == stamps, "cache must be reused, not rewritten"
     assert [c.image_path for c in again.cameras] == [c.image_path for c in scene.cameras]
+    assert said == []  # nothing slow to announce
+
+
+def test_loading_says_what_it_decodes_downscales_and_undistorts(tmp_path):
+    data = tmp_path / "data"
+    make_colmap(data)  # 6 views of 4 sizes; SIMPLE_RADIAL, RADIAL and OPENCV cameras are distorted
+    said = []
+    scene = load_scene(data, data_factor=2, log=said.append)
+    assert len(said) == 1 and said[0].startswith(f"downscaling 6 images of {data / 'images'} by 2 into the cache")
+    lines = describe_views(scene, *split_indices(len(scene.cameras), 3))
+    assert len(lines) == 2
+    assert lines[0].startswith("images: 6 views (4 train, 2 test), ") and "read from the downscale cache" in lines[0]
+    assert "MB into memory" in lines[0]
+    assert lines[1].startswith("distortion: COLMAP OPENCV, COLMAP RADIAL, COLMAP SIMPLE_RADIAL undone with OpenCV "
+                               "for 3 of 6 views")
+    pinhole = [spec for spec in CAMERA_SPECS if "PINHOLE" in spec[0]]
+    make_colmap(tmp_path / "pinhole", specs=pinhole)
+    lines = describe_views(load_scene(tmp_path / "pinhole"), list(range(len(pinhole))), [])
+    assert lines == [f"images: 3 views (3 train, 0 test), 41x31 (1), 30x40 (1), 40x30 (1), read from "
+                     f"{tmp_path / 'pinhole' / 'images'}: decoding 0.0 MB into memory"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,6 +348,8 @@ def test_nerf_intrinsics_distortion_factor_and_normalization(tmp_path):
     make_nerf(tmp_path, spec, fl_x=35.0, cx=19.0, cy=16.0, w=40, h=30, k1=0.05, p2=0.001)
     scene = load_scene(tmp_path, data_factor=2)
     first, second = scene.cameras[0], scene.cameras[1]
+    assert describe_views(scene, [0, 1, 2, 3], [])[1].startswith(
+        "distortion: transforms.json k1/k2/p1/p2/k3 undone with OpenCV for 4 of 4 views")
     np.testing.assert_allclose(first.dist.K_distorted, [[17.5, 0, 9.5], [0, 16.5, 8], [0, 0, 1]])
     np.testing.assert_allclose(second.dist.K_distorted[1, 1], 17.5)  # fl_y defaults to fl_x
     assert second.dist is scene.cameras[2].dist and second.dist.cache_maps  # shared intrinsics

@@ -122,8 +122,10 @@ def check_loss_case(render, gt, padding, got):
     assert abs(got["l1"].item() - ref_l1.item()) <= 1e-5
     assert abs(got["ssim"].item() - ref_ssim.item()) <= VALUE_ATOL
     ref_grad = 3.0 * ref_grad
-    if ref_l1.item() == 0:  # identical images: L1's sign is 0 and SSIM's gradient is rounding
-        assert got["loss"].item() == 0 and got["grad"].abs().max().item() <= 1e-8
+    if ref_l1.item() == 0:  # identical images: |x - y| has no derivative at 0; any subgradient in
+        # [-1, 1] x (1 - lambda) / N is right (a GPU's fused multiply-add leaves x - y at +-1 ulp)
+        assert abs(got["loss"].item()) <= 1e-6
+        assert got["grad"].abs().max().item() <= 3.0 * (1.0 - LOSS_LAMBDA) / render.numel() * (1 + 1e-3)
         return
     scale = ref_grad.abs().max().item()
     assert (got["grad"].double() - ref_grad).abs().max().item() <= GRAD_RTOL * scale

@@ -59,12 +59,13 @@ def test_distributed_eval_equals_one_process_eval_of_merged_model(w2_run, tmp_pa
     assert abs(a["psnr"] - b["psnr"]) <= 1e-4 and abs(a["ssim"] - b["ssim"]) <= 1e-5
 
 
-def test_resume_with_another_world_size_reshards(w2_run, tmp_path):
+def test_resume_with_another_world_size_reshards(w2_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(w2_run, run)
     for r in range(2):
         (run / f"ckpts/ckpt_8_rank{r}.pt").unlink()  # continue from step 4
     assert main([*TINY, "--max_steps", "8", "--save_steps", "4", "8", "--result_dir", str(run), "--resume"]) == 0
+    assert "resumed from step 4 (world size 2 -> 1, Gaussians re-sharded)" in capsys.readouterr().out
     one = torch.load(run / "ckpts/ckpt_8_rank0.pt", weights_only=False)
     assert one["world_size"] == 1
     four = [torch.load(w2_run / f"ckpts/ckpt_4_rank{r}.pt", weights_only=False) for r in range(2)]

@@ -6,10 +6,13 @@ Resuming with the same world size continues exactly; with another world size the
 every per-Gaussian optimizer and strategy tensor) are concatenated in rank order and re-split
 round-robin, as at initialization.
 
-A run never overwrites or corrupts a previous run's checkpoints: a result dir that holds
+A run never overwrites, corrupts or mixes into a previous run's outputs: a result dir that holds
 checkpoints is refused unless ``--resume`` (continue them) or ``--overwrite`` (move them aside
-into ``superseded_<UTC time>/``; nothing is deleted), and every file goes to a temporary name
-first and is renamed into place only when complete.
+into ``superseded_<UTC time>/``; nothing is deleted); one that holds a run's other outputs but no
+checkpoint (a run stopped before its first checkpoint: cfg.yml, tb/, stats/ ...) is refused the
+same way, as there is nothing to resume; and every file goes to a temporary name first and is
+renamed into place only when complete. A checkpoint that cannot be read (truncated, corrupted,
+not a checkpoint) is a ValueError naming the file.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import datetime
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -27,7 +31,7 @@ from .fileio import atomic_write
 
 CKPT_RE = re.compile(r"ckpt_(\d+)_rank(\d+)\.pt$")
 PER_GAUSSIAN_STRATEGY_KEYS = ("grad2d", "count", "radii")
-RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "cfg.yml")
+RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "profile", "cfg.yml")
 
 
 def list_checkpoints(ckpt_dir: Path) -> dict[int, dict[int, Path]]:
@@ -42,22 +46,41 @@ def list_checkpoints(ckpt_dir: Path) -> dict[int, dict[int, Path]]:
     return found
 
 
+def run_outputs(result_dir: Path) -> list[str]:
+    """The names of RUN_OUTPUTS present in ``result_dir`` (folders with a trailing /)."""
+    result_dir = Path(result_dir)
+    return [name + ("/" if (result_dir / name).is_dir() else "") for name in RUN_OUTPUTS
+            if (result_dir / name).exists()]
+
+
 def prepare_result_dir(result_dir: Path, resume: bool, overwrite: bool, evaluating: bool) -> None:
-    """Refuse to start a new run over another run's checkpoints (ValueError naming the dir);
-    with ``overwrite``, move that run's outputs into ``superseded_<UTC time>/`` first."""
+    """Refuse to start a new run in a folder holding another run's outputs (ValueError naming the
+    folder and the flags that proceed); with ``overwrite``, move those outputs into
+    ``superseded_<UTC time>/`` first. A folder with outputs but no checkpoint (a run stopped before
+    its first one) is refused too: the new run's TensorBoard events and stats would mix with the
+    old ones. ``evaluating`` (--ckpt) writes into any folder, as before."""
     result_dir = Path(result_dir)
     existing = list_checkpoints(result_dir / "ckpts")
     if resume:
         if not existing:
             raise ValueError(f"--resume: no checkpoints in {result_dir / 'ckpts'}")
+        for path in existing[max(existing)].values():  # the set resume_from reads first
+            check_readable(path)
         return
-    if not existing or evaluating:
+    outputs = run_outputs(result_dir)
+    if not outputs or evaluating:
         return
     if not overwrite:
+        if existing:
+            raise ValueError(
+                f"{result_dir} already holds another run's checkpoints (steps {sorted(existing)}); "
+                "pass --resume to continue that run, --overwrite to start afresh (the old outputs are "
+                "moved aside, not deleted), or choose another --result_dir"
+            )
         raise ValueError(
-            f"{result_dir} already holds another run's checkpoints (steps {sorted(existing)}); "
-            "pass --resume to continue that run, --overwrite to start afresh (the old outputs are "
-            "moved aside, not deleted), or choose another --result_dir"
+            f"{result_dir} holds another run's outputs ({', '.join(outputs)}) but no checkpoint to resume "
+            "(that run stopped before its first one); pass --overwrite to move them aside (not deleted) and "
+            "start afresh, or choose another --result_dir"
         )
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     aside = result_dir / f"superseded_{stamp}"
@@ -99,12 +122,43 @@ def save(ckpt_dir: Path, step: int, rank: int, world_size: int, state: dict) -> 
     return path
 
 
+def check_readable(path: Path) -> None:
+    """A cheap check that ``path`` is a complete PyTorch checkpoint: torch.save writes a zip
+    archive whose central directory is at the end of the file, so a truncated file (or one that is
+    no checkpoint at all) fails here in milliseconds, before a run spends time loading its data.
+    Raises ValueError naming the file, on one line."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.namelist()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ValueError(f"cannot read checkpoint {path}: not a complete PyTorch archive ({e}); the file is "
+                         "truncated, corrupted or not a checkpoint") from e
+
+
+def read(path: Path) -> dict:
+    """One checkpoint file, loaded onto the CPU.
+
+    Raises ValueError naming the file, on one line, when it cannot be read (truncated, corrupted,
+    not a PyTorch file) or is not a splat-train checkpoint (no 'params')."""
+    check_readable(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError ... with its own text
+        reason = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {reason}; the file is "
+                         "truncated or corrupted") from e
+    if not isinstance(state, dict) or "params" not in state:
+        raise ValueError(f"{path} is not a splat-train checkpoint (no 'params')")
+    return state
+
+
 def latest_complete(ckpt_dir: Path) -> Optional[tuple[int, list[Path]]]:
-    """(step, files in rank order) of the newest step whose every rank's file exists."""
+    """(step, files in rank order) of the newest step whose every rank's file exists.
+    Raises ValueError naming a checkpoint that cannot be read (see :func:`read`)."""
     found = list_checkpoints(ckpt_dir)
     for step in sorted(found, reverse=True):
         ranks = found[step]
-        world = torch.load(next(iter(ranks.values())), map_location="cpu", weights_only=False)["world_size"]
+        world = read(next(iter(ranks.values())))["world_size"]
         if sorted(ranks) == list(range(world)):
             return step, [ranks[r] for r in range(world)]
     return None
@@ -120,17 +174,11 @@ def load_shard(files: list[Path], rank: int, world_size: int) -> dict:
     Same world size: the rank's own file as saved. Otherwise: every per-Gaussian tensor
     (parameters, Adam moments, strategy accumulators) concatenated in the old rank order and
     re-split ``rank::world_size``; scalars and RNG from old rank ``rank`` (or 0).
-    Raises ValueError naming a file that is not a splat-train checkpoint, and when the files are
-    not exactly one per rank of one step of one run (a missing shard would drop its Gaussians).
+    Raises ValueError naming a file that cannot be read or is not a splat-train checkpoint
+    (:func:`read`), and when the files are not exactly one per rank of one step of one run (a
+    missing shard would drop its Gaussians).
     """
-    states = []
-    for f in files:
-        try:
-            states.append(torch.load(f, map_location="cpu", weights_only=False))
-        except Exception as e:
-            raise ValueError(f"cannot read checkpoint {f}: {e}") from e
-        if "params" not in states[-1]:
-            raise ValueError(f"{f} is not a splat-train checkpoint (no 'params')")
+    states = [read(f) for f in files]
     by_rank = sorted(zip(files, states), key=lambda fs: int(fs[1].get("rank", 0)))
     files, states = [f for f, _ in by_rank], [st for _, st in by_rank]
     saved_world = {int(st.get("world_size", len(states))) for st in states}

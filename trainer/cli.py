@@ -2,15 +2,18 @@
 
     splat-train default [--data_dir DIR] [--data_factor 4] [--result_dir DIR] [flags]
     splat-train mcmc ...
-    splat-train --config results/x/cfg.yml [flags]     # rerun a resolved config exactly
+    splat-train --config results/x/cfg.yml --result_dir results/y [flags]   # rerun a run's config
     splat-train default --help                          # every flag, documented
 
-User errors (bad flag, bad data, an occupied result dir) print one ``error:`` line naming the
-flag or file and exit with status 2.
+User errors (bad flag, bad data, an occupied result dir, a first step that cannot fit in memory)
+print one ``error:`` line naming the flag or file and exit with status 2. SIGTERM and SIGINT end a
+run with one line and status 143 / 130 (128 + the signal number), the spawned ranks stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import signal
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -20,7 +23,7 @@ import tyro
 from ..configs import preset_names, preset_path
 from ..kernels.resources import require_triton
 from .config import Config, load_yaml, resolve, validate
-from .launch import DistContext, LaunchError, launch
+from .launch import DistContext, Interrupted, LaunchError, interruptible, launch
 
 
 def _usage() -> str:
@@ -70,7 +73,9 @@ def parse_args(argv: Sequence[str]) -> Config:
         raise ValueError(f"name a preset ({', '.join(preset_names())}) or pass --config FILE")
     base = load_yaml(preset_path(preset)) if preset else Config()
     if config_file is not None:
-        base = load_yaml(config_file, base)
+        # a saved cfg.yml records how that run was started (--resume, --overwrite, --ckpt); rerunning
+        # its config starts a new run unless this command line says otherwise
+        base = dataclasses.replace(load_yaml(config_file, base), resume=False, overwrite=False, ckpt=None)
     cfg = tyro.cli(
         Config, default=base, args=args, use_underscores=True, prog=f"splat-train {preset or ''}".strip(),
         config=(tyro.conf.OmitArgPrefixes,),
@@ -79,8 +84,9 @@ def parse_args(argv: Sequence[str]) -> Config:
     return resolve(cfg)
 
 
-def build_scene(cfg: Config):
-    """The scene of ``cfg``: the data dir's, or the embedded synthetic one."""
+def build_scene(cfg: Config, log=None):
+    """The scene of ``cfg``: the data dir's, or the embedded synthetic one. ``log``: a callable
+    given one line before slow loading work (data.load_scene)."""
     from .data import DataError, load_scene
     from .data.synthetic import make_synthetic_scene
 
@@ -89,24 +95,55 @@ def build_scene(cfg: Config):
                                     cfg.synthetic_image_size, seed=0)
     if not Path(cfg.data_dir).is_dir():
         raise DataError(f"--data_dir: no such folder: {cfg.data_dir}")
-    return load_scene(Path(cfg.data_dir), cfg.data_factor, normalize=cfg.normalize_world_space)
+    return load_scene(Path(cfg.data_dir), cfg.data_factor, normalize=cfg.normalize_world_space, log=log)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def run(ctx: DistContext, cfg: Config) -> None:
-    """What every rank runs."""
+    """What every rank runs. Rank 0 checks, for a new run, that the first step fits in memory
+    (memory.check_first_step; ValueError otherwise) and says what it loads, before any image is
+    decoded; its estimate stands for every rank (they differ by at most one Gaussian)."""
+    from .data import describe_views, split_indices
     from .loop import Trainer, evaluate_only, resume_from
+    from .memory import check_first_step
 
-    trainer = Trainer(cfg, ctx, build_scene(cfg))
-    if cfg.ckpt:
-        evaluate_only(trainer, list(cfg.ckpt))
-        return
-    if cfg.resume:
-        resume_from(trainer, Path(cfg.result_dir) / "ckpts")
-    trainer.train()
+    with interruptible():  # after the imports: pycolmap's native SIGTERM handler is replaced
+        scene = build_scene(cfg, log=_say if ctx.is_main else None)
+        if ctx.is_main:
+            if not (cfg.ckpt or cfg.resume):  # a loaded model is not the initial one
+                _say(check_first_step(cfg, scene, ctx.world_size, ctx.device))
+            for line in describe_views(scene, *split_indices(len(scene.cameras), cfg.test_every)):
+                _say(line)  # just before the Trainer decodes them
+        trainer = Trainer(cfg, ctx, scene)
+        if cfg.ckpt:
+            evaluate_only(trainer, list(cfg.ckpt))
+            return
+        if cfg.resume:
+            resume_from(trainer, Path(cfg.result_dir) / "ckpts")
+        trainer.train()
+
+
+def stopped_message(cfg: Optional[Config], signum: int) -> str:
+    """The one line printed when a signal ends a run: which signal, and what the folder holds."""
+    from .checkpoint import list_checkpoints, run_outputs
+
+    line = f"stopped by {signal.Signals(signum).name}"
+    if cfg is None or cfg.ckpt:
+        return line
+    result_dir = Path(cfg.result_dir)
+    steps = list_checkpoints(result_dir / "ckpts")
+    if steps:
+        return f"{line}; the newest checkpoint is step {max(steps)} in {result_dir / 'ckpts'} (--resume continues it)"
+    if run_outputs(result_dir):
+        return f"{line} before the first checkpoint; {result_dir} needs --overwrite to start again"
+    return line
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from .checkpoint import prepare_result_dir
+    from .checkpoint import check_readable, prepare_result_dir
 
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "bench":
@@ -117,6 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from ..scripts.bench_raster import main as bench_raster_main
 
         return bench_raster_main(list(argv[1:]))
+    cfg = None
     try:
         cfg = parse_args(argv)
         if cfg.data_dir is not None and not Path(cfg.data_dir).is_dir():
@@ -124,6 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for f in cfg.ckpt or []:
             if not Path(f).is_file():
                 raise ValueError(f"--ckpt: no such file: {f}")
+            check_readable(f)
         if cfg.raster == "fused":  # before any output
             require_triton("--raster fused (the bytesplat preset)")
         prepare_result_dir(Path(cfg.result_dir), cfg.resume, cfg.overwrite, evaluating=bool(cfg.ckpt))
@@ -131,6 +170,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ValueError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (Interrupted, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, Interrupted) else int(signal.SIGINT)
+    # out of the handler: the interrupted frames are gone, so the progress bar has closed its line
+    print(stopped_message(cfg, signum), file=sys.stderr, flush=True)
+    return 128 + signum
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,6 +6,10 @@ so the collectives line up). Rank 0 gathers the renders, computes PSNR / SSIM / 
 weights are available offline), writes ``stats/val_step<step>.json``, side-by-side PNGs
 ``renders/val_step<step>_<name>.png`` (ground truth | render), TensorBoard scalars and, as gsplat
 does, a video along an interpolated camera path (``videos/traj_<step>.mp4``).
+
+The PNGs and the video are optional outputs: written after the metrics (and by the trainer
+after the checkpoint and the PLY), and a failure to write one is a warning line (:func:`optional`),
+never the end of a run that has its model.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
@@ -58,6 +62,33 @@ def render_views(trainer: "Trainer", cams: list[CameraBatch]) -> list[np.ndarray
     return out
 
 
+def optional(what: str, write: Callable[[], Optional[Path]]) -> Optional[Path]:
+    """Run ``write`` (one optional output, rank 0's part only: no collective inside) and return its
+    result; if it raises an Exception, print one warning line naming ``what`` and the error, and
+    return None."""
+    from tqdm import tqdm
+
+    try:
+        return write()
+    except Exception as e:  # an optional output never ends a run that has its model
+        reason = (str(e).strip().splitlines() or [""])[0]
+        tqdm.write(f"warning: {what} not written ({type(e).__name__}: {reason}); the model and metrics are saved")
+        return None
+
+
+def _lpips(trainer: "Trainer") -> metrics.LPIPSMetric:
+    """The run's LPIPS metric, built at its first evaluation (kept on the trainer); when it is
+    unavailable, the reason is printed then, once per run."""
+    metric = getattr(trainer, "lpips_metric", None)
+    if metric is None:
+        metric = trainer.lpips_metric = metrics.LPIPSMetric()
+        if not metric.available:
+            from tqdm import tqdm
+
+            tqdm.write(f"note: {metric.reason}; test metrics are PSNR and SSIM")
+    return metric
+
+
 def _my_views(n: int, ctx) -> tuple[list[int], int]:
     """Indices of the views this rank renders, and the number of rounds every rank runs."""
     rounds = math.ceil(n / ctx.world_size) if n else 0
@@ -84,7 +115,7 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
         return None
     num_gaussians = sum(n for n, _ in gathered)
     results = sorted((x for _, part in gathered for x in part), key=lambda x: x[0])
-    lpips = metrics.LPIPSMetric()
+    lpips = _lpips(trainer)
     per_view = []
     for i, pred, gt in results:
         p = torch.from_numpy(pred)[None]
@@ -94,9 +125,6 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
         if lpips.available:
             row["lpips"] = float(lpips(p, g))
         per_view.append(row)
-        if trainer.cfg.save_eval_images:
-            _write_png(trainer.result_dir / "renders" / f"val_step{step}_{Path(row['name']).stem}.png",
-                       np.concatenate([gt, pred], axis=1))
     summary = dict(
         step=step,
         psnr=float(np.mean([r["psnr"] for r in per_view])),
@@ -116,9 +144,22 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
                 trainer.writer.add_scalar(f"val/{k}", summary[k], step)
     from tqdm import tqdm
 
-    tqdm.write(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f} "
-               f"({len(per_view)} views){'' if lpips.available else ' (' + lpips.reason + ')'}")
+    lpips_text = f" LPIPS {summary['lpips']:.4f}" if lpips.available else ""
+    tqdm.write(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f}{lpips_text} "
+               f"({len(per_view)} views)")
+    if trainer.cfg.save_eval_images:
+        renders = trainer.result_dir / "renders"
+        optional(f"test renders {renders}/val_step{step}_*.png", lambda: _write_pngs(renders, step, [
+            (trainer.scene.cameras[testset.indices[i]].name, np.concatenate([gt, pred], axis=1))
+            for i, pred, gt in results]))
     return summary
+
+
+def _write_pngs(folder: Path, step: int, images: list[tuple[str, np.ndarray]]) -> Path:
+    """``folder/val_step<step>_<name stem>.png`` for each (camera name, float [H, W, 3] image)."""
+    for name, image in images:
+        _write_png(folder / f"val_step{step}_{Path(name).stem}.png", image)
+    return folder
 
 
 def _write_png(path: Path, image: np.ndarray) -> None:
@@ -126,6 +167,37 @@ def _write_png(path: Path, image: np.ndarray) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     iio.imwrite(path, (np.clip(image, 0, 1) * 255.0 + 0.5).astype(np.uint8))
+
+
+def even_size(frame: np.ndarray) -> np.ndarray:
+    """[H, W, 3] -> [H + H % 2, W + W % 2, 3]: the last row / column repeated where the size is
+    odd. H.264 in yuv420p (what players decode) stores colour at half resolution, so libx264
+    refuses odd sizes; padding keeps every pixel (a crop would drop one)."""
+    return np.pad(frame, ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0)), mode="edge")
+
+
+def write_video(path: Path, frames: list[np.ndarray], fps: int = 30) -> Path:
+    """Encode float [H, W, 3] frames in [0, 1] as an H.264 MP4 at ``path`` (imageio-ffmpeg), any
+    size (:func:`even_size`). The file is written under a temporary name and renamed when complete
+    (fileio.atomic_write): a failed encode leaves nothing behind. ffmpeg's own messages are
+    silenced; a failure raises (OSError from the pipe, RuntimeError ...)."""
+    import imageio_ffmpeg
+
+    frames = [even_size((np.clip(f, 0, 1) * 255.0 + 0.5).astype(np.uint8)) for f in frames]
+
+    def encode(tmp: str) -> None:  # the temporary name has no .mp4 suffix: name the container
+        height, width = frames[0].shape[:2]
+        writer = imageio_ffmpeg.write_frames(tmp, (width, height), fps=fps, macro_block_size=1,
+                                             ffmpeg_log_level="quiet", output_params=["-f", "mp4"])
+        writer.send(None)  # start ffmpeg
+        try:
+            for frame in frames:
+                writer.send(np.ascontiguousarray(frame))
+        finally:
+            writer.close()
+
+    atomic_write(path, encode)
+    return path
 
 
 def _can_write_mp4() -> bool:
@@ -158,16 +230,24 @@ def trajectory_poses(camtoworlds: np.ndarray, num_frames: int, num_keyframes: in
 
 def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
     """Render ``num_traj_frames`` frames along :func:`trajectory_poses` collectively; rank 0 writes
-    ``videos/traj_<step>.mp4`` (imageio + ffmpeg, 30 fps). Returns the path on rank 0."""
+    ``videos/traj_<step>.mp4`` (:func:`write_video`, 30 fps; an optional output). Returns the path
+    on rank 0 when written."""
     n = trainer.cfg.num_traj_frames
     if n <= 0 or len(trainer.trainset) == 0:
         return None
     ctx = trainer.ctx
     if not _can_write_mp4():
         if ctx.is_main:
-            print("video skipped: imageio-ffmpeg is not installed (pip install imageio-ffmpeg)", flush=True)
+            print("warning: video not written: imageio-ffmpeg is not installed (pip install imageio-ffmpeg)",
+                  flush=True)
         return None
     first = trainer.trainset.camera(0)
+    path = trainer.result_dir / "videos" / f"traj_{step}.mp4"
+    if ctx.is_main:
+        from tqdm import tqdm
+
+        tqdm.write(f"video: rendering {n} frames at {first['width']}x{first['height']} for {path} "
+                   "(--num_traj_frames 0 skips it)")
     c2ws = np.stack([trainer.scene.cameras[i].camtoworld for i in trainer.trainset.indices])
     poses = torch.from_numpy(trajectory_poses(c2ws, n)).to(trainer.device)
     mine, rounds = _my_views(n, ctx)
@@ -178,14 +258,5 @@ def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
     gathered = _gather_to_main(ctx, list(zip(mine, frames)))
     if not ctx.is_main:
         return None
-    import imageio.v2 as imageio
-
     ordered = [f for _, f in sorted((x for part in gathered for x in part), key=lambda x: x[0])]
-    path = trainer.result_dir / "videos" / f"traj_{step}.mp4"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.mp4")
-    with imageio.get_writer(tmp, fps=30, macro_block_size=1) as writer:
-        for frame in ordered:
-            writer.append_data((np.clip(frame, 0, 1) * 255.0 + 0.5).astype(np.uint8))
-    tmp.replace(path)
-    return path
+    return optional(f"video {path}", lambda: write_video(path, ordered))

@@ -17,17 +17,19 @@ backend is ``nccl`` on GPUs (RCCL answers to that name on ROCm) and ``gloo`` on 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -83,6 +85,47 @@ class DistContext:
 
 class LaunchError(RuntimeError):
     """The launch environment is incomplete (message names the missing variables)."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived (:func:`interruptible`). A BaseException, as KeyboardInterrupt,
+    so that no ``except Exception`` on the way out swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number, the shell's convention: 130 for SIGINT, 143 for SIGTERM."""
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Within this block SIGTERM and SIGINT raise :class:`Interrupted` in the main thread, so a run
+    ends through its own exception handling: one line, the spawned ranks stopped. The handlers
+    replace native ones installed at import (pycolmap's glog prints a native stack trace on
+    SIGTERM), so enter the block after the imports. A second signal meanwhile takes the default
+    action (ends the process at once). The previous handlers are restored on exit; outside the
+    main thread this does nothing."""
+    previous = {}
+
+    def handler(signum, frame):
+        for sig in previous:
+            signal.signal(sig, signal.SIG_DFL)
+        raise Interrupted(signum)
+
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():  # None: a native handler, which Python cannot reinstall
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
 
 
 def _require(env: dict, names: list[str], launcher: str) -> None:
@@ -178,12 +221,23 @@ def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callab
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>` prints where this rank is (all threads)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     share_cpu_threads(world_size)
+    # tqdm's default lock is a multiprocessing RLock, a named semaphore that a rank ending with
+    # os._exit never releases: the launcher's resource tracker then warns of "leaked semaphore
+    # objects" after every run. Only rank 0 draws a progress bar; a thread lock is enough.
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
     code = 0
     try:
-        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
-                              timeout=datetime.timedelta(seconds=600))
-        ctx = init_context(local_rank, world_size, local_rank, device, store=store)
-        fn(ctx, *args)
+        with interruptible():
+            store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
+                                  timeout=datetime.timedelta(seconds=600))
+            ctx = init_context(local_rank, world_size, local_rank, device, store=store)
+            fn(ctx, *args)
+    except Interrupted as e:  # the launcher stops the ranks with SIGTERM and says so itself
+        code = e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before the handlers were in place
+        code = 128 + signal.SIGINT
     except (ValueError, LaunchError) as e:
         print(f"error (rank {local_rank}): {e}", file=sys.stderr, flush=True)
         code = 2
@@ -280,15 +334,21 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
         return 0
     store = _free_store(nproc)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    procs = None
     try:
-        procs = mp.start_processes(_worker, args=(nproc, store.port, device, fn, args), nprocs=nproc,
-                                   join=False, start_method="spawn")
-        while not procs.join(timeout=1.0):
-            if deadline is not None and time.monotonic() > deadline:
-                if procs.join(timeout=0):  # every rank ended just now: not a timeout
-                    break
-                _stop_hung(procs.processes, timeout_s)
-                return TIMED_OUT
+        with interruptible():
+            procs = mp.start_processes(_worker, args=(nproc, store.port, device, fn, args), nprocs=nproc,
+                                       join=False, start_method="spawn")
+            while not procs.join(timeout=1.0):
+                if deadline is not None and time.monotonic() > deadline:
+                    if procs.join(timeout=0):  # every rank ended just now: not a timeout
+                        break
+                    _stop_hung(procs.processes, timeout_s)
+                    return TIMED_OUT
+    except Interrupted:  # stop the ranks (they exit quietly on SIGTERM), then let the caller say so
+        if procs is not None:
+            _terminate(procs.processes)
+        raise
     except mp.ProcessExitedException as e:
         return e.exit_code if e.exit_code and e.exit_code > 0 else 1
     except mp.ProcessRaisedException as e:  # pragma: no cover - _worker catches everything
@@ -307,13 +367,24 @@ def _stop_hung(processes: list, timeout_s: float, grace_s: float = 10.0) -> None
     print(f"error: the ranks were still running after {timeout_s:g} s; their stacks follow, then they are "
           "terminated", file=sys.stderr, flush=True)
     live = [p for p in processes if p.is_alive()]
+    if hasattr(signal, "SIGUSR1"):
+        _signal_all(live, signal.SIGUSR1)
+        time.sleep(2.0)  # faulthandler writes from a signal handler: give it a moment
+    _terminate(live, grace_s)
 
-    def signal_all(sig) -> None:
-        for p in live:
-            try:
-                os.kill(p.pid, sig)
-            except ProcessLookupError:  # ended meanwhile
-                pass
+
+def _signal_all(processes: list, sig) -> None:
+    for p in processes:
+        try:
+            os.kill(p.pid, sig)
+        except ProcessLookupError:  # ended meanwhile
+            pass
+
+
+def _terminate(processes: list, grace_s: float = 10.0) -> None:
+    """End the live ``processes``: SIGTERM, then SIGKILL those still alive after ``grace_s``
+    seconds (a rank blocked in a collective runs no Python signal handler until it returns)."""
+    live = [p for p in processes if p.is_alive()]
 
     def join_all(seconds: float) -> list:
         until = time.monotonic() + seconds
@@ -321,12 +392,9 @@ def _stop_hung(processes: list, timeout_s: float, grace_s: float = 10.0) -> None
             p.join(max(0.0, until - time.monotonic()))
         return [p for p in live if p.is_alive()]
 
-    if hasattr(signal, "SIGUSR1"):
-        signal_all(signal.SIGUSR1)
-        time.sleep(2.0)  # faulthandler writes from a signal handler: give it a moment
-    signal_all(signal.SIGTERM)
+    _signal_all(live, signal.SIGTERM)
     if join_all(grace_s):
-        signal_all(getattr(signal, "SIGKILL", signal.SIGTERM))
+        _signal_all(live, getattr(signal, "SIGKILL", signal.SIGTERM))
         stuck = join_all(grace_s)
         if stuck:
             print(f"warning: rank processes {[p.pid for p in stuck]} did not end on SIGKILL (stuck in the "

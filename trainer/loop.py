@@ -365,13 +365,9 @@ class Trainer:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 loop_seconds = time.perf_counter() - loop_start  # training only: before eval/export
-            if done in s.save_steps or done == s.max_steps:
-                self.save_checkpoint()
-            if done in s.eval_steps or done == s.max_steps:
-                evaluate.run_eval(self, done)
-                evaluate.render_trajectory(self, done)
-            if done in s.ply_steps or done == s.max_steps:
-                export.export_merged(self, done)
+            last = done == s.max_steps
+            written = self.write_outputs(done, save=done in s.save_steps or last, ply=done in s.ply_steps or last,
+                                         evaluation=done in s.eval_steps or last)
         bar.close()
         if self.ctx.is_main and s.max_steps > first_step:
             steps = s.max_steps - first_step
@@ -385,7 +381,41 @@ class Trainer:
             self._write_phase_table()
         if self.writer is not None:
             self.writer.close()
+        if s.max_steps > first_step:
+            self.print_outputs(written)
         return out
+
+    def write_outputs(self, step: int, save: bool, ply: bool, evaluation: bool) -> list[Path]:
+        """What a run writes after ``step`` steps, the model first: checkpoint, PLY, test metrics;
+        then the optional outputs (test renders, trajectory video), whose failure is one warning
+        line (evaluate.optional). Every rank calls this. Returns the files written (rank 0: all of
+        them but the other ranks' checkpoints)."""
+        written = []
+        if save:
+            written.append(self.save_checkpoint())
+        if ply:
+            written.append(export.export_merged(self, step))
+        if evaluation:
+            if evaluate.run_eval(self, step) is not None:
+                written.append(self.result_dir / "stats" / f"val_step{step}.json")
+                written.append(self.result_dir / "renders" / f"val_step{step}_*.png")
+            written.append(evaluate.render_trajectory(self, step))
+        return [p for p in written if p is not None and any(p.parent.glob(p.name))]
+
+    def print_outputs(self, written: list[Path]) -> None:
+        """Rank 0: the last line of a run, ``outputs: ...``, naming the files of the final step (a
+        checkpoint of every rank, the PLY, metrics, renders, video) and the TensorBoard folder."""
+        if not self.ctx.is_main:
+            return
+        names = []
+        for path in written:
+            if path.parent.name == "ckpts" and self.ctx.world_size > 1:
+                path = path.with_name(path.name.replace("_rank0.pt", f"_rank{{0..{self.ctx.world_size - 1}}}.pt"))
+            matches = len(list(path.parent.glob(path.name))) if "*" in path.name else 0
+            names.append(f"{path} ({matches} files)" if matches else str(path))
+        if (self.result_dir / "tb").is_dir():
+            names.append(f"{self.result_dir / 'tb'}/ (TensorBoard)")
+        print("outputs: " + ", ".join(names), flush=True)
 
     def _start_profiler(self):
         """torch profiler over the --profile window; the trace goes to profile/trace_rank<r>.json."""
@@ -478,19 +508,20 @@ def _plain(obj):
     return to_dict(obj)
 
 
-def evaluate_only(trainer: Trainer, files: list[Path]) -> dict:
-    """``--ckpt``: load the checkpoint shards, evaluate and export, no training."""
+def evaluate_only(trainer: Trainer, files: list[Path]) -> list[Path]:
+    """``--ckpt``: load the checkpoint shards; export the PLY, evaluate, render the video (in the
+    order of Trainer.write_outputs); no training. Returns the files written (rank 0)."""
     state = checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size)
     trainer.load_state_dict(state, restore_rng=False)
+    _say_loaded("loaded", trainer, files)
     if trainer.ctx.is_main:
         trainer.result_dir.mkdir(parents=True, exist_ok=True)
         trainer.writer = evaluate.make_writer(trainer.result_dir)
-    metrics = evaluate.run_eval(trainer, trainer.step)
-    evaluate.render_trajectory(trainer, trainer.step)
-    export.export_merged(trainer, trainer.step)
+    written = trainer.write_outputs(trainer.step, save=False, ply=True, evaluation=True)
     if trainer.writer is not None:
         trainer.writer.close()
-    return metrics
+    trainer.print_outputs(written)
+    return written
 
 
 def resume_from(trainer: Trainer, ckpt_dir: Path) -> Optional[int]:
@@ -499,4 +530,13 @@ def resume_from(trainer: Trainer, ckpt_dir: Path) -> Optional[int]:
         raise ValueError(f"--resume: no complete set of checkpoints in {ckpt_dir}")
     step, files = found
     trainer.load_state_dict(checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size))
+    _say_loaded("resumed from", trainer, files)
     return step
+
+
+def _say_loaded(verb: str, trainer: Trainer, files: list[Path]) -> None:
+    """Rank 0: '<verb> step N (world size W -> W', Gaussians re-sharded) from <folder>'."""
+    if trainer.ctx.is_main:
+        old, new = len(files), trainer.ctx.world_size
+        world = f"world size {old}" if old == new else f"world size {old} -> {new}, Gaussians re-sharded"
+        print(f"{verb} step {trainer.step} ({world}) from {Path(files[0]).parent}", flush=True)

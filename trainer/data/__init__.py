@@ -13,23 +13,27 @@ undistortion; cameras are sorted by name.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+from typing import Callable, Optional
 
 from .colmap import find_model, load_colmap
-from .images import Camera, DataError, Scene, Undistortion, load_image
+from .images import Camera, DataError, Scene, Undistortion, cache_root, load_image
 from .nerf import load_nerf
 from .sampler import CameraSampler, Dataset, split_indices
 
 __all__ = ["Camera", "CameraSampler", "DataError", "Dataset", "Scene", "Undistortion",
-           "load_image", "load_scene", "split_indices"]
+           "describe_views", "load_image", "load_scene", "split_indices"]
 
 
-def load_scene(data_dir: Path, data_factor: int = 1, normalize: bool = True) -> Scene:
+def load_scene(data_dir: Path, data_factor: int = 1, normalize: bool = True,
+               log: Optional[Callable[[str], None]] = None) -> Scene:
     """Load the scene in data_dir, images downscaled by data_factor.
 
     Dispatch: a COLMAP model in data_dir/sparse/0 or data_dir/sparse (binary or text), else
     data_dir/transforms.json. Raises DataError when data_dir is not a folder, data_factor is not a
     positive integer, neither format is found, or the data is malformed (see colmap.py, nerf.py).
+    ``log``, when given, is called with one line before slow work (downscaling into the cache).
     """
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
@@ -38,8 +42,41 @@ def load_scene(data_dir: Path, data_factor: int = 1, normalize: bool = True) -> 
         raise DataError(f"data_factor={data_factor} must be a positive integer")
     model_dir = find_model(data_dir)
     if model_dir is not None:
-        return load_colmap(data_dir, model_dir, int(data_factor), normalize)
+        return load_colmap(data_dir, model_dir, int(data_factor), normalize, log)
     if (data_dir / "transforms.json").is_file():
-        return load_nerf(data_dir / "transforms.json", int(data_factor), normalize)
+        return load_nerf(data_dir / "transforms.json", int(data_factor), normalize, log)
     raise DataError(f"{data_dir} holds neither a COLMAP model (sparse/0/ or sparse/ with cameras, "
                     "images, points3D as .bin or .txt) nor a transforms.json")
+
+
+def _sizes(pairs: list[tuple[int, int]]) -> str:
+    """"480x270", or "480x360 (39), 360x480 (17)" for several sizes (most common first)."""
+    counts = Counter(pairs).most_common()
+    if len(counts) == 1:
+        return f"{counts[0][0][0]}x{counts[0][0][1]}"
+    return ", ".join(f"{w}x{h} ({n})" for (w, h), n in counts)
+
+
+def describe_views(scene: Scene, train: list[int], test: list[int]) -> list[str]:
+    """One line on the images about to be decoded (count, size, where they are read from, the
+    memory they take as uint8), and one on undistortion when a camera has distortion."""
+    cameras = scene.cameras
+    num_bytes = 3 * sum(c.width * c.height for c in cameras)
+    sizes = _sizes([(c.width, c.height) for c in cameras])
+    size = f"{len(cameras)} views ({len(train)} train, {len(test)} test), {sizes}"
+    if scene.images is not None:
+        lines = [f"images: {size}, rendered ({scene.source} scene), {num_bytes / 2**20:,.1f} MB in memory"]
+    else:
+        folders = sorted({str(c.image_path.parent) for c in cameras})
+        cached = [f for f in folders if Path(f).is_relative_to(cache_root())]
+        source = ("the downscale cache " if cached else "") + (
+            folders[0] if len(folders) == 1 else f"{len(folders)} folders under {Path(folders[0]).parent}")
+        lines = [f"images: {size}, read from {source}: decoding {num_bytes / 2**20:,.1f} MB into memory"]
+    distorted = [c for c in cameras if c.dist is not None]
+    if distorted:
+        models = ", ".join(sorted({c.dist.model or "distortion" for c in distorted}))
+        before = _sizes([(c.dist.src_width, c.dist.src_height) for c in distorted])
+        after = _sizes([(c.width, c.height) for c in distorted])
+        lines.append(f"distortion: {models} undone with OpenCV for {len(distorted)} of {len(cameras)} views, "
+                     f"cropped to the valid region: {before} -> {after}")
+    return lines

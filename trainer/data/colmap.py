@@ -8,7 +8,7 @@ COLMAP poses are world-to-camera in OpenCV axes (x right, y down, z forward); we
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import pycolmap
@@ -62,8 +62,10 @@ def pinhole_and_distortion(camera, cameras_file: Path) -> tuple[np.ndarray, Opti
     return K, (coeffs if np.any(coeffs) else None)
 
 
-def load_colmap(data_dir: Path, model_dir: Path, data_factor: int, normalize: bool) -> Scene:
+def load_colmap(data_dir: Path, model_dir: Path, data_factor: int, normalize: bool,
+                log: Optional[Callable[[str], None]] = None) -> Scene:
     """Read the model in model_dir and the images under data_dir -> Scene (source "colmap").
+    ``log``: see images.locate_images.
 
     Registered images are sorted by name. Raises DataError when the model cannot be read, has no
     registered image, uses an unsupported camera model, or lists images missing on disk.
@@ -92,7 +94,7 @@ def load_colmap(data_dir: Path, model_dir: Path, data_factor: int, normalize: bo
 
     sizes = [(reconstruction.cameras[im.camera_id].width, reconstruction.cameras[im.camera_id].height)
              for im in images]
-    located = locate_images(data_dir, IMAGES_FOLDER, [im.name for im in images], sizes, data_factor)
+    located = locate_images(data_dir, IMAGES_FOLDER, [im.name for im in images], sizes, data_factor, log)
 
     camtoworlds = np.stack([np.linalg.inv(_cam_from_world(im)) for im in images])  # [C, 4, 4]
     points = np.array([p.xyz for p in reconstruction.points3D.values()], dtype=np.float64).reshape(-1, 3)
@@ -115,7 +117,8 @@ def load_colmap(data_dir: Path, model_dir: Path, data_factor: int, normalize: bo
             if key not in undistortions:
                 undistortions[key] = make_undistortion(
                     K, coeffs, file_w, file_h, what=f"{cameras_file} camera {im.camera_id}",
-                    cache_maps=num_users[im.camera_id] > 1)
+                    cache_maps=num_users[im.camera_id] > 1,
+                    model=f"COLMAP {reconstruction.cameras[im.camera_id].model.name}")
             dist = undistortions[key]
             K, file_w, file_h = dist.K, dist.width, dist.height
         cameras.append(Camera(name=im.name, image_path=path, camtoworld=camtoworld.astype(np.float32),

@@ -16,7 +16,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Optional
+from typing import Callable, Optional
 
 import cv2
 import numpy as np
@@ -47,6 +47,7 @@ class Undistortion:
     width: int  # pixels of the output
     height: int
     cache_maps: bool = False  # keep the remap tables (worth it when several images share the camera)
+    model: str = ""  # what is undone, for the loading message: "COLMAP OPENCV", "transforms.json k1/k2/p1/p2"
     _maps: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     def maps(self) -> tuple[np.ndarray, np.ndarray]:
@@ -110,13 +111,14 @@ def _from_opencv(K: np.ndarray) -> np.ndarray:
 
 
 def make_undistortion(K: np.ndarray, coeffs, width: int, height: int, what: str,
-                      cache_maps: bool = False) -> Undistortion:
+                      cache_maps: bool = False, model: str = "") -> Undistortion:
     """Plan undistortion of a [height, width] image with pinhole K [3, 3] and OpenCV coeffs.
 
     The new pinhole is cv2.getOptimalNewCameraMatrix(alpha=0) (every output pixel sees the source),
     cropped to its valid ROI, as in gsplat examples/datasets/colmap.py; zero distortion gives
     back K and the same size. `what` names the camera in
-    the DataError raised when the distortion is so strong that no valid region remains.
+    the DataError raised when the distortion is so strong that no valid region remains; `model`
+    names the distortion model for the loading message (Undistortion.model).
     """
     coeffs = np.asarray(coeffs, dtype=np.float64)
     K_cv = _to_opencv(K)
@@ -133,7 +135,7 @@ def make_undistortion(K: np.ndarray, coeffs, width: int, height: int, what: str,
     K_new[1, 2] -= y
     return Undistortion(K_distorted=np.asarray(K, dtype=np.float64), coeffs=coeffs,
                         src_width=width, src_height=height, K=_from_opencv(K_new),
-                        width=int(w), height=int(h), cache_maps=cache_maps)
+                        width=int(w), height=int(h), cache_maps=cache_maps, model=model)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -231,7 +233,7 @@ def _write_atomic_png(path: Path, rgb: np.ndarray) -> None:
 
 
 def locate_images(data_dir: Path, folder: str, names: list[str], sizes: list[tuple[int, int]],
-                  factor: int) -> list[tuple[Path, int, int]]:
+                  factor: int, log: Optional[Callable[[str], None]] = None) -> list[tuple[Path, int, int]]:
     """The file to read for each image, and its (width, height) in pixels.
 
     data_dir / folder / name must exist (callers check, to word the error for their format);
@@ -241,7 +243,8 @@ def locate_images(data_dir: Path, folder: str, names: list[str], sizes: list[tup
       1 px of sizes[i] / factor (callers scale K by the actual ratio).
     - else: cv2.INTER_AREA downscale to downscaled_size() into
       cache_dir(data_dir) / f"{folder}_{factor}" / (name + ".png"), written once atomically,
-      remade only when the original is newer. The data dir itself is never written.
+      remade only when the original is newer. The data dir itself is never written. ``log``, when
+      given, is called with one line before that work starts (it decodes every original).
     Raises DataError naming the offending file or folder.
     """
     located = []
@@ -270,11 +273,16 @@ def locate_images(data_dir: Path, folder: str, names: list[str], sizes: list[tup
         return located
 
     target = cache_dir(data_dir) / _cache_folder_name(folder, factor)
-    for name, (w, h) in zip(names, sizes):
+    stale = [not (target / (n + ".png")).is_file()
+             or (target / (n + ".png")).stat().st_mtime < (data_dir / folder / n).stat().st_mtime for n in names]
+    if log is not None and any(stale):
+        log(f"downscaling {sum(stale)} images of {data_dir / folder} by {factor} into the cache {target} "
+            "(once: later runs read them from there)")
+    for name, (w, h), remake in zip(names, sizes, stale):
         source = data_dir / folder / name
         path = target / (name + ".png")
         fw, fh = downscaled_size(w, h, factor)
-        if not path.is_file() or path.stat().st_mtime < source.stat().st_mtime:
+        if remake:
             image = read_rgb(source)
             if (image.shape[1], image.shape[0]) != (w, h):
                 raise DataError(f"image {source} is {image.shape[1]}x{image.shape[0]}, "

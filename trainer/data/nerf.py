@@ -13,6 +13,7 @@ import json
 import math
 import warnings
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -82,8 +83,10 @@ def _camtoworld(frame: dict, where: str) -> np.ndarray:
     return matrix @ OPENGL_TO_OPENCV
 
 
-def load_nerf(json_path: Path, data_factor: int, normalize: bool) -> Scene:
+def load_nerf(json_path: Path, data_factor: int, normalize: bool,
+              log: Optional[Callable[[str], None]] = None) -> Scene:
     """Read json_path (frames' file_path relative to its folder) -> Scene (source "nerf").
+    ``log``: see images.locate_images.
 
     Camera names are the image paths relative to the json's folder (posix), sorted.
 
@@ -130,7 +133,7 @@ def load_nerf(json_path: Path, data_factor: int, normalize: bool) -> Scene:
     folders = sorted({_relative_name(path.parent, base) for path, *_ in records})
     for folder in folders:
         group = [(path, size) for path, size, *_ in records if _relative_name(path.parent, base) == folder]
-        files = locate_images(base, folder, [p.name for p, _ in group], [s for _, s in group], data_factor)
+        files = locate_images(base, folder, [p.name for p, _ in group], [s for _, s in group], data_factor, log)
         located.update({path: file for (path, _), file in zip(group, files)})
 
     camtoworlds = np.stack([record[4] for record in records])  # [C, 4, 4]
@@ -154,7 +157,7 @@ def load_nerf(json_path: Path, data_factor: int, normalize: bool) -> Scene:
             if key not in undistortions:
                 undistortions[key] = make_undistortion(
                     K, coeffs, file_w, file_h, what=f"{json_path} frame {path.name}",
-                    cache_maps=keys.count(key) > 1)
+                    cache_maps=keys.count(key) > 1, model=f"{json_path.name} k1/k2/p1/p2/k3")
             dist = undistortions[key]
             K, file_w, file_h = dist.K, dist.width, dist.height
         cameras.append(Camera(name=_relative_name(path, base), image_path=image_path,
