@@ -31,8 +31,60 @@ def test_openmpi_environment():
 
 
 def test_slurm_environment():
-    env = dict(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", MASTER_ADDR="n", MASTER_PORT="1")
+    env = dict(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_STEP_ID="0", MASTER_ADDR="n",
+               MASTER_PORT="1")
     assert detect_external(env)["rank"] == 5 and detect_external(env)["launcher"] == "srun"
+
+
+def test_srun_derives_the_rendezvous_from_the_job():
+    """Under srun MASTER_ADDR is the step's first node and MASTER_PORT comes from the job id;
+    SLURM_STEP_NUM_TASKS (the step's tasks) wins over the job's SLURM_NTASKS."""
+    env = dict(SLURM_PROCID="3", SLURM_NTASKS="16", SLURM_STEP_NUM_TASKS="8", SLURM_LOCALID="3", SLURM_STEP_ID="0",
+               SLURM_STEP_NODELIST="gpu[07-08],gpu11", SLURM_JOB_ID="123456")
+    layout = detect_external(env)
+    assert (layout["rank"], layout["world_size"], layout["local_rank"]) == (3, 8, 3)
+    assert layout["master_addr"] == "gpu07" and layout["master_port"] == 20000 + 123456 % 20000
+    env.update(MASTER_ADDR="head", MASTER_PORT="29500")  # exported values win
+    assert (detect_external(env)["master_addr"], detect_external(env)["master_port"]) == ("head", 29500)
+
+
+def test_an_sbatch_script_without_srun_is_not_a_launch():
+    """sbatch's own process sees SLURM_PROCID=0 and the job's SLURM_NTASKS but no step id: it is
+    one process, which spawns the node's ranks itself (it used to wait for 3 ranks never started)."""
+    from splat_train.trainer.launch import slurm_batch_without_srun
+
+    env = dict(SLURM_PROCID="0", SLURM_NTASKS="4", SLURM_JOB_ID="9", SLURM_JOB_NODELIST="n[1-2]")
+    assert slurm_batch_without_srun(env) and detect_external(env) is None
+    assert not slurm_batch_without_srun(dict(env, SLURM_STEP_ID="0"))
+
+
+def test_mpich_and_intel_mpi_environment():
+    env = dict(PMI_RANK="6", PMI_SIZE="8", MPI_LOCALRANKID="2", MPI_LOCALNRANKS="4", MASTER_ADDR="h",
+               MASTER_PORT="5")
+    layout = detect_external(env)
+    assert (layout["rank"], layout["world_size"], layout["local_rank"]) == (6, 8, 2)
+    assert layout["launcher"].startswith("mpiexec")
+    from splat_train.trainer.launch import local_processes_of_launcher
+
+    assert local_processes_of_launcher(env) == 4
+    with pytest.raises(LaunchError, match="MASTER_ADDR"):
+        detect_external(dict(PMI_RANK="0", PMI_SIZE="2"))
+
+
+@pytest.mark.parametrize("nodes, first", [("gpu[03-05,09],login1", "gpu03"), ("node7", "node7"),
+                                          ("a[1-2]-b[3-4]", "a1-b3"), ("x[007]", "x007"), ("h1,h2", "h1")])
+def test_first_slurm_host(nodes, first):
+    from splat_train.trainer.launch import first_slurm_host
+
+    assert first_slurm_host(nodes) == first
+
+
+@pytest.mark.parametrize("nodes", ["", "gpu[01", "gpu[]"])
+def test_first_slurm_host_refuses_a_malformed_list(nodes):
+    from splat_train.trainer.launch import first_slurm_host
+
+    with pytest.raises(LaunchError):
+        first_slurm_host(nodes)
 
 
 def test_mpirun_without_rendezvous_names_what_is_missing():

@@ -36,6 +36,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
+DIST_TIMEOUT_S = 1800.0  # default --dist_timeout_s: rank 0 alone scores and writes evaluation images
+STOP_GRACE_S = 120.0  # after SIGTERM, what ranks get to checkpoint before SIGKILL (SLURM's TERM@120)
+
+
 @dataclass
 class CommStats:
     """Collectives issued and bytes this rank sent/received to/from peers, since the last reset."""
@@ -72,6 +76,7 @@ class DistContext:
     group: Any = None
     stats: CommStats = field(default_factory=CommStats)
     sparse_grad_comm: bool = False  # zero-eliding backward exchange (ByteSplat section 6)
+    stop: "StopRequest" = field(default_factory=lambda: StopRequest())
 
     @property
     def is_main(self) -> bool:
@@ -101,17 +106,41 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
+@dataclass
+class StopRequest:
+    """A SIGTERM the training loop answers at its next step boundary (every rank agrees on the
+    step, writes its checkpoint, then ends with :class:`Interrupted`) rather than at once: SLURM's
+    preemption warning (``--signal=TERM@120``) and a launcher's SIGTERM leave a checkpoint to
+    resume from. ``deferring`` is set while the loop can answer (:meth:`deferred`); ``signum`` is
+    the request (0: none). Per process, passed in the DistContext: no global state."""
+
+    deferring: bool = False
+    signum: int = 0
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+
+
 @contextlib.contextmanager
-def interruptible() -> Iterator[None]:
+def interruptible(stop: Optional[StopRequest] = None) -> Iterator[None]:
     """Within this block SIGTERM and SIGINT raise :class:`Interrupted` in the main thread, so a run
     ends through its own exception handling: one line, the spawned ranks stopped. The handlers
     replace native ones installed at import (pycolmap's glog prints a native stack trace on
     SIGTERM), so enter the block after the imports. A second signal meanwhile takes the default
-    action (ends the process at once). The previous handlers are restored on exit; outside the
-    main thread this does nothing."""
+    action (ends the process at once). While ``stop`` is deferring, SIGTERM only records the
+    request (repeats too: a launcher forwards the signal its ranks also received); SIGINT still
+    raises. The previous handlers are restored on exit; outside the main thread this does nothing."""
     previous = {}
 
     def handler(signum, frame):
+        if stop is not None and stop.deferring and signum == signal.SIGTERM:
+            stop.signum = int(signum)
+            return
         for sig in previous:
             signal.signal(sig, signal.SIG_DFL)
         raise Interrupted(signum)
@@ -138,9 +167,43 @@ def _require(env: dict, names: list[str], launcher: str) -> None:
         )
 
 
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM hostlist: "gpu[03-05,09],login1" -> "gpu03" (zero padding kept),
+    "node7" -> "node7". Raises LaunchError on an empty or malformed list."""
+    item, depth = "", 0
+    for ch in nodelist.strip():  # the first comma-separated item outside brackets
+        if ch == "," and depth == 0:
+            break
+        depth += (ch == "[") - (ch == "]")
+        item += ch
+    if not item or depth != 0:
+        raise LaunchError(f"cannot read the first host of SLURM's node list {nodelist!r}")
+    while "[" in item:  # each bracket group: its first number (or name), padding kept
+        head, _, rest = item.partition("[")
+        group, _, tail = rest.partition("]")
+        first = group.split(",")[0].split("-")[0]
+        if not first:
+            raise LaunchError(f"cannot read the first host of SLURM's node list {nodelist!r}")
+        item = head + first + tail
+    return item
+
+
+def slurm_batch_without_srun(env: Optional[dict] = None) -> bool:
+    """True in an sbatch script's own process, which SLURM gives SLURM_PROCID=0 and the job's
+    SLURM_NTASKS without starting the tasks: only srun's task processes carry a step id
+    (SLURM_STEP_ID / SLURM_STEPID)."""
+    env = os.environ if env is None else env
+    return "SLURM_PROCID" in env and not (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID"))
+
+
 def detect_external(env: Optional[dict] = None) -> Optional[dict]:
     """Rank layout set by an external launcher, or None when this process should spawn its own.
 
+    torchrun (RANK, WORLD_SIZE, LOCAL_RANK), OpenMPI (OMPI_COMM_WORLD_*), MPICH and Intel MPI
+    (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID), srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS or
+    SLURM_NTASKS, SLURM_LOCALID; not an sbatch script's own process, see
+    :func:`slurm_batch_without_srun`). Under srun MASTER_ADDR defaults to the first host of
+    SLURM_STEP_NODELIST / SLURM_JOB_NODELIST and MASTER_PORT to 20000 + SLURM_JOB_ID mod 20000.
     Returns {"rank", "world_size", "local_rank", "master_addr", "master_port", "launcher"}.
     Raises LaunchError naming what is missing when a launcher is detected without a rendezvous.
     """
@@ -151,9 +214,21 @@ def detect_external(env: Optional[dict] = None) -> Optional[dict]:
     elif "OMPI_COMM_WORLD_SIZE" in env:
         layout = dict(rank=int(env["OMPI_COMM_WORLD_RANK"]), world_size=int(env["OMPI_COMM_WORLD_SIZE"]),
                       local_rank=int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)), launcher="mpirun")
-    elif "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
-        layout = dict(rank=int(env["SLURM_PROCID"]), world_size=int(env["SLURM_NTASKS"]),
+    elif "PMI_RANK" in env and "PMI_SIZE" in env:
+        layout = dict(rank=int(env["PMI_RANK"]), world_size=int(env["PMI_SIZE"]),
+                      local_rank=int(env.get("MPI_LOCALRANKID", env.get("PMI_LOCAL_RANK", 0))),
+                      launcher="mpiexec (MPICH / Intel MPI)")
+    elif "SLURM_PROCID" in env and not slurm_batch_without_srun(env):
+        tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS", "1"))
+        if tasks <= 1:
+            return None
+        layout = dict(rank=int(env["SLURM_PROCID"]), world_size=tasks,
                       local_rank=int(env.get("SLURM_LOCALID", 0)), launcher="srun")
+        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if not env.get("MASTER_ADDR") and nodes:
+            env["MASTER_ADDR"] = first_slurm_host(nodes)
+        if not env.get("MASTER_PORT") and env.get("SLURM_JOB_ID", "").isdigit():
+            env["MASTER_PORT"] = str(20000 + int(env["SLURM_JOB_ID"]) % 20000)
     else:
         return None
     _require(env, ["MASTER_ADDR", "MASTER_PORT"], layout["launcher"])
@@ -163,10 +238,11 @@ def detect_external(env: Optional[dict] = None) -> Optional[dict]:
 
 def local_processes_of_launcher(env: Optional[dict] = None) -> int:
     """Processes an external launcher started on this host: torchrun's LOCAL_WORLD_SIZE, OpenMPI's
-    OMPI_COMM_WORLD_LOCAL_SIZE, SLURM's SLURM_NTASKS_PER_NODE (its leading number); 1 when none
-    says."""
+    OMPI_COMM_WORLD_LOCAL_SIZE, MPICH / Intel MPI's MPI_LOCALNRANKS, SLURM's
+    SLURM_STEP_TASKS_PER_NODE or SLURM_NTASKS_PER_NODE (the leading number); 1 when none says."""
     env = os.environ if env is None else env
-    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_TASKS_PER_NODE",
+                 "SLURM_NTASKS_PER_NODE"):
         value = env.get(name, "")
         digits = value[: len(value) - len(value.lstrip("0123456789"))] if value else ""
         if digits:
@@ -183,13 +259,15 @@ def pick_device(local_rank: int, device: str) -> torch.device:
 
 
 def init_context(rank: int, world_size: int, local_rank: int, device: str, store: Any = None,
-                 timeout_s: float = 600.0) -> DistContext:
-    """Set the device first, then create the process group bound to it (world_size > 1)."""
+                 timeout_s: float = DIST_TIMEOUT_S, stop: Optional[StopRequest] = None) -> DistContext:
+    """Set the device first, then create the process group bound to it (world_size > 1), whose
+    collectives give up after ``timeout_s`` seconds (``--dist_timeout_s``)."""
     dev = pick_device(local_rank, device)
+    stop = stop if stop is not None else StopRequest()
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world_size == 1:
-        return DistContext(device=dev)
+        return DistContext(device=dev, stop=stop)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     kwargs = dict(backend=backend, rank=rank, world_size=world_size,
                   timeout=datetime.timedelta(seconds=timeout_s))
@@ -201,7 +279,7 @@ def init_context(rank: int, world_size: int, local_rank: int, device: str, store
         kwargs["device_id"] = dev
     dist.init_process_group(**kwargs)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev,
-                       backend=backend, group=dist.group.WORLD)
+                       backend=backend, group=dist.group.WORLD, stop=stop)
 
 
 def _free_store(world_size: int, attempts: int = 5):
@@ -217,7 +295,8 @@ def _free_store(world_size: int, attempts: int = 5):
     raise LaunchError(f"could not open a rendezvous port on 127.0.0.1: {last}")
 
 
-def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callable, args: tuple) -> None:
+def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callable, args: tuple,
+            timeout_s: float = 600.0) -> None:
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>` prints where this rank is (all threads)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     share_cpu_threads(world_size)
@@ -229,10 +308,12 @@ def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callab
     tqdm.set_lock(threading.RLock())
     code = 0
     try:
-        with interruptible():
+        stop = StopRequest()
+        with interruptible(stop):
             store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
-                                  timeout=datetime.timedelta(seconds=600))
-            ctx = init_context(local_rank, world_size, local_rank, device, store=store)
+                                  timeout=datetime.timedelta(seconds=timeout_s))
+            ctx = init_context(local_rank, world_size, local_rank, device, store=store, timeout_s=timeout_s,
+                               stop=stop)
             fn(ctx, *args)
     except Interrupted as e:  # the launcher stops the ranks with SIGTERM and says so itself
         code = e.exit_code
@@ -300,7 +381,7 @@ def num_local_processes(nproc_per_node: int, device: str) -> int:
 
 
 def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device: str = "auto",
-           timeout_s: Optional[float] = None) -> int:
+           timeout_s: Optional[float] = None, dist_timeout_s: float = DIST_TIMEOUT_S) -> int:
     """Run ``fn(ctx, *args)`` on every rank; return the exit code (0 when every rank succeeded).
 
     A failure on one rank ends the others within a bounded time (spawn terminates the survivors;
@@ -311,7 +392,10 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
     ``timeout_s`` (spawned ranks only): a run still going after that many seconds has each rank
     that got as far as ``_worker`` print its Python stack (SIGUSR1, all threads), is then
     terminated, and the call returns :data:`TIMED_OUT`. A one-process run (in this process) is not
-    bounded.
+    bounded. ``dist_timeout_s``: how long a collective (and the rendezvous) waits for a peer.
+
+    SIGTERM to this launcher is passed on to its ranks, which write a checkpoint at their next
+    step boundary when training (StopRequest); they get STOP_GRACE_S seconds before SIGKILL.
     """
     external = detect_external()
     if external is not None:
@@ -320,34 +404,39 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
             share_cpu_threads(local)
         os.environ.setdefault("MASTER_ADDR", external["master_addr"])
         os.environ.setdefault("MASTER_PORT", str(external["master_port"]))
-        ctx = init_context(external["rank"], external["world_size"], external["local_rank"], device)
+        ctx = init_context(external["rank"], external["world_size"], external["local_rank"], device,
+                           timeout_s=dist_timeout_s)
         fn(ctx, *args)
         if ctx.world_size > 1:
             del ctx
             end_rank()
         return 0
+    if slurm_batch_without_srun() and int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
+        print(f"note: SLURM batch script without srun (SLURM_NTASKS={os.environ['SLURM_NTASKS']}): this process "
+              "starts the ranks of this node itself (one per visible GPU, or --nproc_per_node); to run on several "
+              "nodes, start splat-train with srun", file=sys.stderr, flush=True)
     nproc = num_local_processes(nproc_per_node, device)
     if nproc > 1 and device != "cpu" and torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise LaunchError(f"--nproc_per_node {nproc} exceeds the {torch.cuda.device_count()} visible GPUs")
     if nproc == 1:
-        fn(init_context(0, 1, 0, device), *args)
+        fn(init_context(0, 1, 0, device, timeout_s=dist_timeout_s), *args)
         return 0
     store = _free_store(nproc)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     procs = None
     try:
         with interruptible():
-            procs = mp.start_processes(_worker, args=(nproc, store.port, device, fn, args), nprocs=nproc,
-                                       join=False, start_method="spawn")
+            procs = mp.start_processes(_worker, args=(nproc, store.port, device, fn, args, dist_timeout_s),
+                                       nprocs=nproc, join=False, start_method="spawn")
             while not procs.join(timeout=1.0):
                 if deadline is not None and time.monotonic() > deadline:
                     if procs.join(timeout=0):  # every rank ended just now: not a timeout
                         break
                     _stop_hung(procs.processes, timeout_s)
                     return TIMED_OUT
-    except Interrupted:  # stop the ranks (they exit quietly on SIGTERM), then let the caller say so
+    except Interrupted as e:  # stop the ranks (a training rank checkpoints first), then let the caller say so
         if procs is not None:
-            _terminate(procs.processes)
+            _terminate(procs.processes, grace_s=STOP_GRACE_S if e.signum == signal.SIGTERM else 10.0)
         raise
     except mp.ProcessExitedException as e:
         return e.exit_code if e.exit_code and e.exit_code > 0 else 1
