@@ -53,23 +53,35 @@ def run_outputs(result_dir: Path) -> list[str]:
             if (result_dir / name).exists()]
 
 
-def prepare_result_dir(result_dir: Path, resume: bool, overwrite: bool, evaluating: bool) -> None:
-    """Refuse to start a new run in a folder holding another run's outputs (ValueError naming the
-    folder and the flags that proceed); with ``overwrite``, move those outputs into
+def prepare_result_dir(result_dir: Path, resume: bool, overwrite: bool, evaluating: bool,
+                       auto_resume: bool = False, mutate: bool = True, log=None) -> bool:
+    """Decide how a run uses ``result_dir`` and return whether it resumes.
+
+    Refuses to start a new run in a folder holding another run's outputs (ValueError naming the
+    folder and the flags that proceed); with ``overwrite``, moves those outputs into
     ``superseded_<UTC time>/`` first. A folder with outputs but no checkpoint (a run stopped before
     its first one) is refused too: the new run's TensorBoard events and stats would mix with the
-    old ones. ``evaluating`` (--ckpt) writes into any folder, as before."""
+    old ones. ``resume`` needs a complete, readable set (:func:`latest_complete`). ``auto_resume``
+    (``--resume auto``): resume when there is such a set, else start afresh as ``overwrite`` does.
+    ``evaluating`` (--ckpt) writes into any folder, as before. Only with ``mutate`` (the one
+    process of the job that may: rank 0, or the launcher that spawns the ranks) is anything moved
+    or cleaned (stale ``.*.tmp`` files of interrupted writes); every process decides the same.
+    ``log``: a callable given a line for each skipped unreadable set."""
     result_dir = Path(result_dir)
+    if resume or auto_resume:
+        if latest_complete(result_dir / "ckpts", on_skip=log) is not None:
+            if mutate:
+                remove_stale_temporaries(result_dir)
+            return True
+        if not auto_resume:
+            raise ValueError(f"--resume: no complete, readable set of checkpoints in {result_dir / 'ckpts'}")
+        overwrite = True  # --resume auto with nothing to resume: a fresh start
     existing = list_checkpoints(result_dir / "ckpts")
-    if resume:
-        if not existing:
-            raise ValueError(f"--resume: no checkpoints in {result_dir / 'ckpts'}")
-        for path in existing[max(existing)].values():  # the set resume_from reads first
-            check_readable(path)
-        return
     outputs = run_outputs(result_dir)
     if not outputs or evaluating:
-        return
+        if mutate and not evaluating:
+            remove_stale_temporaries(result_dir)
+        return False
     if not overwrite:
         if existing:
             raise ValueError(
@@ -82,12 +94,28 @@ def prepare_result_dir(result_dir: Path, resume: bool, overwrite: bool, evaluati
             "(that run stopped before its first one); pass --overwrite to move them aside (not deleted) and "
             "start afresh, or choose another --result_dir"
         )
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    aside = result_dir / f"superseded_{stamp}"
-    aside.mkdir()
-    for name in RUN_OUTPUTS:
-        if (result_dir / name).exists():
-            shutil.move(str(result_dir / name), str(aside / name))
+    if mutate:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        aside = result_dir / f"superseded_{stamp}"
+        aside.mkdir()
+        for name in RUN_OUTPUTS:
+            if (result_dir / name).exists():
+                shutil.move(str(result_dir / name), str(aside / name))
+    return False
+
+
+def remove_stale_temporaries(result_dir: Path) -> list[Path]:
+    """Delete the ``.<name>.<random>.tmp`` files that writes interrupted by a kill left in
+    ``result_dir`` and its output folders (fileio.atomic_write's temporaries: never a finished
+    file); returns them."""
+    result_dir = Path(result_dir)
+    stale = []
+    for folder in [result_dir, *(result_dir / name for name in RUN_OUTPUTS)]:
+        if folder.is_dir():
+            stale += [p for p in folder.iterdir() if p.is_file() and p.name.startswith(".") and p.name.endswith(".tmp")]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
 
 
 def rng_state(device: torch.device) -> dict:
@@ -152,13 +180,23 @@ def read(path: Path) -> dict:
     return state
 
 
-def latest_complete(ckpt_dir: Path) -> Optional[tuple[int, list[Path]]]:
-    """(step, files in rank order) of the newest step whose every rank's file exists.
-    Raises ValueError naming a checkpoint that cannot be read (see :func:`read`)."""
+def latest_complete(ckpt_dir: Path, on_skip=None) -> Optional[tuple[int, list[Path]]]:
+    """(step, files in rank order) of the newest step whose every rank's file exists and reads
+    (:func:`check_readable`, and the world size from the first file, memory-mapped: nothing big
+    is loaded). A newer set with an unreadable file (a truncated write under its final name, a
+    bad disk) is skipped for the next older one, with one line to ``on_skip`` when given."""
     found = list_checkpoints(ckpt_dir)
     for step in sorted(found, reverse=True):
         ranks = found[step]
-        world = read(next(iter(ranks.values())))["world_size"]
+        try:
+            for path in ranks.values():
+                check_readable(path)
+            first = ranks[min(ranks)]
+            world = torch.load(first, map_location="cpu", weights_only=False, mmap=True)["world_size"]
+        except (ValueError, RuntimeError, KeyError, EOFError) as e:
+            if on_skip is not None:
+                on_skip(f"warning: skipping the checkpoints of step {step}: {e}")
+            continue
         if sorted(ranks) == list(range(world)):
             return step, [ranks[r] for r in range(world)]
     return None

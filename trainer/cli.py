@@ -23,7 +23,7 @@ import tyro
 from ..configs import preset_names, preset_path
 from ..kernels.resources import require_triton
 from .config import Config, load_yaml, resolve, validate
-from .launch import DistContext, Interrupted, LaunchError, interruptible, launch
+from .launch import DistContext, Interrupted, LaunchError, detect_external, interruptible, launch
 
 
 def _usage() -> str:
@@ -53,6 +53,20 @@ def _pop_config_flag(args: list[str]) -> Optional[Path]:
     return None
 
 
+def _resume_auto_alias(args: list[str]) -> list[str]:
+    """``--resume auto`` / ``--resume=auto`` -> ``--auto_resume`` (``--resume`` alone stays a
+    switch, as gsplat users type it)."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] == "--resume" and i + 1 < len(args) and args[i + 1] == "auto":
+            out.append("--auto_resume")
+            i += 2
+            continue
+        out.append("--auto_resume" if args[i] == "--resume=auto" else args[i])
+        i += 1
+    return out
+
+
 def parse_args(argv: Sequence[str]) -> Config:
     """Command line -> validated, resolved Config (``--steps_scaler`` applied).
 
@@ -69,13 +83,15 @@ def parse_args(argv: Sequence[str]) -> Config:
     if preset is not None and preset not in preset_names():
         raise ValueError(f"unknown preset {preset!r}; choose one of {preset_names()}")
     config_file = _pop_config_flag(args)
+    args = _resume_auto_alias(args)
     if preset is None and config_file is None:
         raise ValueError(f"name a preset ({', '.join(preset_names())}) or pass --config FILE")
     base = load_yaml(preset_path(preset)) if preset else Config()
     if config_file is not None:
         # a saved cfg.yml records how that run was started (--resume, --overwrite, --ckpt); rerunning
         # its config starts a new run unless this command line says otherwise
-        base = dataclasses.replace(load_yaml(config_file, base), resume=False, overwrite=False, ckpt=None)
+        base = dataclasses.replace(load_yaml(config_file, base), resume=False, overwrite=False, ckpt=None,
+                                   auto_resume=False)
     cfg = tyro.cli(
         Config, default=base, args=args, use_underscores=True, prog=f"splat-train {preset or ''}".strip(),
         config=(tyro.conf.OmitArgPrefixes,),
@@ -102,6 +118,10 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def run(ctx: DistContext, cfg: Config) -> None:
     """What every rank runs. Rank 0 checks, for a new run, that the first step fits in memory
     (memory.check_first_step; ValueError otherwise) and says what it loads, before any image is
@@ -110,12 +130,13 @@ def run(ctx: DistContext, cfg: Config) -> None:
     from .loop import Trainer, evaluate_only, resume_from
     from .memory import check_first_step
 
-    with interruptible():  # after the imports: pycolmap's native SIGTERM handler is replaced
+    with interruptible(ctx.stop):  # after the imports: pycolmap's native SIGTERM handler is replaced
         scene = build_scene(cfg, log=_say if ctx.is_main else None)
         if ctx.is_main:
             if not (cfg.ckpt or cfg.resume):  # a loaded model is not the initial one
                 _say(check_first_step(cfg, scene, ctx.world_size, ctx.device))
-            for line in describe_views(scene, *split_indices(len(scene.cameras), cfg.test_every)):
+            for line in describe_views(scene, *split_indices(len(scene.cameras), cfg.test_every),
+                                       cache_bytes=int(cfg.image_cache_gb * 2**30)):
                 _say(line)  # just before the Trainer decodes them
         trainer = Trainer(cfg, ctx, scene)
         if cfg.ckpt:
@@ -136,7 +157,8 @@ def stopped_message(cfg: Optional[Config], signum: int) -> str:
     result_dir = Path(cfg.result_dir)
     steps = list_checkpoints(result_dir / "ckpts")
     if steps:
-        return f"{line}; the newest checkpoint is step {max(steps)} in {result_dir / 'ckpts'} (--resume continues it)"
+        return (f"{line}; the newest checkpoint is step {max(steps)} in {result_dir / 'ckpts'} (--resume, or the "
+                "same command with --resume auto, continues it)")
     if run_outputs(result_dir):
         return f"{line} before the first checkpoint; {result_dir} needs --overwrite to start again"
     return line
@@ -165,8 +187,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             check_readable(f)
         if cfg.raster == "fused":  # before any output
             require_triton("--raster fused (the bytesplat preset)")
-        prepare_result_dir(Path(cfg.result_dir), cfg.resume, cfg.overwrite, evaluating=bool(cfg.ckpt))
-        return launch(run, (cfg,), nproc_per_node=cfg.nproc_per_node, device=cfg.device)
+        external = detect_external()  # under torchrun / mpirun / srun every process gets here
+        resume = prepare_result_dir(Path(cfg.result_dir), cfg.resume, cfg.overwrite, evaluating=bool(cfg.ckpt),
+                                    auto_resume=cfg.auto_resume, mutate=external is None or external["rank"] == 0,
+                                    log=_warn if external is None or external["rank"] == 0 else None)
+        cfg = dataclasses.replace(cfg, resume=resume)
+        return launch(run, (cfg,), nproc_per_node=cfg.nproc_per_node, device=cfg.device,
+                      dist_timeout_s=cfg.dist_timeout_s)
     except (ValueError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

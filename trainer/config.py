@@ -190,6 +190,8 @@ class Config:
     """Weight of the opacity regularizer mean(sigmoid(opacities))."""
     scale_reg: float = 0.0
     """Weight of the scale regularizer mean(exp(scales))."""
+    image_cache_gb: float = 0.0
+    """Host memory (GiB) a rank may keep decoded images in; 0 keeps them all (decoded once at the start). With a bound, training images are decoded on background threads a few steps ahead of their use and test images when evaluated, so a dataset of any size fits; a GPU still takes every training image when they fit --device_images_share."""
     device_images_share: float = 0.25
     """Largest share of a GPU's memory the training images may take on it, as uint8 (uploaded once; the loss reads them there). Beyond it (or at 0) they stay in pinned host memory and each batch is copied one step ahead on a side stream."""
     random_bkgd: bool = False
@@ -204,7 +206,13 @@ class Config:
     seed: int = 42
     """Random seed (each rank draws its cameras with its own stream)."""
     resume: bool = False
-    """Continue from the newest checkpoints in result_dir/ckpts."""
+    """Continue from the newest complete, readable set of checkpoints in result_dir/ckpts (an unreadable newer set is skipped with a warning)."""
+    auto_resume: bool = False
+    """`--resume auto`: continue when result_dir/ckpts holds a complete set, else start afresh (moving a stopped run's other outputs aside): the same command can be rerun after a preemption (SLURM requeue, torchrun --max-restarts)."""
+    save_every_minutes: float = 0.0
+    """Also write a checkpoint whenever this many minutes passed since the last one (0: only at --save_steps and on SIGTERM)."""
+    dist_timeout_s: float = 1800.0
+    """Seconds a collective (and the rendezvous) waits for a slower rank before the run fails."""
     overwrite: bool = False
     """Allow starting a new run in a result_dir that already holds checkpoints (they are moved aside, never deleted)."""
     ckpt: Optional[list[Path]] = None
@@ -246,8 +254,11 @@ def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
 
 
 def resolve(cfg: Config) -> Config:
-    """Apply ``steps_scaler`` once; the result has ``steps_scaler = 1`` so saving and reloading it
-    reruns exactly the same schedule."""
+    """Apply ``steps_scaler`` once (the result has ``steps_scaler = 1``, so saving and reloading it
+    reruns exactly the same schedule) and make ``data_dir`` absolute (a saved cfg.yml reruns from
+    any working directory)."""
+    if cfg.data_dir is not None and not Path(cfg.data_dir).is_absolute():
+        cfg = dataclasses.replace(cfg, data_dir=Path(cfg.data_dir).absolute())
     if cfg.steps_scaler == 1.0:
         return cfg
     return dataclasses.replace(
@@ -272,6 +283,9 @@ def validate(cfg: Config) -> None:
         (cfg.schedule.refine_every >= 1, "--refine_every must be >= 1"),
         (cfg.schedule.reset_every >= 1, "--reset_every must be >= 1"),
         (not (cfg.resume and cfg.overwrite), "--resume and --overwrite cannot be combined"),
+        (not (cfg.auto_resume and (cfg.overwrite or cfg.ckpt)), "--resume auto cannot be combined with --overwrite or --ckpt"),
+        (cfg.save_every_minutes >= 0, "--save_every_minutes must be >= 0 (0 = off)"),
+        (cfg.dist_timeout_s > 0, "--dist_timeout_s must be > 0"),
         (not (cfg.resume and cfg.ckpt), "--resume and --ckpt cannot be combined"),
         (cfg.near_plane > 0 and cfg.far_plane > cfg.near_plane, "--near_plane/--far_plane must satisfy 0 < near < far"),
         (cfg.synthetic_image_size >= 16, "--synthetic_image_size must be >= 16"),
@@ -283,6 +297,7 @@ def validate(cfg: Config) -> None:
          "--prune_stage3_step must come after --prune_stage2_step"),
         (cfg.prune.prune_rounds >= 1, "--prune_rounds must be >= 1"),
         (0.0 <= cfg.device_images_share <= 1.0, "--device_images_share must be in [0, 1]"),
+        (cfg.image_cache_gb >= 0, "--image_cache_gb must be >= 0 (0 = keep every image)"),
         (0.0 < cfg.prune.prune_fraction <= 1.0, "--prune_fraction must be in (0, 1]"),
         (cfg.prune.tile_budget >= 0, "--tile_budget must be >= 0 (0 = from the device)"),
         (not (cfg.raster == "fused" and cfg.app_opt),

@@ -47,6 +47,17 @@ def gather_metadata(ctx: DistContext, values: Sequence[int]) -> torch.Tensor:
     return out.view(ctx.world_size, len(values)).long().cpu()
 
 
+def any_rank(ctx: DistContext, flags: Sequence[bool]) -> list[bool]:
+    """For each flag, whether it is set on any rank: one all_reduce (MAX) of a few int32 control
+    values, read on the host (a synchronization; no Gaussian data). Identity at world size 1."""
+    if ctx.world_size == 1:
+        return [bool(f) for f in flags]
+    values = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32, device=ctx.comm_device)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=ctx.group)
+    ctx.stats.record("all_reduce", values.numel() * 4, values.numel() * 4)
+    return [bool(v) for v in values.cpu().tolist()]
+
+
 def _padded_all_gather(ctx: DistContext, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """all_gather of [counts[rank], D] rows with unequal counts -> [sum(counts), D]."""
     max_rows = max(counts)

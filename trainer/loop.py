@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import time
 from pathlib import Path
 from typing import Optional
@@ -22,7 +23,7 @@ from .config import Config, dump_yaml
 from .data import CameraSampler, Dataset, Scene, split_indices
 from .data.views import TrainViews
 from .densify import initialize_state, make_strategy, strategy_info
-from .launch import DistContext
+from .launch import DistContext, Interrupted
 from . import losses
 from .losses import opacity_reg, photometric_loss, scale_reg
 from .model import (activated, create_optimizers, create_shard, initial_points, means_lr_scheduler,
@@ -30,6 +31,9 @@ from .model import (activated, create_optimizers, create_shard, initial_points, 
 from .profiling import PhaseTimer
 from .render import (TILE_SIZE, CameraBatch, PassLayout, ops_for, padding_only_radii, render, resolve_backend,
                      rigid_inverse, shift_cameras, shift_intrinsics)
+
+
+STOP_CHECK_EVERY = 20  # W > 1: steps between the collectives that agree on a SIGTERM or a timed save
 
 
 def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:
@@ -49,12 +53,15 @@ class Trainer:
         self.scene_scale = scene.scene_scale * 1.1 * cfg.global_scale
         ctx.sparse_grad_comm = cfg.sparse_grad_comm
         train_idx, test_idx = split_indices(len(scene.cameras), cfg.test_every)
-        self.trainset = Dataset(scene, train_idx)
-        self.testset = Dataset(scene, test_idx)
+        preload = cfg.image_cache_gb == 0  # with a bound, images are decoded as needed
+        self.trainset = Dataset(scene, train_idx, preload=preload)
+        self.testset = Dataset(scene, test_idx, preload=preload)
         # every rank's sampler: a rank knows what every other rank renders at a step without asking
         self.samplers = [CameraSampler(self.trainset, cfg.batch_size, cfg.seed, r) for r in range(ctx.world_size)]
         self.sampler = self.samplers[ctx.rank]
-        self.views = TrainViews(self.trainset, self.device, cfg.device_images_share)
+        self.views = TrainViews(self.trainset, self.device, cfg.device_images_share,
+                                host_cache_bytes=int(cfg.image_cache_gb * 2**30),
+                                items_at=lambda step: self.sampler.batch_at(step))
         self.viewmats = rigid_inverse(self.views.camtoworlds)  # [V, 4, 4] world-to-camera, training views
         self.loss_backend = losses.training_loss_backend(self.device, cfg.ssim_backend)
         torch.manual_seed(cfg.seed + ctx.rank)
@@ -181,7 +188,7 @@ class Trainer:
         """Run training step ``step`` (0-based) on this rank; returns its scalars."""
         cfg = self.cfg
         items = self.sampler.batch_at(step)
-        gts = self.views.images_of(items)  # uint8 [C, H, W, 3], on the device
+        gts = self.views.images_of(items, step)  # uint8 [C, H, W, 3], on the device
         self.views.prefetch(self.sampler.batch_at(step + 1))
         camtoworlds, Ks = self.views.cameras(items)
         item_ids = self.views.item_ids(items) if self.aux else None  # aux modules only
@@ -327,12 +334,39 @@ class Trainer:
 
         bar = tqdm(range(self.step, s.max_steps), initial=self.step, total=s.max_steps,
                    disable=not self.ctx.is_main, dynamic_ncols=True)
-        window_start, window_steps = time.perf_counter(), 0
-        out = {}
+        out, written = {}, []
         if self.step == 0 and 0 in s.eval_steps:
             evaluate.run_eval(self, 0)  # the initial model, before any step
         profiler = self._start_profiler() if cfg.profile else None
-        loop_start, first_step, loop_seconds = time.perf_counter(), self.step, 0.0
+        first_step = self.step
+        self._last_save = time.monotonic()
+        with self.ctx.stop.deferred():  # SIGTERM: a checkpoint at the next step boundary, then the end
+            out, written, loop_seconds = self._steps(bar, profiler)
+        bar.close()
+        if self.ctx.is_main and s.max_steps > first_step:
+            steps = s.max_steps - first_step
+            peak = (f", peak memory {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f} GiB on rank 0"
+                    if self.device.type == "cuda" else "")
+            print(f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
+                  f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}", flush=True)
+        if profiler is not None:
+            profiler.stop()
+            self._phase_log += self.timer.collect()
+            self._write_phase_table()
+        if self.writer is not None:
+            self.writer.close()
+        self.views.close()
+        if s.max_steps > first_step:
+            self.print_outputs(written)
+        return out
+
+    def _steps(self, bar, profiler) -> tuple[dict, list[Path], float]:
+        """The step loop of :meth:`train`: (the last logged scalars, the files the last
+        write_outputs wrote, seconds of training before the final evaluation)."""
+        s = self.cfg.schedule
+        window_start, window_steps = time.perf_counter(), 0
+        loop_start, loop_seconds = time.perf_counter(), 0.0
+        out, written = {}, []
         for step in bar:
             if profiler is not None:
                 self.timer.enabled = s.profile_start_step <= step < s.profile_start_step + s.profile_num_steps
@@ -366,24 +400,32 @@ class Trainer:
                     torch.cuda.synchronize(self.device)
                 loop_seconds = time.perf_counter() - loop_start  # training only: before eval/export
             last = done == s.max_steps
-            written = self.write_outputs(done, save=done in s.save_steps or last, ply=done in s.ply_steps or last,
+            saved = done in s.save_steps or last
+            written = self.write_outputs(done, save=saved, ply=done in s.ply_steps or last,
                                          evaluation=done in s.eval_steps or last)
-        bar.close()
-        if self.ctx.is_main and s.max_steps > first_step:
-            steps = s.max_steps - first_step
-            peak = (f", peak memory {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f} GiB on rank 0"
-                    if self.device.type == "cuda" else "")
-            print(f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
-                  f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}", flush=True)
-        if profiler is not None:
-            profiler.stop()
-            self._phase_log += self.timer.collect()
-            self._write_phase_table()
-        if self.writer is not None:
-            self.writer.close()
-        if s.max_steps > first_step:
-            self.print_outputs(written)
-        return out
+            self._answer_requests(done, saved)
+        return out, written, loop_seconds
+
+    def _answer_requests(self, done: int, saved: bool) -> None:
+        """At a step boundary: write a checkpoint when ``--save_every_minutes`` is due, and on a
+        deferred SIGTERM write one and end the run (:class:`launch.Interrupted`). Every rank
+        answers at the same step: with W > 1 the ranks' requests are combined every
+        STOP_CHECK_EVERY steps (one small collective, read on the host), at W = 1 every step."""
+        due = self.cfg.save_every_minutes > 0 and time.monotonic() - self._last_save >= 60 * self.cfg.save_every_minutes
+        stop = self.ctx.stop.signum != 0
+        if self.ctx.world_size > 1:
+            if done % STOP_CHECK_EVERY:
+                return
+            stop, due = exchange.any_rank(self.ctx, [stop, due])
+        if saved:
+            self._last_save = time.monotonic()
+        elif stop or due:
+            self.save_checkpoint()
+            self._last_save = time.monotonic()
+        if stop:
+            if self.writer is not None:
+                self.writer.close()
+            raise Interrupted(self.ctx.stop.signum or int(signal.SIGTERM))
 
     def write_outputs(self, step: int, save: bool, ply: bool, evaluation: bool) -> list[Path]:
         """What a run writes after ``step`` steps, the model first: checkpoint, PLY, test metrics;
@@ -525,7 +567,7 @@ def evaluate_only(trainer: Trainer, files: list[Path]) -> list[Path]:
 
 
 def resume_from(trainer: Trainer, ckpt_dir: Path) -> Optional[int]:
-    found = checkpoint.latest_complete(ckpt_dir)
+    found = checkpoint.latest_complete(ckpt_dir)  # main() checked it exists and named skipped sets
     if found is None:
         raise ValueError(f"--resume: no complete set of checkpoints in {ckpt_dir}")
     step, files = found
