@@ -286,6 +286,8 @@ def first_step_estimate(cfg, scene, world_size: int, device: torch.device) -> St
         image_bytes = train_image_bytes if on_device else 0
     else:
         image_bytes = 3 * sum(c.width * c.height for c in scene.cameras)
+        if cfg.image_cache_gb > 0:  # decoded as needed into a bounded cache (data/views.py)
+            image_bytes = min(image_bytes, int(cfg.image_cache_gb * 2**30))
     estimates = []
     for i in picks:
         camera = scene.cameras[i]
@@ -319,6 +321,8 @@ def check_first_step(cfg, scene, world_size: int, device: torch.device,
              else f"--init_type random --init_num_pts N (fewer than the {estimate.num_gaussians:,} SfM points)")
     other = ("--backend gsplat on a GPU (--device cuda)" if estimate.backend == "reference"
              else "more GPUs (--nproc_per_node)")
+    if estimate.terms["images"] * 2 >= estimate.total and cfg.image_cache_gb == 0:
+        other = f"--image_cache_gb (the images alone take {estimate.terms['images'] / GIB:.1f} GiB), or " + other
     raise ValueError(f"the first training step needs about {need / GIB:.1f} GiB but {free / GIB:.1f} GiB of {what} "
                      f"is left ({estimate.describe()}{shared}; trainer/memory.py gives the formula); lower it with "
                      f"{size}, {fewer}" + (f", --batch_size (now {cfg.batch_size})" if cfg.batch_size > 1 else "")

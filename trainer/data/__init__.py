@@ -57,9 +57,10 @@ def _sizes(pairs: list[tuple[int, int]]) -> str:
     return ", ".join(f"{w}x{h} ({n})" for (w, h), n in counts)
 
 
-def describe_views(scene: Scene, train: list[int], test: list[int]) -> list[str]:
+def describe_views(scene: Scene, train: list[int], test: list[int], cache_bytes: int = 0) -> list[str]:
     """One line on the images about to be decoded (count, size, where they are read from, the
-    memory they take as uint8), and one on undistortion when a camera has distortion."""
+    memory they take as uint8, or the bounded cache they stream through when ``cache_bytes`` is
+    set), and one on undistortion when a camera has distortion."""
     cameras = scene.cameras
     num_bytes = 3 * sum(c.width * c.height for c in cameras)
     sizes = _sizes([(c.width, c.height) for c in cameras])
@@ -71,7 +72,11 @@ def describe_views(scene: Scene, train: list[int], test: list[int]) -> list[str]
         cached = [f for f in folders if Path(f).is_relative_to(cache_root())]
         source = ("the downscale cache " if cached else "") + (
             folders[0] if len(folders) == 1 else f"{len(folders)} folders under {Path(folders[0]).parent}")
-        lines = [f"images: {size}, read from {source}: decoding {num_bytes / 2**20:,.1f} MB into memory"]
+        if cache_bytes > 0:
+            lines = [f"images: {size}, read from {source}: {num_bytes / 2**20:,.1f} MB decoded as needed into a "
+                     f"cache of {cache_bytes / 2**30:g} GiB (--image_cache_gb)"]
+        else:
+            lines = [f"images: {size}, read from {source}: decoding {num_bytes / 2**20:,.1f} MB into memory"]
     distorted = [c for c in cameras if c.dist is not None]
     if distorted:
         models = ", ".join(sorted({c.dist.model or "distortion" for c in distorted}))

@@ -1,0 +1,107 @@
+"""trainer/data/views.py: the training images where the step reads them, streamed through a bounded
+cache when asked (issue 19)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from splat_train.trainer.data import CameraSampler, Dataset
+from splat_train.trainer.data.synthetic import make_synthetic_scene
+from splat_train.trainer.data.views import TrainViews
+
+
+@pytest.fixture(scope="module")
+def scene():
+    return make_synthetic_scene(200, 24, 32, seed=1)
+
+
+def test_host_views_are_the_decoded_images_and_cameras(scene):
+    data = Dataset(scene, list(range(0, 24, 2)))
+    views = TrainViews(data, torch.device("cpu"))
+    assert views.where == "host" and len(views) == 12
+    got = views.images_of([3, 5])
+    assert got.dtype == torch.uint8 and got.shape == (2, 32, 32, 3)
+    assert torch.equal(got[1], torch.from_numpy(scene.images[10]))
+    c2w, Ks = views.cameras([5])
+    assert torch.equal(c2w[0], torch.from_numpy(scene.cameras[10].camtoworld))
+    assert torch.equal(views.item_ids([5, 3]), torch.tensor([5, 3]))
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_streamed_views_stay_within_their_cache_and_match(scene, batch_size):
+    data = Dataset(scene, list(range(24)), preload=False)
+    sampler = CameraSampler(data, batch_size, seed=3)
+    image = 32 * 32 * 3
+    views = TrainViews(data, torch.device("cpu"), host_cache_bytes=8 * image, items_at=sampler.batch_at, lookahead=16)
+    assert views.where == "stream" and data._images is None
+    for step in range(60):  # 2.5 epochs: images leave the cache and come back
+        items = sampler.batch_at(step)
+        got = views.images_of(items, step)
+        want = torch.stack([torch.from_numpy(scene.images[data.indices[i]]) for i in items])
+        assert torch.equal(got, want), step
+    assert views.peak_cache_bytes <= 8 * image + batch_size * image  # the bound, plus one decode landing
+    assert views.peak_cache_bytes >= 4 * image  # it did decode ahead
+    views.close()
+
+
+def test_a_cache_smaller_than_two_batches_is_refused(scene):
+    data = Dataset(scene, list(range(24)), preload=False)
+    sampler = CameraSampler(data, 2, seed=3)
+    views = TrainViews(data, torch.device("cpu"), host_cache_bytes=3 * 32 * 32 * 3, items_at=sampler.batch_at)
+    with pytest.raises(ValueError, match="--image_cache_gb"):
+        views.images_of(sampler.batch_at(0), 0)
+    views.close()
+
+
+def test_training_from_a_bounded_cache_equals_training_from_memory(tmp_path):
+    """Five steps with images streamed through a cache of a few images equal five steps with every
+    image decoded up front (bitwise), and the run says how its images are read."""
+    from splat_train.trainer.cli import build_scene, parse_args
+    from splat_train.trainer.launch import DistContext
+    from splat_train.trainer.loop import Trainer
+
+    flags = ["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "12", "--synthetic_num_gaussians",
+             "100", "--sh_degree", "0", "--result_dir", str(tmp_path)]
+    params = []
+    for extra in ([], ["--image_cache_gb", str(6 * 32 * 32 * 3 / 2**30)]):
+        cfg = parse_args([*flags, *extra])
+        trainer = Trainer(cfg, DistContext(), build_scene(cfg))
+        assert trainer.views.where == ("stream" if extra else "host")
+        for step in range(5):
+            trainer.train_step(step)
+        params.append({k: v.detach().clone() for k, v in trainer.params.items()})
+        trainer.views.close()
+    for k in params[0]:
+        assert torch.equal(params[0][k], params[1][k]), k
+
+
+def test_describe_views_names_the_cache(tmp_path):
+    from splat_train.trainer.data import describe_views
+    from splat_train.trainer.data.images import Camera, Scene
+
+    cams = [Camera(f"{i}.png", tmp_path / f"{i}.png", np.eye(4, dtype=np.float32), np.eye(3, dtype=np.float32),
+                   64, 48) for i in range(3)]
+    scene = Scene(cams, None, None, 1.0, np.eye(4, dtype=np.float32), "colmap")
+    line = describe_views(scene, [1, 2], [0], cache_bytes=2**30)[0]
+    assert "decoded as needed into a cache of 1 GiB (--image_cache_gb)" in line
+
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "juicebox"
+
+
+@pytest.mark.skipif(not (DATA / "images_4").is_dir(), reason="../shared/data/juicebox is absent (see its SOURCE.md)")
+def test_repeat_capture_makes_a_loadable_larger_capture(tmp_path):
+    from splat_train.scripts.repeat_capture import repeat_capture
+    from splat_train.trainer.data import load_scene
+
+    assert repeat_capture(DATA, tmp_path / "big", frames=150, data_factor=4) == 150
+    big = load_scene(tmp_path / "big", 4)
+    small = load_scene(DATA, 4)
+    assert len(big.cameras) == 150 and len(big.points) == len(small.points)
+    assert (big.cameras[70].width, big.cameras[70].height) == (480, 270)
+    assert big.cameras[70].image_path.resolve() == (DATA / "images_4" / small.cameras[70 % 64].name).resolve()
+    centres = np.stack([c.camtoworld[:3, 3] for c in big.cameras])
+    assert not np.allclose(centres[0], centres[64])  # the same image, a jittered pose
+    assert np.linalg.norm(centres[0] - centres[64]) < 0.1 * np.linalg.norm(centres.std(0))
