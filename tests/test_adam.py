@@ -76,30 +76,26 @@ def test_kernel_matches_reference_under_the_interpreter(interpreted):
     check(params, grads, got)
 
 
-def test_reference_matches_torch_adam():
-    params, grads = make_problem(1)
+def _torch_adam_steps(params, grads, grad_scale=1.0) -> dict:
+    """STEPS of torch.optim.Adam (one per tensor), in run_kernel's result format."""
     leaves, opts = optimizers_for(params, LRS)
     for step_grads in grads:
         for leaf, g, opt in zip(leaves, step_grads, opts):
-            leaf.grad = g
+            leaf.grad = g * grad_scale
             opt.step()
-    got = dict(params=[leaf.detach() for leaf in leaves],
-               exp_avg=[o.state[leaf]["exp_avg"] for o, leaf in zip(opts, leaves)],
-               exp_avg_sq=[o.state[leaf]["exp_avg_sq"] for o, leaf in zip(opts, leaves)],
-               steps=[float(o.state[leaf]["step"]) for o, leaf in zip(opts, leaves)])
-    check(params, grads, got)
+    state = [o.state[leaf] for o, leaf in zip(opts, leaves)]
+    return dict(params=[leaf.detach() for leaf in leaves], exp_avg=[s["exp_avg"] for s in state],
+                exp_avg_sq=[s["exp_avg_sq"] for s in state], steps=[float(s["step"]) for s in state])
+
+
+def test_reference_matches_torch_adam():
+    params, grads = make_problem(1)
+    check(params, grads, _torch_adam_steps(params, grads))
 
 
 def test_check_rejects_a_wrong_update():
     params, grads = make_problem(2)
-    leaves, opts = optimizers_for(params, LRS)
-    for step_grads in grads:
-        for leaf, g, opt in zip(leaves, step_grads, opts):
-            leaf.grad = g * 1.01  # a different gradient: a different trajectory
-            opt.step()
-    got = dict(params=[leaf.detach() for leaf in leaves],
-               exp_avg=[o.state[leaf]["exp_avg"] for o, leaf in zip(opts, leaves)],
-               exp_avg_sq=[o.state[leaf]["exp_avg_sq"] for o, leaf in zip(opts, leaves)], steps=[STEPS] * len(LRS))
+    got = _torch_adam_steps(params, grads, grad_scale=1.01)  # a different gradient: a different trajectory
     with pytest.raises(AssertionError):
         check(params, grads, got)
 
