@@ -21,7 +21,7 @@ from . import checkpoint, evaluate, exchange, export, prune
 from ..kernels.fused_ssim import fused_l1_ssim_loss, uint8_to_unit
 from .config import Config, dump_yaml
 from .data import CameraSampler, Dataset, Scene, split_indices
-from .data.views import TrainViews
+from .data.views import TrainViews, rows_of
 from .densify import initialize_state, make_strategy, strategy_info
 from .launch import DistContext, Interrupted
 from . import losses
@@ -178,7 +178,7 @@ class Trainer:
         layout = PassLayout(self._n_world, [len(b) for b in items], sizes)
         if "pose" not in self.aux:  # cameras not learned: every rank has them all
             flat = [i for batch in items for i in batch]
-            layout.viewmats = self.views._stack(self.viewmats, flat)
+            layout.viewmats = rows_of(self.viewmats, flat)
             c2w, Ks = self.views.cameras(flat)
             layout.Ks = shift_intrinsics(Ks, ox, oy) if origin != (0, 0) else Ks
             layout.campos = c2w[:, :3, 3]
@@ -195,7 +195,7 @@ class Trainer:
         if "pose" in self.aux:
             viewmats = rigid_inverse(self.aux["pose"](camtoworlds, item_ids))
         else:
-            viewmats = self.views._stack(self.viewmats, items)
+            viewmats = rows_of(self.viewmats, items)
         width, height = self.trainset.size(items[0])
         cams = CameraBatch(viewmats, Ks, width, height)
         C = len(items)

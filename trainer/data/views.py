@@ -34,6 +34,14 @@ from .sampler import Dataset
 DECODE_THREADS = min(8, os.cpu_count() or 1)
 
 
+def rows_of(source: list | torch.Tensor, items: list[int]) -> torch.Tensor:
+    """``source[items]`` stacked, [B, ...]: one item is a view of its row (no kernel, no copy);
+    several are one stack. ``source``: a tensor or a list of equally shaped tensors."""
+    if len(items) == 1:
+        return source[items[0]][None]
+    return torch.stack([source[i] for i in items])
+
+
 class TrainViews:
     """The views of ``dataset`` on ``device`` (see the module docstring).
 
@@ -102,25 +110,20 @@ class TrainViews:
     def __len__(self) -> int:
         return len(self.sizes)
 
-    def _stack(self, source: list | torch.Tensor, items: list[int]) -> torch.Tensor:
-        if len(items) == 1:
-            return source[items[0]][None]
-        return torch.stack([source[i] for i in items])
-
     def cameras(self, items: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(camtoworlds [B, 4, 4], Ks [B, 3, 3]) of dataset items ``items``, on the device."""
-        return self._stack(self.camtoworlds, items), self._stack(self.Ks, items)
+        return rows_of(self.camtoworlds, items), rows_of(self.Ks, items)
 
     def item_ids(self, items: list[int]) -> torch.Tensor:
         """int64 [B] dataset item ids on the device (no host-to-device copy)."""
-        return self._stack(self.ids, items)
+        return rows_of(self.ids, items)
 
     def images_of(self, items: list[int], step: Optional[int] = None) -> torch.Tensor:
         """uint8 [B, H, W, 3] of items sharing one image size, on the device; what
         :meth:`prefetch` copied ahead when it was these items. ``step`` (streaming): the step
         they are for, from which the next ``lookahead`` steps' images are decoded ahead."""
         if self.where in ("device", "host"):
-            return self._stack(self.images, items)
+            return rows_of(self.images, items)
         if self.where == "stream" and step is not None:
             self._plan(step)
         ahead, self._ahead = self._ahead, None
