@@ -69,12 +69,18 @@ def prepare_result_dir(result_dir: Path, resume: bool, overwrite: bool, evaluati
     ``log``: a callable given a line for each skipped unreadable set."""
     result_dir = Path(result_dir)
     if resume or auto_resume:
-        if latest_complete(result_dir / "ckpts", on_skip=log) is not None:
+        skipped: list[str] = []
+        if latest_complete(result_dir / "ckpts", on_skip=skipped.append) is not None:
+            for line in skipped if log is not None else []:  # resuming from an older set: say why
+                log(line)
             if mutate:
                 remove_stale_temporaries(result_dir)
             return True
         if not auto_resume:
-            raise ValueError(f"--resume: no complete, readable set of checkpoints in {result_dir / 'ckpts'}")
+            why = f" ({skipped[0].removeprefix('warning: skipping the checkpoints of ')})" if skipped else ""
+            raise ValueError(f"--resume: no complete, readable set of checkpoints in {result_dir / 'ckpts'}{why}")
+        for line in skipped if log is not None else []:
+            log(line)
         overwrite = True  # --resume auto with nothing to resume: a fresh start
     existing = list_checkpoints(result_dir / "ckpts")
     outputs = run_outputs(result_dir)
