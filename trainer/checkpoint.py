@@ -31,7 +31,8 @@ from .fileio import atomic_write
 
 CKPT_RE = re.compile(r"ckpt_(\d+)_rank(\d+)\.pt$")
 PER_GAUSSIAN_STRATEGY_KEYS = ("grad2d", "count", "radii")
-RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "profile", "cfg.yml")
+RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "profile", "cfg.yml", "point_cloud",
+               "cameras.json", "cfg_args")
 
 
 def list_checkpoints(ckpt_dir: Path) -> dict[int, dict[int, Path]]:

@@ -159,14 +159,53 @@ def ply_name(step: int, world_size: int) -> str:
     return f"point_cloud_{step}_distributed_merged.ply" if world_size > 1 else f"point_cloud_{step}.ply"
 
 
+def to_export_frame(params: dict[str, torch.Tensor], scene_transform: np.ndarray, export_frame: str
+                    ) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    """(Gaussians, [4, 4] similarity x_export = S @ x_normalized) of ``--export_frame``:
+    "original" undoes the world normalization (``Scene.transform``; frame.to_input_frame),
+    "normalized" keeps the trainer's world (S = identity)."""
+    if export_frame == "normalized":
+        return params, np.eye(4)
+    from .frame import to_input_frame
+
+    return to_input_frame(params, scene_transform), np.linalg.inv(np.asarray(scene_transform, dtype=np.float64))
+
+
 def export_merged(trainer, step: int):
-    """Rank 0 writes ``ply/<ply_name>`` of the whole scene after ``step`` steps; returns its path
-    there (None on other ranks). Every rank must call this."""
+    """Rank 0 writes ``ply/<ply_name>`` of the whole scene after ``step`` steps, in the
+    ``--export_frame``; returns its path there (None on other ranks). Every rank must call this.
+    Rank 0 keeps the exported Gaussians for :func:`export_formats` (``trainer.last_export``)."""
     merged = gather_params(trainer.ctx, trainer.params)
     if merged is None:
         return None
+    merged, to_frame = to_export_frame(merged, trainer.scene.transform, trainer.cfg.export_frame)
     path = trainer.result_dir / "ply" / ply_name(step, trainer.ctx.world_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_ply(path, merged["means"], merged["scales"], merged["quats"], merged["opacities"], merged["sh0"],
              merged["shN"])
+    trainer.last_export = dict(step=step, path=path, params=merged, to_frame=to_frame)
     return path
+
+
+def export_formats(trainer) -> list:
+    """Rank 0, after :func:`export_merged` (no collective): the ``--export_formats`` beyond the PLY
+    (formats.py: the Inria layout, the web formats), each an optional output (one warning line
+    when it fails). Returns the paths written; releases ``trainer.last_export``."""
+    from . import formats
+    from .evaluate import optional
+
+    export = getattr(trainer, "last_export", None)
+    trainer.last_export = None
+    if export is None:
+        return []
+    written = []
+    for fmt in dict.fromkeys(trainer.cfg.export_formats):  # in order, once each
+        if fmt == "inria":
+            cameras = [trainer.scene.cameras[i] for i in trainer.trainset.indices]
+            written.append(optional(f"Inria layout {trainer.result_dir / 'point_cloud'}", lambda: formats.write_inria_layout(
+                trainer.result_dir, export["step"], export["path"], cameras, export["to_frame"], trainer.cfg)))
+        elif fmt in formats.WEB_SUFFIXES:
+            target = formats.web_export_path(export["path"], fmt)
+            written.append(optional(f"{fmt} export {target}", lambda: formats.write_web_format(
+                target, export["params"], fmt)))
+    return [p for p in written if p is not None]

@@ -90,6 +90,7 @@ class Trainer:
         self.last_phases: dict = {}
         # --raster fused, last step: fractions of tiles within the on-chip budget and run resident
         self.last_fused_stats: dict = {}
+        self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
 
     def _make_aux_modules(self):
         """--pose_opt / --app_opt modules (DDP-wrapped when W > 1) and their Adams."""
@@ -116,6 +117,7 @@ class Trainer:
             aux={k: _unwrapped(m).state_dict() for k, m in self.aux.items()},  # the same keys at any W
             aux_optimizers={k: o.state_dict() for k, o in self.aux_optimizers.items()},
             rng=checkpoint.rng_state(self.device),
+            world_transform=torch.from_numpy(np.asarray(self.scene.transform, dtype=np.float64)),  # exports
             config=json.loads(json.dumps(_plain(self.cfg))),
         )
 
@@ -387,8 +389,8 @@ class Trainer:
 
     def write_outputs(self, step: int, save: bool, ply: bool, evaluation: bool) -> list[Path]:
         """What a run writes after ``step`` steps, the model first: checkpoint, PLY, test metrics;
-        then the optional outputs (test renders, trajectory video), whose failure is one warning
-        line (evaluate.optional). Every rank calls this. Returns the files written (rank 0: all of
+        then the optional outputs (test renders, --export_formats, trajectory video), whose
+        failure is one warning line (evaluate.optional). Every rank calls this. Returns the files written (rank 0: all of
         them but the other ranks' checkpoints)."""
         written = []
         if save:
@@ -399,6 +401,9 @@ class Trainer:
             if evaluate.run_eval(self, step) is not None:
                 written.append(self.result_dir / "stats" / f"val_step{step}.json")
                 written.append(self.result_dir / "renders" / f"val_step{step}_*.png")
+        if ply and self.ctx.is_main:
+            written += export.export_formats(self)  # Inria layout, web formats
+        if evaluation:
             written.append(evaluate.render_trajectory(self, step))
         return [p for p in written if p is not None and any(p.parent.glob(p.name))]
 
