@@ -14,6 +14,7 @@ rank writes) is the caller's job.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -188,24 +189,33 @@ def export_merged(trainer, step: int):
 
 
 def export_formats(trainer) -> list:
-    """Rank 0, after :func:`export_merged` (no collective): the ``--export_formats`` beyond the PLY
-    (formats.py: the Inria layout, the web formats), each an optional output (one warning line
-    when it fails). Returns the paths written; releases ``trainer.last_export``."""
-    from . import formats
+    """Rank 0, after :func:`export_merged` (no collective): the ``--export_formats`` beyond the PLY,
+    each an optional output (one warning line when it fails; evaluate.optional). Returns the paths
+    written; releases ``trainer.last_export``."""
     from .evaluate import optional
 
-    export = getattr(trainer, "last_export", None)
-    trainer.last_export = None
+    export, trainer.last_export = getattr(trainer, "last_export", None), None
     if export is None:
         return []
+    return write_formats(trainer.cfg.export_formats, export, trainer.result_dir,
+                         lambda: [trainer.scene.cameras[i] for i in trainer.trainset.indices], trainer.cfg, run=optional)
+
+
+def write_formats(names, export: dict, result_dir, training_cameras, cfg, run=None) -> list:
+    """Write the formats ``names`` other than "ply" (formats.py) of one export: ``export`` holds
+    step, path (the PLY written), params (Gaussians in the export frame) and to_frame ([4, 4],
+    x_export = to_frame @ x_normalized); ``training_cameras()`` gives the data.Camera list of
+    cameras.json (called only for "inria"). ``run(what, write)`` runs each write (default: call
+    it, so errors propagate; the trainer passes evaluate.optional). Returns the paths written."""
+    from . import formats
+
+    run = run or (lambda what, write: write())
     written = []
-    for fmt in dict.fromkeys(trainer.cfg.export_formats):  # in order, once each
+    for fmt in dict.fromkeys(names):  # in order, once each
         if fmt == "inria":
-            cameras = [trainer.scene.cameras[i] for i in trainer.trainset.indices]
-            written.append(optional(f"Inria layout {trainer.result_dir / 'point_cloud'}", lambda: formats.write_inria_layout(
-                trainer.result_dir, export["step"], export["path"], cameras, export["to_frame"], trainer.cfg)))
+            written.append(run(f"Inria layout {Path(result_dir) / 'point_cloud'}", lambda: formats.write_inria_layout(
+                result_dir, export["step"], export["path"], training_cameras(), export["to_frame"], cfg)))
         elif fmt in formats.WEB_SUFFIXES:
             target = formats.web_export_path(export["path"], fmt)
-            written.append(optional(f"{fmt} export {target}", lambda: formats.write_web_format(
-                target, export["params"], fmt)))
+            written.append(run(f"{fmt} export {target}", lambda: formats.write_web_format(target, export["params"], fmt)))
     return [p for p in written if p is not None]
