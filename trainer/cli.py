@@ -107,10 +107,12 @@ def run(ctx: DistContext, cfg: Config) -> None:
     (memory.check_first_step; ValueError otherwise) and says what it loads, before any image is
     decoded; its estimate stands for every rank (they differ by at most one Gaussian)."""
     from .data import describe_views, split_indices
+    from .evaluate import require_lpips
     from .loop import Trainer, evaluate_only, resume_from
     from .memory import check_first_step
 
     with interruptible():  # after the imports: pycolmap's native SIGTERM handler is replaced
+        lpips = require_lpips(cfg) if ctx.is_main else None  # a named backbone file fails here, not at evaluation
         scene = build_scene(cfg, log=_say if ctx.is_main else None)
         if ctx.is_main:
             if not (cfg.ckpt or cfg.resume):  # a loaded model is not the initial one
@@ -118,6 +120,7 @@ def run(ctx: DistContext, cfg: Config) -> None:
             for line in describe_views(scene, *split_indices(len(scene.cameras), cfg.test_every)):
                 _say(line)  # just before the Trainer decodes them
         trainer = Trainer(cfg, ctx, scene)
+        trainer.lpips_metric = lpips
         if cfg.ckpt:
             evaluate_only(trainer, list(cfg.ckpt))
             return
