@@ -28,6 +28,7 @@ from .losses import opacity_reg, photometric_loss, scale_reg
 from .model import (activated, create_optimizers, create_shard, initial_points, means_lr_scheduler,
                     optimizer_step)
 from .profiling import PhaseTimer
+from .viewer import start_training_viewer
 from .render import (TILE_SIZE, CameraBatch, PassLayout, ops_for, padding_only_radii, render, resolve_backend,
                      rigid_inverse, shift_cameras, shift_intrinsics)
 
@@ -334,42 +335,51 @@ class Trainer:
         if self.step == 0 and 0 in s.eval_steps:
             evaluate.run_eval(self, 0)  # the initial model, before any step
         profiler = self._start_profiler() if cfg.profile else None
+        viewer = start_training_viewer(self)  # --no_disable_viewer: rank 0 of a one-process run
         loop_start, first_step, loop_seconds = time.perf_counter(), self.step, 0.0
-        for step in bar:
-            if profiler is not None:
-                self.timer.enabled = s.profile_start_step <= step < s.profile_start_step + s.profile_num_steps
-                self.timer.cuda = self.timer.enabled and self.device.type == "cuda"
-                self.timer.deferred = True  # no synchronization per step in the profiled window
-            out = self.train_step(step)
-            if profiler is not None:
-                profiler.step()
-                if self.timer.enabled and self.last_phases:  # a CPU run's phases come at once
-                    self._phase_log.append(self.last_phases)
-            self.step = done = step + 1
-            window_steps += 1
-            prune.run_stages(self, done)  # ByteSplat pruning stages 2 and 3 at their steps (prune.py)
-            if done % s.log_every == 0 or done == s.max_steps:
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                ms = (time.perf_counter() - window_start) * 1000.0 / window_steps
-                window_start, window_steps = time.perf_counter(), 0
-                out = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
-                out["ms_per_step"] = ms
-                self.last_stats = out
-                bar.set_postfix(loss=f"{out['loss']:.4f}", gs=out["num_gaussians"], its=f"{1000.0 / ms:.1f}")
-                if self.writer is not None:
-                    for k in ("loss", "l1", "ssim", "num_gaussians", "ms_per_step"):
-                        self.writer.add_scalar(f"train/{k}", out[k], done)
-                    for k, v in self.last_fused_stats.items():
-                        if k.startswith("fraction") and v is not None:
-                            self.writer.add_scalar(f"fused/{k}", v, done)
-            if done == s.max_steps:
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                loop_seconds = time.perf_counter() - loop_start  # training only: before eval/export
-            last = done == s.max_steps
-            written = self.write_outputs(done, save=done in s.save_steps or last, ply=done in s.ply_steps or last,
-                                         evaluation=done in s.eval_steps or last)
+        try:
+            for step in bar:
+                if profiler is not None:
+                    self.timer.enabled = s.profile_start_step <= step < s.profile_start_step + s.profile_num_steps
+                    self.timer.cuda = self.timer.enabled and self.device.type == "cuda"
+                    self.timer.deferred = True  # no synchronization per step in the profiled window
+                if viewer is not None:
+                    viewer.before_step()  # holds the viewer's lock: frames show the model between steps
+                out = self.train_step(step)
+                if profiler is not None:
+                    profiler.step()
+                    if self.timer.enabled and self.last_phases:  # a CPU run's phases come at once
+                        self._phase_log.append(self.last_phases)
+                self.step = done = step + 1
+                window_steps += 1
+                prune.run_stages(self, done)  # ByteSplat pruning stages 2 and 3 at their steps (prune.py)
+                if viewer is not None:
+                    viewer.after_step(done, sum(w * h for w, h in map(self.trainset.size, self.sampler.batch_at(step))))
+                if done % s.log_every == 0 or done == s.max_steps:
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    ms = (time.perf_counter() - window_start) * 1000.0 / window_steps
+                    window_start, window_steps = time.perf_counter(), 0
+                    out = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
+                    out["ms_per_step"] = ms
+                    self.last_stats = out
+                    bar.set_postfix(loss=f"{out['loss']:.4f}", gs=out["num_gaussians"], its=f"{1000.0 / ms:.1f}")
+                    if self.writer is not None:
+                        for k in ("loss", "l1", "ssim", "num_gaussians", "ms_per_step"):
+                            self.writer.add_scalar(f"train/{k}", out[k], done)
+                        for k, v in self.last_fused_stats.items():
+                            if k.startswith("fraction") and v is not None:
+                                self.writer.add_scalar(f"fused/{k}", v, done)
+                if done == s.max_steps:
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    loop_seconds = time.perf_counter() - loop_start  # training only: before eval/export
+                last = done == s.max_steps
+                written = self.write_outputs(done, save=done in s.save_steps or last, ply=done in s.ply_steps or last,
+                                             evaluation=done in s.eval_steps or last)
+        finally:
+            if viewer is not None:
+                viewer.stop()
         bar.close()
         if self.ctx.is_main and s.max_steps > first_step:
             steps = s.max_steps - first_step
