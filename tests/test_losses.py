@@ -240,44 +240,6 @@ def test_lpips_never_raises_in_this_environment():
     assert metric.available or metric.reason  # unavailable always says why
 
 
-def test_lpips_checks_local_weights_before_building(monkeypatch, tmp_path):
-    """With fake torchmetrics/torchvision: no weights file -> unavailable naming it; file -> built."""
-    built = []
-
-    class FakeLPIPS(torch.nn.Module):
-        def __init__(self, net_type, normalize):
-            super().__init__()
-            built.append((net_type, normalize))
-
-        def forward(self, x, y):
-            return (x - y).abs().mean()
-
-        def reset(self):
-            pass
-
-    fake_lpip = types.ModuleType("torchmetrics.image.lpip")
-    fake_lpip.LearnedPerceptualImagePatchSimilarity = FakeLPIPS
-    for name, module in [("torchmetrics", types.ModuleType("torchmetrics")),
-                         ("torchmetrics.image", types.ModuleType("torchmetrics.image")),
-                         ("torchmetrics.image.lpip", fake_lpip),
-                         ("torchvision", types.ModuleType("torchvision"))]:
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path))
-
-    metric = metrics.LPIPSMetric(net="alex")
-    assert not metric.available and built == []
-    assert str(tmp_path / "checkpoints" / "alexnet-owt-7be5be79.pth") in metric.reason
-
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "alexnet-owt-7be5be79.pth").write_bytes(b"")
-    metric = metrics.LPIPSMetric(net="alex")
-    assert metric.available and metric.backend == "torchmetrics" and metric.reason == ""
-    assert built == [("alex", True)]
-    pred, gt = torch.zeros(2, 8, 8, 3), torch.zeros(2, 8, 8, 3)
-    gt[1] += 0.5
-    assert torch.allclose(metric(pred, gt), torch.tensor([0.0, 0.5]))
-
-
 def _fake_lpips_backends(monkeypatch, built):
     """torchmetrics and torchvision stand-ins (the CPU machine has no working torchvision): the
     LPIPS class records its arguments and, as torchvision does for pretrained weights, loads the
@@ -307,6 +269,26 @@ def _fake_lpips_backends(monkeypatch, built):
                          ("torchmetrics.image.lpip", fake_lpip),
                          ("torchvision", types.ModuleType("torchvision"))]:
         monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_lpips_checks_local_weights_before_building(monkeypatch, tmp_path):
+    """With fake torchmetrics/torchvision: no weights file -> unavailable naming it; file -> built."""
+    built = []
+    _fake_lpips_backends(monkeypatch, built)
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path))
+
+    metric = metrics.LPIPSMetric(net="alex")
+    assert not metric.available and built == []
+    assert str(tmp_path / "checkpoints" / "alexnet-owt-7be5be79.pth") in metric.reason
+
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({}, tmp_path / "checkpoints" / "alexnet-owt-7be5be79.pth")
+    metric = metrics.LPIPSMetric(net="alex")
+    assert metric.available and metric.backend == "torchmetrics" and metric.reason == ""
+    assert [(b["net"], b["normalize"]) for b in built] == [("alex", True)]
+    pred, gt = torch.zeros(2, 8, 8, 3), torch.zeros(2, 8, 8, 3)
+    gt[1] += 0.5
+    assert torch.allclose(metric(pred, gt), torch.tensor([0.0, 0.5]))
 
 
 def test_lpips_vgg_is_the_inria_evaluation_and_a_named_backbone_file_is_used(monkeypatch, tmp_path):
