@@ -227,7 +227,7 @@ class Config:
     disable_viewer: bool = True
     """No live viewer: the default, unlike gsplat's simple_trainer, so that a run (a batch job, a test, CI) never serves a port or waits on a browser. --no_disable_viewer: a single-process run serves a viser viewer on --port that renders the current model between steps, and stops with the run (pip install -e '.[viewer]'); watch a multi-process run with `splat-train view RESULT_DIR`."""
     port: int = 8080
-    """Port of the live viewer (--no_disable_viewer) and of `splat-train view`."""
+    """Port of the live viewer (--no_disable_viewer); viser takes the next free one when it is in use, and the run prints the one it serves."""
 
     synthetic_num_gaussians: int = 600
     """Synthetic scene (no --data_dir): Gaussians of the ground-truth cloud."""

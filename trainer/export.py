@@ -184,7 +184,10 @@ def export_merged(trainer, step: int):
     path.parent.mkdir(parents=True, exist_ok=True)
     save_ply(path, merged["means"], merged["scales"], merged["quats"], merged["opacities"], merged["sh0"],
              merged["shN"])
-    trainer.last_export = dict(step=step, path=path, params=merged, to_frame=to_frame)
+    from .formats import WEB_SUFFIXES
+
+    keep = any(f in WEB_SUFFIXES for f in trainer.cfg.export_formats)  # else free the merged copy now
+    trainer.last_export = dict(step=step, path=path, params=merged if keep else None, to_frame=to_frame)
     return path
 
 

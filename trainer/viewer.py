@@ -147,7 +147,7 @@ def start_training_viewer(trainer) -> Optional[SplatViewer]:
                          near=cfg.near_plane, far=cfg.far_plane)
     first = trainer.scene.cameras[trainer.trainset.indices[0]]
     points = trainer.scene.points
-    viewer.look_from(first.camtoworld, points.mean(axis=0) if points is not None and len(points) else np.zeros(3))
+    viewer.look_from(first.camtoworld, np.median(points, axis=0) if points is not None and len(points) else np.zeros(3))
     print(f"viewer: http://localhost:{viewer.port} (the model between steps; it stops with the run)", flush=True)
     return viewer
 
@@ -206,7 +206,7 @@ def view_main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="splat-train view", description="Browse a run's newest PLY (or a PLY file) in "
                                 "a web viewer; a running run's newer exports are loaded as they appear.")
     p.add_argument("path", type=Path, help="a run's --result_dir, or a 3DGS .ply file")
-    p.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
+    p.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080; the next free one when taken)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to render")
     p.add_argument("--reload_every", type=float, default=5.0, help="seconds between looks for a newer export")
     args = p.parse_args(argv)
