@@ -213,6 +213,8 @@ def view_main(argv=None) -> int:
     try:
         if not args.path.exists():
             raise ValueError(f"no such run folder or PLY: {args.path}")
+        if not 1 <= args.port <= 65535:
+            raise ValueError(f"--port must be in 1..65535, got {args.port}")
         require_viewer("splat-train view")
         device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                               else "cpu")
