@@ -1,6 +1,7 @@
 """Tests for trainer/losses.py and trainer/metrics.py (CPU; one `gpu` test for CUDA)."""
 
 import math
+import os
 import sys
 import types
 
@@ -239,14 +240,21 @@ def test_lpips_never_raises_in_this_environment():
     assert metric.available or metric.reason  # unavailable always says why
 
 
-def test_lpips_checks_local_weights_before_building(monkeypatch, tmp_path):
-    """With fake torchmetrics/torchvision: no weights file -> unavailable naming it; file -> built."""
-    built = []
+def _fake_lpips_backends(monkeypatch, built):
+    """torchmetrics and torchvision stand-ins (the CPU machine has no working torchvision): the
+    LPIPS class records its arguments and, as torchvision does for pretrained weights, loads the
+    backbone through torch.hub's cache by torchvision's URL (nothing is downloaded when the file
+    is there; anything else fails)."""
+    urls = {"alex": "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth",
+            "vgg": "https://download.pytorch.org/models/vgg16-397923af.pth"}
 
     class FakeLPIPS(torch.nn.Module):
         def __init__(self, net_type, normalize):
             super().__init__()
-            built.append((net_type, normalize))
+            cached = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urls[net_type]))
+            assert os.path.exists(cached), f"would download {urls[net_type]}"
+            state = torch.hub.load_state_dict_from_url(urls[net_type], progress=False)
+            built.append(dict(net=net_type, normalize=normalize, state=state))
 
         def forward(self, x, y):
             return (x - y).abs().mean()
@@ -261,6 +269,12 @@ def test_lpips_checks_local_weights_before_building(monkeypatch, tmp_path):
                          ("torchmetrics.image.lpip", fake_lpip),
                          ("torchvision", types.ModuleType("torchvision"))]:
         monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_lpips_checks_local_weights_before_building(monkeypatch, tmp_path):
+    """With fake torchmetrics/torchvision: no weights file -> unavailable naming it; file -> built."""
+    built = []
+    _fake_lpips_backends(monkeypatch, built)
     monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path))
 
     metric = metrics.LPIPSMetric(net="alex")
@@ -268,13 +282,64 @@ def test_lpips_checks_local_weights_before_building(monkeypatch, tmp_path):
     assert str(tmp_path / "checkpoints" / "alexnet-owt-7be5be79.pth") in metric.reason
 
     (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "alexnet-owt-7be5be79.pth").write_bytes(b"")
+    torch.save({}, tmp_path / "checkpoints" / "alexnet-owt-7be5be79.pth")
     metric = metrics.LPIPSMetric(net="alex")
     assert metric.available and metric.backend == "torchmetrics" and metric.reason == ""
-    assert built == [("alex", True)]
+    assert [(b["net"], b["normalize"]) for b in built] == [("alex", True)]
     pred, gt = torch.zeros(2, 8, 8, 3), torch.zeros(2, 8, 8, 3)
     gt[1] += 0.5
     assert torch.allclose(metric(pred, gt), torch.tensor([0.0, 0.5]))
+
+
+def test_lpips_vgg_is_the_inria_evaluation_and_a_named_backbone_file_is_used(monkeypatch, tmp_path):
+    built = []
+    _fake_lpips_backends(monkeypatch, built)
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))  # empty: no cached backbone
+    assert not metrics.LPIPSMetric(net="vgg").available and built == []
+
+    weights = tmp_path / "my_vgg16.pth"
+    torch.save({"features.0.weight": torch.arange(6.0)}, weights)
+    metric = metrics.LPIPSMetric(net="vgg", weights=weights)
+    assert metric.available, metric.reason
+    assert built[-1]["net"] == "vgg" and built[-1]["normalize"] is False  # [0, 1] images fed as they are
+    assert torch.equal(built[-1]["state"]["features.0.weight"], torch.arange(6.0))  # the file named
+    assert torch.hub.get_dir() == str(tmp_path / "hub")  # the process's hub folder is back
+    assert metric.describe() == dict(lpips_net="vgg", lpips_normalize=False, lpips_backend="torchmetrics",
+                                     lpips_weights=str(weights))
+    torch.save({"features.0.weight": torch.ones(2)}, weights.with_name("alex.pth"))
+    alex = metrics.LPIPSMetric(net="alex", weights=weights.with_name("alex.pth"))
+    assert alex.available and built[-1]["net"] == "alex" and built[-1]["normalize"] is True  # gsplat's
+
+
+def test_a_run_records_which_lpips_net_produced_the_number(monkeypatch, tmp_path):
+    import json
+
+    from splat_train.trainer.cli import main
+
+    built = []
+    _fake_lpips_backends(monkeypatch, built)
+    weights = tmp_path / "vgg.pth"
+    torch.save({}, weights)
+    tiny = ["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "8", "--synthetic_num_gaussians",
+            "100", "--num_traj_frames", "0", "--max_steps", "2", "--export_formats", "ply"]
+    assert main([*tiny, "--lpips_net", "vgg", "--lpips_weights", str(weights), "--result_dir", str(tmp_path / "r")]) == 0
+    val = json.loads((tmp_path / "r/stats/val_step2.json").read_text())
+    assert val["lpips"] is not None and val["lpips_net"] == "vgg" and val["lpips_normalize"] is False
+    assert len(built) == 1  # built once, at start
+
+
+def test_an_unusable_lpips_weights_file_is_one_error_line_before_training(tmp_path, capsys, monkeypatch):
+    from splat_train.trainer.cli import main
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # as on this CPU machine, whatever is installed
+    tiny = ["default", "--synthetic_image_size", "32", "--max_steps", "2", "--result_dir", str(tmp_path / "r")]
+    assert main([*tiny, "--lpips_weights", str(tmp_path / "missing.pth")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --lpips_weights: no such file: {tmp_path / 'missing.pth'}"
+    (tmp_path / "vgg.pth").write_bytes(b"not weights")
+    assert main([*tiny, "--lpips_net", "vgg", "--lpips_weights", str(tmp_path / "vgg.pth")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --lpips_weights {tmp_path / 'vgg.pth'}: LPIPS unavailable")
+    assert not (tmp_path / "r" / "ckpts").exists()  # nothing trained
 
 
 # ---------------------------------------------------------------- CUDA

@@ -2,6 +2,7 @@
 equal to one process's, resume with another world size, and mpirun equal to the spawned run."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from splat_train.scripts.export import main as export_main
 from splat_train.scripts.merge_shards import main as merge_main
 from splat_train.trainer.cli import main
 from splat_train.trainer.export import load_ply
@@ -47,6 +49,39 @@ def test_offline_merge_equals_trainer_export(w2_run, tmp_path):
     a, b = load_ply(out), load_ply(w2_run / "ply/point_cloud_8_distributed_merged.ply")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert merge_main([str(tmp_path / "nothing")]) == 2
+
+
+def test_offline_export_of_two_shards_writes_every_format_in_the_recorded_frame(w2_run, tmp_path, capsys):
+    out = tmp_path / "x"
+    assert export_main([str(w2_run), "--format", "ply", "inria", "splat", "ply_compressed", "--out", str(out)]) == 0
+    ply = out / "ply/point_cloud_8_distributed_merged.ply"
+    a, b = load_ply(ply), load_ply(w2_run / "ply/point_cloud_8_distributed_merged.ply")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the trainer's own export, from the shards
+    assert (out / "point_cloud/iteration_8/point_cloud.ply").read_bytes() == ply.read_bytes()
+    assert (out / "ply/point_cloud_8_distributed_merged.splat").stat().st_size == 32 * a["means"].shape[0]
+    assert (out / "ply/point_cloud_8_distributed_merged.compressed.ply").is_file()
+    assert len(json.loads((out / "cameras.json").read_text())) == 7  # 9 views, 0 and 8 test
+    # a checkpoint that records another world transform is exported in that frame
+    moved = tmp_path / "moved"
+    shutil.copytree(w2_run / "ckpts", moved / "ckpts")
+    for r in range(2):
+        state = torch.load(moved / f"ckpts/ckpt_8_rank{r}.pt", weights_only=False)
+        state["world_transform"] = torch.diag(torch.tensor([2.0, 2.0, 2.0, 1.0], dtype=torch.float64))
+        torch.save(state, moved / f"ckpts/ckpt_8_rank{r}.pt")
+    assert export_main([str(moved)]) == 0
+    c = load_ply(moved / "ply/point_cloud_8_distributed_merged.ply")
+    assert torch.allclose(c["means"], b["means"] / 2) and torch.allclose(c["scales"], b["scales"] - math.log(2))
+    assert export_main([str(moved), "--frame", "normalized"]) == 0
+    assert torch.equal(load_ply(moved / "ply/point_cloud_8_distributed_merged.ply")["means"], b["means"])
+    for r in range(2):  # a checkpoint from before the transform was recorded: the scene is loaded again
+        state = torch.load(moved / f"ckpts/ckpt_8_rank{r}.pt", weights_only=False)
+        del state["world_transform"]
+        torch.save(state, moved / f"ckpts/ckpt_8_rank{r}.pt")
+    assert export_main([str(moved), "--frame", "original"]) == 0
+    assert torch.equal(load_ply(moved / "ply/point_cloud_8_distributed_merged.ply")["means"], b["means"])
+    capsys.readouterr()
+    assert export_main([str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.startswith("error: no complete set of checkpoints")
 
 
 def test_distributed_eval_equals_one_process_eval_of_merged_model(w2_run, tmp_path):

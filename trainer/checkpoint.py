@@ -31,7 +31,8 @@ from .fileio import atomic_write
 
 CKPT_RE = re.compile(r"ckpt_(\d+)_rank(\d+)\.pt$")
 PER_GAUSSIAN_STRATEGY_KEYS = ("grad2d", "count", "radii")
-RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "profile", "cfg.yml")
+RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "profile", "cfg.yml", "point_cloud",
+               "cameras.json", "cfg_args")
 
 
 def list_checkpoints(ckpt_dir: Path) -> dict[int, dict[int, Path]]:
@@ -206,6 +207,24 @@ def latest_complete(ckpt_dir: Path, on_skip=None) -> Optional[tuple[int, list[Pa
         if sorted(ranks) == list(range(world)):
             return step, [ranks[r] for r in range(world)]
     return None
+
+
+def step_files(ckpt_dir: Path, step: Optional[int] = None) -> tuple[int, list[Path]]:
+    """(step, one file per rank in rank order) of ``step``, or of the newest complete step.
+    Raises ValueError naming the folder when there is no such step, or naming the missing ranks."""
+    if step is None:
+        found = latest_complete(ckpt_dir)
+        if found is None:
+            raise ValueError(f"no complete set of checkpoints in {ckpt_dir}")
+        return found
+    ranks = list_checkpoints(ckpt_dir).get(step)
+    if not ranks:
+        raise ValueError(f"no checkpoints for step {step} in {ckpt_dir}")
+    world = read(next(iter(ranks.values())))["world_size"]
+    missing = sorted(set(range(world)) - set(ranks))
+    if missing:
+        raise ValueError(f"step {step} in {ckpt_dir} lacks the shards of rank(s) {missing}")
+    return step, [ranks[r] for r in range(world)]
 
 
 def _merge_rows(parts: list[torch.Tensor], rank: int, world_size: int) -> torch.Tensor:

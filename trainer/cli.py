@@ -4,6 +4,7 @@
     splat-train mcmc ...
     splat-train --config results/x/cfg.yml --result_dir results/y [flags]   # rerun a run's config
     splat-train default --help                          # every flag, documented
+    splat-train view RESULT_DIR|FILE.ply [--port 8080]  # browse a run's newest export (viewer.py)
 
 User errors (bad flag, bad data, an occupied result dir, a first step that cannot fit in memory)
 print one ``error:`` line naming the flag or file and exit with status 2. SIGTERM and SIGINT end a
@@ -31,7 +32,8 @@ def _usage() -> str:
         "usage: splat-train PRESET [--config FILE] [FLAGS]\n"
         "       splat-train --config FILE [FLAGS]\n"
         "       splat-train bench [--help]     (benchmark variants side by side)\n"
-        "       splat-train bench-raster [--help]  (rasterization + loss + backward: unfused vs fused)\n\n"
+        "       splat-train bench-raster [--help]  (rasterization + loss + backward: unfused vs fused)\n"
+        "       splat-train view RESULT_DIR|FILE.ply [--port 8080]  (browse a run's newest export)\n\n"
         "Train a 3D Gaussian Splatting scene on every visible GPU (or the CPU).\n\n"
         f"presets: {', '.join(preset_names())}\n"
         "  `splat-train PRESET --help` lists every flag with its default.\n"
@@ -127,10 +129,14 @@ def run(ctx: DistContext, cfg: Config) -> None:
     (memory.check_first_step; ValueError otherwise) and says what it loads, before any image is
     decoded; its estimate stands for every rank (they differ by at most one Gaussian)."""
     from .data import describe_views, split_indices
+    from .evaluate import require_lpips
     from .loop import Trainer, evaluate_only, resume_from
     from .memory import check_first_step
+    from .viewer import check_training_viewer
 
     with interruptible(ctx.stop):  # after the imports: pycolmap's native SIGTERM handler is replaced
+        check_training_viewer(cfg, ctx.world_size)
+        lpips = require_lpips(cfg) if ctx.is_main else None  # a named backbone file fails here, not at evaluation
         scene = build_scene(cfg, log=_say if ctx.is_main else None)
         if ctx.is_main:
             if not (cfg.ckpt or cfg.resume):  # a loaded model is not the initial one
@@ -139,6 +145,7 @@ def run(ctx: DistContext, cfg: Config) -> None:
                                        cache_bytes=int(cfg.image_cache_gb * 2**30)):
                 _say(line)  # just before the Trainer decodes them
         trainer = Trainer(cfg, ctx, scene)
+        trainer.lpips_metric = lpips
         if cfg.ckpt:
             evaluate_only(trainer, list(cfg.ckpt))
             return
@@ -172,6 +179,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from ..scripts.bench import main as bench_main
 
         return bench_main(list(argv[1:]))
+    if argv and argv[0] == "view":
+        from .viewer import view_main
+
+        return view_main(list(argv[1:]))
     if argv and argv[0] == "bench-raster":
         from ..scripts.bench_raster import main as bench_raster_main
 

@@ -221,6 +221,21 @@ class Config:
     """Frames of the interpolated-camera video written at each evaluation (0: no video)."""
     save_eval_images: bool = True
     """Write side-by-side test renders (ground truth | render) at each evaluation."""
+    lpips_net: Literal["alex", "vgg"] = "alex"
+    """LPIPS backbone of the test metrics: alex (gsplat's evaluation: images scaled to [-1, 1]) or vgg (the original 3DGS evaluation: [0, 1] images fed as they are, normalize=False); stats/val_step*.json names the one used."""
+    lpips_weights: Optional[Path] = None
+    """The ImageNet backbone file of --lpips_net (torchvision's alexnet-owt-7be5be79.pth / vgg16-397923af.pth); unset: looked up in the torch hub cache. Nothing is ever downloaded; a file given here that cannot be used is an error at start."""
+
+    export_frame: Literal["original", "normalized"] = "original"
+    """Frame of every export (PLY, Inria folder and its cameras.json, web formats): original = the input data's world (COLMAP / transforms.json), the world normalization undone, so the splats line up with the input cameras and points; normalized = the centred, rotated, scaled world the trainer works in."""
+    export_formats: list[Literal["ply", "inria", "splat", "ply_compressed"]] = field(
+        default_factory=lambda: ["ply", "inria"])
+    """What each export writes: ply (ply/point_cloud_<step>.ply, always written: the run's model), inria (point_cloud/iteration_<step>/point_cloud.ply, cameras.json and cfg_args, the original 3DGS code's layout), splat (ply/point_cloud_<step>.splat, antimatter15's web format), ply_compressed (ply/point_cloud_<step>.compressed.ply, SuperSplat / PlayCanvas); the last two through gsplat's exporter."""
+
+    disable_viewer: bool = True
+    """No live viewer: the default, unlike gsplat's simple_trainer, so that a run (a batch job, a test, CI) never serves a port or waits on a browser. --no_disable_viewer: a single-process run serves a viser viewer on --port that renders the current model between steps, and stops with the run (pip install -e '.[viewer]'); watch a multi-process run with `splat-train view RESULT_DIR`."""
+    port: int = 8080
+    """Port of the live viewer (--no_disable_viewer); viser takes the next free one when it is in use, and the run prints the one it serves."""
 
     synthetic_num_gaussians: int = 600
     """Synthetic scene (no --data_dir): Gaussians of the ground-truth cloud."""
@@ -307,6 +322,9 @@ def validate(cfg: Config) -> None:
          "--random_tile_shift moves the fused kernel's tile-local SSIM; it needs --raster fused"),
         (not (cfg.pipeline == "gsplat-dist" and cfg.sparse_grad_comm),
          "--sparse_grad_comm is an exchange of --pipeline ours (gsplat-dist runs gsplat's own); drop one"),
+        (cfg.lpips_weights is None or Path(cfg.lpips_weights).is_file(),
+         f"--lpips_weights: no such file: {cfg.lpips_weights}"),
+        (1 <= cfg.port <= 65535, "--port must be in 1..65535"),
         (not (cfg.pipeline == "gsplat-dist" and cfg.packed),
          "--pipeline gsplat-dist is dense only (gsplat's packed distributed path crashes); drop --packed"),
     ]

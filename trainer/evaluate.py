@@ -77,15 +77,28 @@ def optional(what: str, write: Callable[[], Optional[Path]]) -> Optional[Path]:
 
 
 def _lpips(trainer: "Trainer") -> metrics.LPIPSMetric:
-    """The run's LPIPS metric, built at its first evaluation (kept on the trainer); when it is
-    unavailable, the reason is printed then, once per run."""
+    """The run's LPIPS metric (--lpips_net, --lpips_weights), built at its first evaluation (kept
+    on the trainer; with --lpips_weights :func:`require_lpips` built it at start); when it is unavailable, the reason
+    is printed then, once per run."""
     metric = getattr(trainer, "lpips_metric", None)
     if metric is None:
-        metric = trainer.lpips_metric = metrics.LPIPSMetric()
+        metric = trainer.lpips_metric = metrics.LPIPSMetric(trainer.cfg.lpips_net, weights=trainer.cfg.lpips_weights)
         if not metric.available:
             from tqdm import tqdm
 
             tqdm.write(f"note: {metric.reason}; test metrics are PSNR and SSIM")
+    return metric
+
+
+def require_lpips(cfg) -> Optional[metrics.LPIPSMetric]:
+    """With --lpips_weights: the metric, built now (before any image is decoded); ValueError naming
+    the flag and the file when it cannot be built from it (a file the user named is an error, not
+    a note). None without the flag (the metric is then built at the first evaluation)."""
+    if cfg.lpips_weights is None:
+        return None
+    metric = metrics.LPIPSMetric(cfg.lpips_net, weights=cfg.lpips_weights)
+    if not metric.available:
+        raise ValueError(f"--lpips_weights {cfg.lpips_weights}: {metric.reason}")
     return metric
 
 
@@ -131,6 +144,7 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
         ssim=float(np.mean([r["ssim"] for r in per_view])),
         lpips=(float(np.mean([r["lpips"] for r in per_view])) if lpips.available else None),
         lpips_unavailable_reason=None if lpips.available else lpips.reason,
+        **(lpips.describe() if lpips.available else {}),  # which net produced the number
         ms_per_image=elapsed * 1000.0 / max(len(mine), 1),
         num_gaussians=num_gaussians,
         num_views=len(per_view),
@@ -144,7 +158,7 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
                 trainer.writer.add_scalar(f"val/{k}", summary[k], step)
     from tqdm import tqdm
 
-    lpips_text = f" LPIPS {summary['lpips']:.4f}" if lpips.available else ""
+    lpips_text = f" LPIPS({lpips.net}) {summary['lpips']:.4f}" if lpips.available else ""
     tqdm.write(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f}{lpips_text} "
                f"({len(per_view)} views)")
     if trainer.cfg.save_eval_images:

@@ -14,6 +14,7 @@ rank writes) is the caller's job.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -159,14 +160,65 @@ def ply_name(step: int, world_size: int) -> str:
     return f"point_cloud_{step}_distributed_merged.ply" if world_size > 1 else f"point_cloud_{step}.ply"
 
 
+def to_export_frame(params: dict[str, torch.Tensor], scene_transform: np.ndarray, export_frame: str
+                    ) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    """(Gaussians, [4, 4] similarity x_export = S @ x_normalized) of ``--export_frame``:
+    "original" undoes the world normalization (``Scene.transform``; frame.to_input_frame),
+    "normalized" keeps the trainer's world (S = identity)."""
+    if export_frame == "normalized":
+        return params, np.eye(4)
+    from .frame import to_input_frame
+
+    return to_input_frame(params, scene_transform), np.linalg.inv(np.asarray(scene_transform, dtype=np.float64))
+
+
 def export_merged(trainer, step: int):
-    """Rank 0 writes ``ply/<ply_name>`` of the whole scene after ``step`` steps; returns its path
-    there (None on other ranks). Every rank must call this."""
+    """Rank 0 writes ``ply/<ply_name>`` of the whole scene after ``step`` steps, in the
+    ``--export_frame``; returns its path there (None on other ranks). Every rank must call this.
+    Rank 0 keeps the exported Gaussians for :func:`export_formats` (``trainer.last_export``)."""
     merged = gather_params(trainer.ctx, trainer.params)
     if merged is None:
         return None
+    merged, to_frame = to_export_frame(merged, trainer.scene.transform, trainer.cfg.export_frame)
     path = trainer.result_dir / "ply" / ply_name(step, trainer.ctx.world_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_ply(path, merged["means"], merged["scales"], merged["quats"], merged["opacities"], merged["sh0"],
              merged["shN"])
+    from .formats import WEB_SUFFIXES
+
+    keep = any(f in WEB_SUFFIXES for f in trainer.cfg.export_formats)  # else free the merged copy now
+    trainer.last_export = dict(step=step, path=path, params=merged if keep else None, to_frame=to_frame)
     return path
+
+
+def export_formats(trainer) -> list:
+    """Rank 0, after :func:`export_merged` (no collective): the ``--export_formats`` beyond the PLY,
+    each an optional output (one warning line when it fails; evaluate.optional). Returns the paths
+    written; releases ``trainer.last_export``."""
+    from .evaluate import optional
+
+    export, trainer.last_export = getattr(trainer, "last_export", None), None
+    if export is None:
+        return []
+    return write_formats(trainer.cfg.export_formats, export, trainer.result_dir,
+                         lambda: [trainer.scene.cameras[i] for i in trainer.trainset.indices], trainer.cfg, run=optional)
+
+
+def write_formats(names, export: dict, result_dir, training_cameras, cfg, run=None) -> list:
+    """Write the formats ``names`` other than "ply" (formats.py) of one export: ``export`` holds
+    step, path (the PLY written), params (Gaussians in the export frame) and to_frame ([4, 4],
+    x_export = to_frame @ x_normalized); ``training_cameras()`` gives the data.Camera list of
+    cameras.json (called only for "inria"). ``run(what, write)`` runs each write (default: call
+    it, so errors propagate; the trainer passes evaluate.optional). Returns the paths written."""
+    from . import formats
+
+    run = run or (lambda what, write: write())
+    written = []
+    for fmt in dict.fromkeys(names):  # in order, once each
+        if fmt == "inria":
+            written.append(run(f"Inria layout {Path(result_dir) / 'point_cloud'}", lambda: formats.write_inria_layout(
+                result_dir, export["step"], export["path"], training_cameras(), export["to_frame"], cfg)))
+        elif fmt in formats.WEB_SUFFIXES:
+            target = formats.web_export_path(export["path"], fmt)
+            written.append(run(f"{fmt} export {target}", lambda: formats.write_web_format(target, export["params"], fmt)))
+    return [p for p in written if p is not None]

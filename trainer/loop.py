@@ -29,6 +29,7 @@ from .losses import opacity_reg, photometric_loss, scale_reg
 from .model import (activated, create_optimizers, create_shard, initial_points, means_lr_scheduler,
                     optimizer_step)
 from .profiling import PhaseTimer
+from .viewer import start_training_viewer
 from .render import (TILE_SIZE, CameraBatch, PassLayout, ops_for, padding_only_radii, render, resolve_backend,
                      rigid_inverse, shift_cameras, shift_intrinsics)
 
@@ -97,6 +98,7 @@ class Trainer:
         self.last_phases: dict = {}
         # --raster fused, last step: fractions of tiles within the on-chip budget and run resident
         self.last_fused_stats: dict = {}
+        self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
 
     def _make_aux_modules(self):
         """--pose_opt / --app_opt modules (DDP-wrapped when W > 1) and their Adams."""
@@ -123,6 +125,7 @@ class Trainer:
             aux={k: _unwrapped(m).state_dict() for k, m in self.aux.items()},  # the same keys at any W
             aux_optimizers={k: o.state_dict() for k, o in self.aux_optimizers.items()},
             rng=checkpoint.rng_state(self.device),
+            world_transform=torch.from_numpy(np.asarray(self.scene.transform, dtype=np.float64)),  # exports
             config=json.loads(json.dumps(_plain(self.cfg))),
         )
 
@@ -338,10 +341,15 @@ class Trainer:
         if self.step == 0 and 0 in s.eval_steps:
             evaluate.run_eval(self, 0)  # the initial model, before any step
         profiler = self._start_profiler() if cfg.profile else None
+        viewer = start_training_viewer(self)  # --no_disable_viewer: rank 0 of a one-process run
         first_step = self.step
         self._last_save = time.monotonic()
-        with self.ctx.stop.deferred():  # SIGTERM: a checkpoint at the next step boundary, then the end
-            out, written, loop_seconds = self._steps(bar, profiler)
+        try:
+            with self.ctx.stop.deferred():  # SIGTERM: a checkpoint at the next step boundary, then the end
+                out, written, loop_seconds = self._steps(bar, profiler, viewer)
+        finally:
+            if viewer is not None:
+                viewer.stop()
         bar.close()
         if self.ctx.is_main and s.max_steps > first_step:
             steps = s.max_steps - first_step
@@ -360,9 +368,10 @@ class Trainer:
             self.print_outputs(written)
         return out
 
-    def _steps(self, bar, profiler) -> tuple[dict, list[Path], float]:
+    def _steps(self, bar, profiler, viewer=None) -> tuple[dict, list[Path], float]:
         """The step loop of :meth:`train`: (the last logged scalars, the files the last
-        write_outputs wrote, seconds of training before the final evaluation)."""
+        write_outputs wrote, seconds of training before the final evaluation). ``viewer``: the
+        live viewer (viewer.py), told when a step begins and ends."""
         s = self.cfg.schedule
         window_start, window_steps = time.perf_counter(), 0
         loop_start, loop_seconds = time.perf_counter(), 0.0
@@ -372,6 +381,8 @@ class Trainer:
                 self.timer.enabled = s.profile_start_step <= step < s.profile_start_step + s.profile_num_steps
                 self.timer.cuda = self.timer.enabled and self.device.type == "cuda"
                 self.timer.deferred = True  # no synchronization per step in the profiled window
+            if viewer is not None:
+                viewer.before_step()  # holds the viewer's lock: frames show the model between steps
             out = self.train_step(step)
             if profiler is not None:
                 profiler.step()
@@ -380,6 +391,8 @@ class Trainer:
             self.step = done = step + 1
             window_steps += 1
             prune.run_stages(self, done)  # ByteSplat pruning stages 2 and 3 at their steps (prune.py)
+            if viewer is not None:
+                viewer.after_step(done, sum(w * h for w, h in map(self.trainset.size, self.sampler.batch_at(step))))
             if done % s.log_every == 0 or done == s.max_steps:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
@@ -429,8 +442,8 @@ class Trainer:
 
     def write_outputs(self, step: int, save: bool, ply: bool, evaluation: bool) -> list[Path]:
         """What a run writes after ``step`` steps, the model first: checkpoint, PLY, test metrics;
-        then the optional outputs (test renders, trajectory video), whose failure is one warning
-        line (evaluate.optional). Every rank calls this. Returns the files written (rank 0: all of
+        then the optional outputs (test renders, --export_formats, trajectory video), whose
+        failure is one warning line (evaluate.optional). Every rank calls this. Returns the files written (rank 0: all of
         them but the other ranks' checkpoints)."""
         written = []
         if save:
@@ -441,6 +454,9 @@ class Trainer:
             if evaluate.run_eval(self, step) is not None:
                 written.append(self.result_dir / "stats" / f"val_step{step}.json")
                 written.append(self.result_dir / "renders" / f"val_step{step}_*.png")
+        if ply and self.ctx.is_main:
+            written += export.export_formats(self)  # Inria layout, web formats
+        if evaluation:
             written.append(evaluate.render_trajectory(self, step))
         return [p for p in written if p is not None and any(p.parent.glob(p.name))]
 

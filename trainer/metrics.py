@@ -7,13 +7,16 @@ who logs) belongs to the caller.
 
 LPIPS (Zhang et al., "The Unreasonable Effectiveness of Deep Features as a Perceptual Metric",
 CVPR 2018) needs torchmetrics or the lpips package, torchvision, and the ImageNet backbone
-weights already in the torch hub cache; :class:`LPIPSMetric` never downloads anything.
+weights already on disk (the torch hub cache, or --lpips_weights); :class:`LPIPSMetric` never
+downloads anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import tempfile
 
 import torch
 
@@ -61,27 +64,37 @@ def ssim(pred: torch.Tensor, gt: torch.Tensor, padding: str = "valid") -> torch.
 class LPIPSMetric:
     """LPIPS distance per image, built only from weights already on this machine.
 
+    ``net`` "alex" is gsplat's evaluation (images scaled from [0, 1] to [-1, 1], normalize=True);
+    "vgg" is the original 3DGS evaluation (graphdeco-inria metrics.py, lpipsPyTorch with the VGG
+    backbone), which feeds the [0, 1] images as they are (normalize=False), as gsplat's
+    simple_trainer does for vgg: numbers comparable with papers that report either.
+
     Construction never raises for a missing dependency or missing weights (nor for a failure
     while building the network): it sets ``available = False`` and ``reason`` to a sentence
     saying what is missing and where it was looked for. It raises ValueError only for an
-    unknown ``net``. Before building, it checks that the backbone file
-    ``<torch.hub.get_dir()>/checkpoints/<LPIPS_BACKBONE_FILES[net]>`` exists, so torchvision
-    never reaches for the network.
+    unknown ``net``. The backbone file is ``weights`` when given (any path: torchvision finds it
+    through a temporary hub folder that links it under its own name, the process's hub folder is
+    restored afterwards), else ``<torch.hub.get_dir()>/checkpoints/<LPIPS_BACKBONE_FILES[net]>``;
+    its existence is checked first, so torchvision never reaches for the network.
 
     Backends, first found wins: torchmetrics' LearnedPerceptualImagePatchSimilarity, then the
-    lpips package (its linear-layer weights ship inside the package).
+    lpips package (their linear-layer weights ship inside the packages).
 
     Attributes:
         available: whether ``__call__`` works.
         reason: why it is unavailable ("" when available).
         backend: "torchmetrics", "lpips", or None.
+        net, normalize: the backbone, and whether [0, 1] images are scaled to [-1, 1] first.
     """
 
-    def __init__(self, net: str = "alex", device: torch.device | str = "cpu") -> None:
+    def __init__(self, net: str = "alex", device: torch.device | str = "cpu",
+                 weights: "str | os.PathLike | None" = None) -> None:
         if net not in LPIPS_BACKBONE_FILES:
             raise ValueError(f"LPIPS net must be one of {sorted(LPIPS_BACKBONE_FILES)}, got {net!r}")
         self.net = net
+        self.normalize = net != "vgg"
         self.device = torch.device(device)
+        self.weights = None if weights is None else os.path.abspath(weights)
         self.available = False
         self.reason = ""
         self.backend: str | None = None
@@ -102,18 +115,29 @@ class LPIPSMetric:
         if _first_importable(("torchvision",)) is None:
             self.reason = f"LPIPS unavailable: {backend} is installed but torchvision is not"
             return
-        weights = os.path.join(torch.hub.get_dir(), "checkpoints", LPIPS_BACKBONE_FILES[self.net])
+        weights = self.backbone_file()
         if not os.path.isfile(weights):
             self.reason = (f"LPIPS unavailable: backbone weights {weights} are not on disk and "
-                           "splat-train never downloads them; copy the file there to enable LPIPS")
+                           "splat-train never downloads them; copy the file there (or pass "
+                           "--lpips_weights FILE) to enable LPIPS")
             return
-        if backend == "torchmetrics":
-            module = importlib.import_module("torchmetrics.image.lpip")
-            model = module.LearnedPerceptualImagePatchSimilarity(net_type=self.net, normalize=True)
-        else:
-            model = importlib.import_module("lpips").LPIPS(net=self.net, verbose=False)
+        with _hub_folder_holding(weights, LPIPS_BACKBONE_FILES[self.net]) if self.weights else contextlib.nullcontext():
+            if backend == "torchmetrics":
+                module = importlib.import_module("torchmetrics.image.lpip")
+                model = module.LearnedPerceptualImagePatchSimilarity(net_type=self.net, normalize=self.normalize)
+            else:
+                model = importlib.import_module("lpips").LPIPS(net=self.net, verbose=False)
         self._model = model.to(self.device).eval()
         self.backend = backend
+
+    def backbone_file(self) -> str:
+        """The backbone weights this metric loads: ``weights``, or torchvision's file in the hub cache."""
+        return self.weights or os.path.join(torch.hub.get_dir(), "checkpoints", LPIPS_BACKBONE_FILES[self.net])
+
+    def describe(self) -> dict:
+        """What produced the numbers, for the stats file: net, backbone file, input scaling, backend."""
+        return dict(lpips_net=self.net, lpips_normalize=self.normalize, lpips_backend=self.backend,
+                    lpips_weights=self.backbone_file())
 
     @torch.no_grad()
     def __call__(self, pred: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
@@ -129,10 +153,25 @@ class LPIPSMetric:
         x = pred.permute(0, 3, 1, 2).to(self.device)  # [B, 3, H, W]
         y = gt.permute(0, 3, 1, 2).to(self.device)
         if self.backend == "lpips":
-            return self._model(x, y, normalize=True).reshape(-1)
+            return self._model(x, y, normalize=self.normalize).reshape(-1)
         values = [self._model(x[i : i + 1], y[i : i + 1]).reshape(()) for i in range(x.shape[0])]
         self._model.reset()  # torchmetrics accumulates running state; per-image values suffice
         return torch.stack(values)
+
+
+@contextlib.contextmanager
+def _hub_folder_holding(path: str, name: str):
+    """Point torch.hub at a temporary folder whose checkpoints/<name> links to ``path`` (so that
+    torchvision loads ``path`` as its cached weights), and restore the previous folder after."""
+    previous = torch.hub.get_dir()
+    with tempfile.TemporaryDirectory(prefix="splat_train_hub_") as folder:
+        os.makedirs(os.path.join(folder, "checkpoints"))
+        os.symlink(path, os.path.join(folder, "checkpoints", name))
+        torch.hub.set_dir(folder)
+        try:
+            yield
+        finally:
+            torch.hub.set_dir(previous)
 
 
 def _first_importable(names: tuple[str, ...]) -> str | None:
