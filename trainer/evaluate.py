@@ -83,7 +83,7 @@ def _lpips(trainer: "Trainer") -> metrics.LPIPSMetric:
     metric = getattr(trainer, "lpips_metric", None)
     if metric is None:
         metric = trainer.lpips_metric = metrics.LPIPSMetric(trainer.cfg.lpips_net, weights=trainer.cfg.lpips_weights)
-        if not metric.available:
+        if not metric.available and trainer.ctx.is_main:
             from tqdm import tqdm
 
             tqdm.write(f"note: {metric.reason}; test metrics are PSNR and SSIM")
@@ -110,34 +110,51 @@ def _my_views(n: int, ctx) -> tuple[list[int], int]:
 
 
 def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
-    """Score the test views after ``step`` steps; returns the metrics on rank 0 (None elsewhere)."""
+    """Score the test views after ``step`` steps; returns the metrics on rank 0 (None elsewhere).
+
+    Each rank renders its share of the views one at a time (collectively: every rank runs the
+    same number of rounds), scores each against its ground truth (decoded when needed) and, with
+    ``--save_eval_images``, writes its side-by-side PNG itself; only the scores travel, to rank 0,
+    which writes ``stats/val_step<step>.json``, TensorBoard and the line. No image of the test set
+    is ever gathered, so evaluating a large test set costs a rank one view of memory."""
     ctx, testset = trainer.ctx, trainer.testset
     if len(testset) == 0:
         return None
     mine, rounds = _my_views(len(testset), ctx)
-    items = [testset[i] for i in mine]
-    cams = [trainer.camera_batch(testset.batch([i])) for i in mine]
-    while len(cams) < rounds:  # keep the collectives in step with the other ranks
-        cams.append(cams[-1] if cams else trainer.camera_batch(testset.batch([0])))
-    t0 = time.perf_counter()
-    renders = render_views(trainer, cams)[: len(mine)]
-    elapsed = time.perf_counter() - t0
-    local = [(i, r, it["image"].numpy()) for i, r, it in zip(mine, renders, items)]
-    gathered = _gather_to_main(ctx, (int(trainer.params["means"].shape[0]), local))
+    lpips = _lpips(trainer)
+    gaussians = activated(trainer.params)
+    folder = trainer.result_dir / "renders"
+    rows, pngs, elapsed = [], [], 0.0
+    for r in range(rounds):
+        i = mine[r] if r < len(mine) else (mine[-1] if mine else 0)  # a rank without views repeats one
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            res = render(gaussians, trainer.camera_batch(testset.batch([i], images=False)), ctx, trainer.ops,
+                         trainer.cfg.sh_degree, packed=trainer.cfg.packed, near=trainer.cfg.near_plane,
+                         far=trainer.cfg.far_plane)
+            pred = res.colors[0].clamp(0, 1).float().cpu()
+        elapsed += time.perf_counter() - t0
+        if r >= len(mine):
+            continue
+        gt = testset[i]["image"]  # [H, W, 3] float
+        name = trainer.scene.cameras[testset.indices[i]].name
+        row = dict(index=i, name=name, psnr=float(metrics.psnr(pred[None], gt[None]).mean()),
+                   ssim=float(metrics.ssim(pred[None], gt[None]).mean()))
+        if lpips.available:
+            row["lpips"] = float(lpips(pred[None], gt[None]))
+        rows.append(row)
+        if trainer.cfg.save_eval_images:
+            pngs.append((name, np.concatenate([gt.numpy(), pred.numpy()], axis=1)))
+            if len(pngs) >= PNG_BATCH:  # written as they come: a rank holds at most a few
+                _write_some(folder, step, pngs)
+    if pngs:
+        _write_some(folder, step, pngs)
+    gathered = _gather_to_main(ctx, (int(trainer.params["means"].shape[0]), rows, elapsed, len(mine)))
     if not ctx.is_main:
         return None
-    num_gaussians = sum(n for n, _ in gathered)
-    results = sorted((x for _, part in gathered for x in part), key=lambda x: x[0])
-    lpips = _lpips(trainer)
-    per_view = []
-    for i, pred, gt in results:
-        p = torch.from_numpy(pred)[None]
-        g = torch.from_numpy(gt)[None]
-        row = dict(name=trainer.scene.cameras[testset.indices[i]].name,
-                   psnr=float(metrics.psnr(p, g).mean()), ssim=float(metrics.ssim(p, g).mean()))
-        if lpips.available:
-            row["lpips"] = float(lpips(p, g))
-        per_view.append(row)
+    num_gaussians = sum(n for n, _, _, _ in gathered)
+    per_view = [{k: v for k, v in row.items() if k != "index"}
+                for row in sorted((row for _, part, _, _ in gathered for row in part), key=lambda row: row["index"])]
     summary = dict(
         step=step,
         psnr=float(np.mean([r["psnr"] for r in per_view])),
@@ -145,7 +162,7 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
         lpips=(float(np.mean([r["lpips"] for r in per_view])) if lpips.available else None),
         lpips_unavailable_reason=None if lpips.available else lpips.reason,
         **(lpips.describe() if lpips.available else {}),  # which net produced the number
-        ms_per_image=elapsed * 1000.0 / max(len(mine), 1),
+        ms_per_image=gathered[0][2] * 1000.0 / max(gathered[0][3], 1),
         num_gaussians=num_gaussians,
         num_views=len(per_view),
         per_view=per_view,
@@ -161,12 +178,17 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
     lpips_text = f" LPIPS({lpips.net}) {summary['lpips']:.4f}" if lpips.available else ""
     tqdm.write(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f}{lpips_text} "
                f"({len(per_view)} views)")
-    if trainer.cfg.save_eval_images:
-        renders = trainer.result_dir / "renders"
-        optional(f"test renders {renders}/val_step{step}_*.png", lambda: _write_pngs(renders, step, [
-            (trainer.scene.cameras[testset.indices[i]].name, np.concatenate([gt, pred], axis=1))
-            for i, pred, gt in results]))
     return summary
+
+
+PNG_BATCH = 4  # side-by-side test renders a rank keeps before writing them
+
+
+def _write_some(folder: Path, step: int, pngs: list) -> None:
+    """Write and forget the pending test renders (an optional output: a failure is one warning)."""
+    batch = list(pngs)
+    pngs.clear()
+    optional(f"test renders {folder}/val_step{step}_*.png", lambda: _write_pngs(folder, step, batch))
 
 
 def _write_pngs(folder: Path, step: int, images: list[tuple[str, np.ndarray]]) -> Path:

@@ -58,6 +58,23 @@ def any_rank(ctx: DistContext, flags: Sequence[bool]) -> list[bool]:
     return [bool(v) for v in values.cpu().tolist()]
 
 
+def send_rows(ctx: DistContext, rows: torch.Tensor, dst: int) -> None:
+    """Point-to-point: float32 rows [n, D] of this rank to rank ``dst`` (:func:`recv_rows` there),
+    through the communication device (the GPU for nccl). Non-differentiable (exports)."""
+    if rows.shape[0]:
+        dist.send(rows.to(ctx.comm_device, torch.float32).contiguous(), dst=dst, group=ctx.group)
+    ctx.stats.record("send", rows.numel() * 4, 0)
+
+
+def recv_rows(ctx: DistContext, n: int, d: int, src: int) -> torch.Tensor:
+    """The float32 rows [n, D] rank ``src`` sends with :func:`send_rows`, on the CPU."""
+    buffer = torch.empty(n, d, dtype=torch.float32, device=ctx.comm_device)
+    if n:
+        dist.recv(buffer, src=src, group=ctx.group)
+    ctx.stats.record("recv", 0, buffer.numel() * 4)
+    return buffer.cpu()
+
+
 def _padded_all_gather(ctx: DistContext, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """all_gather of [counts[rank], D] rows with unequal counts -> [sum(counts), D]."""
     max_rows = max(counts)

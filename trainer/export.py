@@ -64,6 +64,18 @@ def save_ply(
 
     Raises ValueError on inconsistent shapes; OSError from the file system.
     """
+    table = ply_rows(means, scales, quats, opacities, sh0, shN)
+    num, names = table.shape[0], ply_property_names(shN.shape[1])
+    vertex_dtype = np.dtype([(name, "<f4") for name in names])
+    vertices = table.astype("<f4", copy=False).view(vertex_dtype).reshape(num)  # [N] records
+    ply = PlyData([PlyElement.describe(vertices, "vertex")], text=False, byte_order="<")
+    atomic_write(path, ply.write)
+
+
+def ply_rows(means: torch.Tensor, scales: torch.Tensor, quats: torch.Tensor, opacities: torch.Tensor,
+             sh0: torch.Tensor, shN: torch.Tensor) -> np.ndarray:
+    """The PLY's vertex rows of these Gaussians: float32 [N, P] in :func:`ply_property_names`
+    order (arguments as :func:`save_ply`; raises ValueError on inconsistent shapes)."""
     if means.dim() != 2 or means.shape[1] != 3:
         raise ValueError(f"save_ply: means must have shape [N, 3], got {tuple(means.shape)}")
     num = means.shape[0]
@@ -79,13 +91,35 @@ def save_ply(
         _as_float32_rows(scales, num, "scales", (num, 3)),
         _as_float32_rows(quats, num, "quats", (num, 4)),
     ]
-    names = ply_property_names(num_rest)
-    table = np.ascontiguousarray(np.concatenate(columns, axis=1))  # [N, P] float32
-    assert table.shape == (num, len(names)), (table.shape, len(names))
-    vertex_dtype = np.dtype([(name, "<f4") for name in names])
-    vertices = table.astype("<f4", copy=False).view(vertex_dtype).reshape(num)  # [N] records
-    ply = PlyData([PlyElement.describe(vertices, "vertex")], text=False, byte_order="<")
-    atomic_write(path, ply.write)
+    table = np.ascontiguousarray(np.concatenate(columns, axis=1), dtype="<f4")  # [N, P] float32
+    assert table.shape == (num, len(ply_property_names(num_rest))), table.shape
+    return table
+
+
+def ply_header(num: int, num_rest_coeffs: int) -> bytes:
+    """The header plyfile writes for :func:`save_ply`'s file of ``num`` Gaussians (binary little
+    endian, one float property per column), so that a file streamed in parts
+    (:func:`write_ply_parts`) equals it byte for byte."""
+    lines = ["ply", "format binary_little_endian 1.0", f"element vertex {num}"]
+    lines += [f"property float {name}" for name in ply_property_names(num_rest_coeffs)]
+    return ("\n".join(lines + ["end_header"]) + "\n").encode("ascii")
+
+
+def write_ply_parts(path: "str | os.PathLike", num: int, num_rest_coeffs: int, parts) -> None:
+    """Write a 3DGS PLY of ``num`` Gaussians from ``parts``, an iterable of float32 row blocks
+    [n_i, P] (:func:`ply_rows`) whose n_i add up to ``num``, one block in memory at a time;
+    atomically, as :func:`save_ply`. Raises ValueError when the rows do not add up."""
+    def write(tmp: str) -> None:
+        written = 0
+        with open(tmp, "wb") as f:
+            f.write(ply_header(num, num_rest_coeffs))
+            for rows in parts:
+                f.write(np.ascontiguousarray(rows, dtype="<f4").tobytes())
+                written += rows.shape[0]
+        if written != num:
+            raise ValueError(f"{path}: {written} Gaussians streamed, {num} declared")
+
+    atomic_write(path, write)
 
 
 def load_ply(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -175,20 +209,56 @@ def to_export_frame(params: dict[str, torch.Tensor], scene_transform: np.ndarray
 def export_merged(trainer, step: int):
     """Rank 0 writes ``ply/<ply_name>`` of the whole scene after ``step`` steps, in the
     ``--export_frame``; returns its path there (None on other ranks). Every rank must call this.
-    Rank 0 keeps the exported Gaussians for :func:`export_formats` (``trainer.last_export``)."""
-    merged = gather_params(trainer.ctx, trainer.params)
+    With W > 1 the ranks' shards travel to rank 0 one after another, each converted on its owner,
+    and are appended to the file as they arrive: rank 0 holds its own rows and one other shard's
+    at a time, never the scene (:func:`stream_shards`). Web formats (``--export_formats``) need
+    every Gaussian at once: then the scene is gathered on rank 0 once and kept for
+    :func:`export_formats` (``trainer.last_export``)."""
+    from .formats import WEB_SUFFIXES
+
+    ctx, cfg = trainer.ctx, trainer.cfg
+    path = trainer.result_dir / "ply" / ply_name(step, ctx.world_size)
+    web = any(f in WEB_SUFFIXES for f in cfg.export_formats)
+    if ctx.world_size > 1 and not web:
+        local = {k: v.detach().cpu() for k, v in trainer.params.items()}
+        local, to_frame = to_export_frame(local, trainer.scene.transform, cfg.export_frame)
+        rows = ply_rows(local["means"], local["scales"], local["quats"], local["opacities"], local["sh0"],
+                        local["shN"])
+        del local
+        if not stream_shards(ctx, rows, path, trainer.params["shN"].shape[1]):
+            return None
+        trainer.last_export = dict(step=step, path=path, params=None, to_frame=to_frame)
+        return path
+    merged = gather_params(ctx, trainer.params)
     if merged is None:
         return None
-    merged, to_frame = to_export_frame(merged, trainer.scene.transform, trainer.cfg.export_frame)
-    path = trainer.result_dir / "ply" / ply_name(step, trainer.ctx.world_size)
+    merged, to_frame = to_export_frame(merged, trainer.scene.transform, cfg.export_frame)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_ply(path, merged["means"], merged["scales"], merged["quats"], merged["opacities"], merged["sh0"],
              merged["shN"])
-    from .formats import WEB_SUFFIXES
-
-    keep = any(f in WEB_SUFFIXES for f in trainer.cfg.export_formats)  # else free the merged copy now
-    trainer.last_export = dict(step=step, path=path, params=merged if keep else None, to_frame=to_frame)
+    trainer.last_export = dict(step=step, path=path, params=merged if web else None, to_frame=to_frame)
     return path
+
+
+def stream_shards(ctx, rows: np.ndarray, path: Path, num_rest_coeffs: int) -> bool:
+    """Every rank's PLY rows [n_r, P] into one file on rank 0, in rank order (the merged file's
+    order, as merge_shards), by point-to-point sends: rank 0 writes its own rows, then receives
+    and appends rank 1's, rank 2's ... one at a time. Collective; returns True on rank 0."""
+    from . import exchange
+
+    counts = [int(n) for n in exchange.gather_metadata(ctx, [rows.shape[0]])[:, 0]]
+    if not ctx.is_main:
+        exchange.send_rows(ctx, torch.from_numpy(rows), dst=0)
+        return False
+
+    def parts():
+        yield rows
+        for r in range(1, ctx.world_size):
+            yield exchange.recv_rows(ctx, counts[r], rows.shape[1], src=r).numpy()
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_ply_parts(path, sum(counts), num_rest_coeffs, parts())
+    return True
 
 
 def export_formats(trainer) -> list:
