@@ -2,7 +2,9 @@
 step runs, so that drawing a batch costs no host-to-device copy and no host synchronization.
 
 Images stay uint8 (3 bytes a pixel; the loss kernel reads them as they are, see
-kernels/fused_ssim.py ``uint8_to_unit``):
+kernels/fused_ssim.py ``uint8_to_unit``). When any training view has a loss mask (masks.py), every
+image carries it as a fourth channel (1 keep, 0 leave out; 1 everywhere for a view without one),
+so a batch's masks travel with its images in one copy:
 
 * on a GPU, on the device when all training images together take at most ``device_share`` of
   the device's memory (and fit what is free): uploaded once, after which no host copy is kept;
@@ -40,9 +42,12 @@ class TrainViews:
         self.camtoworlds = torch.from_numpy(np.stack([c.camtoworld for c in cameras]).astype(np.float32)).to(device)
         self.Ks = torch.from_numpy(np.stack([c.K for c in cameras]).astype(np.float32)).to(device)
         self.ids = torch.arange(len(cameras), device=device)  # [V] dataset item ids, for --pose_opt / --app_opt
-        self.num_bytes = sum(c.width * c.height * 3 for c in cameras)
+        masks = [dataset.mask(i) for i in range(len(dataset))]
+        self.channels = 4 if any(m is not None for m in masks) else 3  # RGB (+ kept-pixel mask)
+        self.num_bytes = sum(c.width * c.height * self.channels for c in cameras)
         self.where = self._placement(device_share)
-        host = [torch.from_numpy(np.ascontiguousarray(dataset.image(i))) for i in range(len(dataset))]
+        host = [torch.from_numpy(np.ascontiguousarray(self._with_mask(dataset.image(i), m)))
+                for i, m in enumerate(masks)]
         if self.where == "device":
             self.images = [im.to(device) for im in host]
         elif self.where == "pinned":
@@ -53,6 +58,14 @@ class TrainViews:
         if self.where != "host":
             dataset.release_images()  # the copies above are the only ones kept
         self._ahead: Optional[tuple[tuple[int, ...], torch.Tensor, torch.cuda.Event]] = None
+
+    def _with_mask(self, image: np.ndarray, keep: Optional[np.ndarray]) -> np.ndarray:
+        """uint8 [H, W, 3] image -> [H, W, self.channels]: the mask (1 keep, 0 leave out) as a
+        fourth channel when the views have masks."""
+        if self.channels == 3:
+            return image
+        keep = np.ones(image.shape[:2], dtype=np.uint8) if keep is None else keep.astype(np.uint8)
+        return np.concatenate([image, keep[:, :, None]], axis=2)
 
     def _placement(self, device_share: float) -> str:
         if self.device.type != "cuda":
@@ -79,8 +92,9 @@ class TrainViews:
         return self._stack(self.ids, items)
 
     def images_of(self, items: list[int]) -> torch.Tensor:
-        """uint8 [B, H, W, 3] of items sharing one image size, on the device; what
-        :meth:`prefetch` copied ahead when it was these items."""
+        """uint8 [B, H, W, channels] of items sharing one image size, on the device (channel 3,
+        when there is one, is the mask: 1 keep, 0 leave out); what :meth:`prefetch` copied ahead
+        when it was these items."""
         if self.where != "pinned":
             return self._stack(self.images, items)
         ahead, self._ahead = self._ahead, None
@@ -104,8 +118,8 @@ class TrainViews:
         self._ahead = (tuple(items), images, ready)
 
     def _copy(self, items: list[int]) -> torch.Tensor:
-        h, w, _ = self.images[items[0]].shape
-        out = torch.empty((len(items), h, w, 3), dtype=torch.uint8, device=self.device)
+        h, w, c = self.images[items[0]].shape
+        out = torch.empty((len(items), h, w, c), dtype=torch.uint8, device=self.device)
         for j, i in enumerate(items):
             out[j].copy_(self.images[i], non_blocking=True)
         return out
