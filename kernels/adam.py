@@ -104,14 +104,12 @@ def supported(optimizer: torch.optim.Optimizer) -> bool:
     return True
 
 
-def _entries(optimizers: Iterable[torch.optim.Adam], selective: bool = False) -> list[tuple]:
-    """(param, grad, exp_avg, exp_avg_sq, step_size, 1/sqrt(bias correction 2), hyper) of every
-    parameter with a gradient; advances each one's host-side step count (torch's format).
-    ``selective``: gsplat's SelectiveAdam terms (step size lr, no bias correction, no count)."""
-    out = []
+def params_with_state(optimizers: Iterable[torch.optim.Adam]):
+    """Yields (param, state, param group) for every parameter with a gradient, the Adam state
+    made as torch.optim.Adam makes it on first use (step 0, zero moments; the step count on the
+    host, where a fused Adam kept it on the device)."""
     for opt in optimizers:
         for group in opt.param_groups:
-            beta1, beta2 = group["betas"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -122,15 +120,25 @@ def _entries(optimizers: Iterable[torch.optim.Adam], selective: bool = False) ->
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if state["step"].device.type != "cpu":  # saved by a fused Adam: count on the host
                     state["step"] = state["step"].cpu()
-                lr = float(group["lr"])
-                hyper = (float(beta1), float(beta2), float(group["eps"]))
-                if selective:
-                    out.append((p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], lr, 1.0, hyper))
-                    continue
-                state["step"] += 1
-                t = float(state["step"])
-                out.append((p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], lr / (1.0 - beta1**t),
-                            1.0 / math.sqrt(1.0 - beta2**t), hyper))
+                yield p, state, group
+
+
+def _entries(optimizers: Iterable[torch.optim.Adam], selective: bool = False) -> list[tuple]:
+    """(param, grad, exp_avg, exp_avg_sq, step_size, 1/sqrt(bias correction 2), hyper) of every
+    parameter with a gradient; advances each one's host-side step count (torch's format).
+    ``selective``: gsplat's SelectiveAdam terms (step size lr, no bias correction, no count)."""
+    out = []
+    for p, state, group in params_with_state(optimizers):
+        beta1, beta2 = group["betas"]
+        lr = float(group["lr"])
+        hyper = (float(beta1), float(beta2), float(group["eps"]))
+        if selective:
+            out.append((p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], lr, 1.0, hyper))
+            continue
+        state["step"] += 1
+        t = float(state["step"])
+        out.append((p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], lr / (1.0 - beta1**t),
+                    1.0 / math.sqrt(1.0 - beta2**t), hyper))
     return out
 
 

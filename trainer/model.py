@@ -286,23 +286,14 @@ def _mark_stepped(optimizers: list[torch.optim.Optimizer]) -> None:
 def _selective_adam_reference(optimizers: list[torch.optim.Adam], visible: torch.Tensor) -> None:
     """The selective step of :func:`optimizer_step` in PyTorch, on the Adams' own state (torch's
     format; the step count is not advanced, as gsplat's SelectiveAdam)."""
+    from ..kernels.adam import params_with_state
     from ..kernels.reference import selective_adam_update
 
-    for opt in optimizers:
-        for group in opt.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = opt.state[p]
-                if len(state) == 0:
-                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                new = selective_adam_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], visible,
-                                            float(group["lr"]), beta1, beta2, group["eps"])
-                for target, value in zip((p, state["exp_avg"], state["exp_avg_sq"]), new):
-                    target.copy_(value)
+    for p, state, group in params_with_state(optimizers):
+        new = selective_adam_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], visible, float(group["lr"]),
+                                    *group["betas"], group["eps"])
+        for target, value in zip((p, state["exp_avg"], state["exp_avg_sq"]), new):
+            target.copy_(value)
 
 
 def means_lr_scheduler(optimizer: torch.optim.Optimizer, max_steps: int) -> torch.optim.lr_scheduler.ExponentialLR:
