@@ -18,7 +18,7 @@ import torch
 from . import Camera, Scene
 
 
-def _look_at(eye: np.ndarray, target: np.ndarray, up: np.ndarray) -> np.ndarray:
+def look_at(eye: np.ndarray, target: np.ndarray, up: np.ndarray) -> np.ndarray:
     """Camera-to-world [4, 4] in OpenCV axes (x right, y down, z forward) looking at ``target``."""
     forward = target - eye
     forward /= np.linalg.norm(forward)
@@ -106,7 +106,7 @@ def make_synthetic_scene(num_gaussians: int = 600, num_cameras: int = 40, image_
         elevation = math.radians(20.0 + 15.0 * math.sin(3 * angle))
         eye = 2.2 * np.array([math.cos(angle) * math.cos(elevation), math.sin(angle) * math.cos(elevation),
                               math.sin(elevation)])
-        c2w = _look_at(eye, np.zeros(3), np.array([0.0, 0.0, 1.0])).astype(np.float32)
+        c2w = look_at(eye, np.zeros(3), np.array([0.0, 0.0, 1.0])).astype(np.float32)
         viewmat = torch.from_numpy(np.linalg.inv(c2w)).float()[None].to(device)
         Kt = torch.from_numpy(K)[None].to(device)
         with torch.no_grad():
