@@ -3,6 +3,8 @@
 --pose_noise, --patch_size, --render_traj_path, --disable_video, --save_ply, --tb_save_image).
 Two ranks: test_gsplat_flags_distributed.py."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -409,3 +411,36 @@ def test_disable_video_no_save_ply_and_tb_save_image(tmp_path):
     events = b"".join(p.read_bytes() for p in (out / "tb").glob("events*"))
     assert events.count(b"train/render") == 2  # steps 2 and 4
 
+
+def test_masked_capture_script_paints_training_views_and_scores_the_region(tmp_path):
+    """scripts/masked_capture.py: the issue's masked experiment on a small capture."""
+    import cv2
+    from test_data import make_colmap
+
+    from splat_train.scripts.masked_capture import main as script
+    from splat_train.trainer.data import Dataset, load_scene
+
+    make_colmap(tmp_path / "src", specs=[("PINHOLE", 64, 48, [50.0, 50.0, 32.0, 24.0])] * 4)
+    assert script(["make", str(tmp_path / "src"), str(tmp_path / "dst"), "--test_every", "2", "--margin", "2"]) == 0
+    scene = load_scene(tmp_path / "dst", 1)
+    data = Dataset(scene, [0, 1, 2, 3])
+    names = [c.name for c in scene.cameras]
+    for i, name in enumerate(names):
+        image = cv2.imread(str(tmp_path / "dst" / "images" / name))[:, :, ::-1]
+        original = cv2.imread(str(tmp_path / "src" / "images" / name))[:, :, ::-1]
+        if i % 2 == 0:  # a test view: unchanged, no mask
+            assert np.array_equal(image, original) and data.mask(i) is None
+            continue
+        assert np.abs(image[20:28, 28:36].astype(int) - [255, 0, 0]).max() <= 40  # painted red (JPEG)
+        assert not data.mask(i)[20:28, 28:36].any() and data.mask(i)[:10].all()
+        assert not (tmp_path / "dst-unmasked" / "masks").exists()
+    run = tmp_path / "run"
+    (run / "renders").mkdir(parents=True)
+    gt = np.full((48, 64, 3), 128, np.uint8)
+    render = gt.copy()
+    render[20:28, 28:36] = 0  # wrong only inside the region
+    cv2.imwrite(str(run / "renders" / "val_step5_a.png"), np.concatenate([gt, render], 1))
+    assert script(["score", str(run), "--step", "5"]) == 0
+    out = json.loads((run / "stats" / "region_psnr_step5.json").read_text())
+    assert out["psnr_in_region"] < out["psnr"] < 100
+    assert script(["score", str(run), "--step", "6"]) == 2
