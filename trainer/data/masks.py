@@ -96,8 +96,9 @@ def _grey(path: Path, size: tuple[int, int], what: str) -> np.ndarray:
 
 def load_keep(camera: Camera, alpha: Optional[np.ndarray], alpha_as_mask: bool) -> Optional[np.ndarray]:
     """The kept pixels of ``camera``'s view as loaded: bool [height, width] (after undistortion),
-    or None when every pixel is kept. ``alpha``: the decoded image's own alpha channel (uint8
-    [H, W] before undistortion) or None. Raises DataError naming a mask file of the wrong size."""
+    or None when every pixel is kept (an opaque alpha channel, an all-white mask: no mask to
+    carry). ``alpha``: the decoded image's own alpha channel (uint8 [H, W] before undistortion) or
+    None. Raises DataError naming a mask file of the wrong size."""
     dist = camera.dist
     size = (dist.src_width, dist.src_height) if dist is not None else (camera.width, camera.height)
     keep = None
@@ -114,7 +115,7 @@ def load_keep(camera: Camera, alpha: Optional[np.ndarray], alpha_as_mask: bool) 
         valid = dist.valid_region()
         if valid is not None:
             keep = valid if keep is None else keep & valid
-    return keep
+    return None if keep is None or keep.all() else keep
 
 
 def load_view(scene: Scene, index: int, alpha_as_mask: bool = True) -> tuple[np.ndarray, Optional[np.ndarray]]:
