@@ -14,6 +14,12 @@ for step t (counted per tensor, on the host: no synchronization):
     m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2,
     p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
 The PyTorch reference is :func:`splat_train.kernels.reference.adam_update`.
+
+Selective variant (``visible``: bool [N] over the Gaussians, ``--visible_adam``): gsplat's
+SelectiveAdam (gsplat/optimizers/selective_adam.py, csrc/AdamCUDA.cu; Taming 3DGS, Mallick et al.
+2024): only the rows i of visible Gaussians update m, v and p, with the plain step
+p = p - lr m / (sqrt(v) + eps), no bias correction and no step count, as gsplat's kernel.
+Reference: :func:`splat_train.kernels.reference.selective_adam_update`.
 """
 
 from __future__ import annotations
@@ -41,9 +47,11 @@ if triton is not None:
 
     @triton.jit
     def _update(p_ptr, g_ptr, m_ptr, v_ptr, n, start, step_size, inv_bc2_sqrt, beta1, beta2, eps,
-                BLOCK: tl.constexpr):
+                vis_ptr, row, BLOCK: tl.constexpr, SELECTIVE: tl.constexpr):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
+        if SELECTIVE:  # only the rows (Gaussians) marked visible; row = elements per Gaussian
+            mask = mask & (tl.load(vis_ptr + offs // row, mask=mask, other=0) != 0)
         g = tl.load(g_ptr + offs, mask=mask, other=0.0)
         m = tl.load(m_ptr + offs, mask=mask, other=0.0)
         v = tl.load(v_ptr + offs, mask=mask, other=0.0)
@@ -63,23 +71,24 @@ if triton is not None:
         p0, g0, m0, v0, p1, g1, m1, v1, p2, g2, m2, v2, p3, g3, m3, v3, p4, g4, m4, v4, p5, g5, m5, v5,
         n0, n1, n2, n3, n4, n5, e1, e2, e3, e4, e5,
         s0, s1, s2, s3, s4, s5, c0, c1, c2, c3, c4, c5,
-        beta1, beta2, eps, BLOCK: tl.constexpr,
+        beta1, beta2, eps, vis, r0, r1, r2, r3, r4, r5, BLOCK: tl.constexpr, SELECTIVE: tl.constexpr,
     ):
         """Program pid updates block pid - e_i of tensor i, where e_i (e_0 = 0) is the first
-        program of tensor i; s_i = lr_i / (1 - beta1^t_i), c_i = 1 / sqrt(1 - beta2^t_i)."""
+        program of tensor i; s_i = lr_i / (1 - beta1^t_i), c_i = 1 / sqrt(1 - beta2^t_i)
+        (selective: s_i = lr_i, c_i = 1); r_i: elements per Gaussian of tensor i (selective)."""
         pid = tl.program_id(0)
         if pid < e1:
-            _update(p0, g0, m0, v0, n0, pid * BLOCK, s0, c0, beta1, beta2, eps, BLOCK)
+            _update(p0, g0, m0, v0, n0, pid * BLOCK, s0, c0, beta1, beta2, eps, vis, r0, BLOCK, SELECTIVE)
         elif pid < e2:
-            _update(p1, g1, m1, v1, n1, (pid - e1) * BLOCK, s1, c1, beta1, beta2, eps, BLOCK)
+            _update(p1, g1, m1, v1, n1, (pid - e1) * BLOCK, s1, c1, beta1, beta2, eps, vis, r1, BLOCK, SELECTIVE)
         elif pid < e3:
-            _update(p2, g2, m2, v2, n2, (pid - e2) * BLOCK, s2, c2, beta1, beta2, eps, BLOCK)
+            _update(p2, g2, m2, v2, n2, (pid - e2) * BLOCK, s2, c2, beta1, beta2, eps, vis, r2, BLOCK, SELECTIVE)
         elif pid < e4:
-            _update(p3, g3, m3, v3, n3, (pid - e3) * BLOCK, s3, c3, beta1, beta2, eps, BLOCK)
+            _update(p3, g3, m3, v3, n3, (pid - e3) * BLOCK, s3, c3, beta1, beta2, eps, vis, r3, BLOCK, SELECTIVE)
         elif pid < e5:
-            _update(p4, g4, m4, v4, n4, (pid - e4) * BLOCK, s4, c4, beta1, beta2, eps, BLOCK)
+            _update(p4, g4, m4, v4, n4, (pid - e4) * BLOCK, s4, c4, beta1, beta2, eps, vis, r4, BLOCK, SELECTIVE)
         else:
-            _update(p5, g5, m5, v5, n5, (pid - e5) * BLOCK, s5, c5, beta1, beta2, eps, BLOCK)
+            _update(p5, g5, m5, v5, n5, (pid - e5) * BLOCK, s5, c5, beta1, beta2, eps, vis, r5, BLOCK, SELECTIVE)
 
 
 def supported(optimizer: torch.optim.Optimizer) -> bool:
@@ -95,13 +104,12 @@ def supported(optimizer: torch.optim.Optimizer) -> bool:
     return True
 
 
-def _entries(optimizers: Iterable[torch.optim.Adam]) -> list[tuple]:
-    """(param, grad, exp_avg, exp_avg_sq, step_size, 1/sqrt(bias correction 2), hyper) of every
-    parameter with a gradient; advances each one's host-side step count (torch's format)."""
-    out = []
+def params_with_state(optimizers: Iterable[torch.optim.Adam]):
+    """Yields (param, state, param group) for every parameter with a gradient, the Adam state
+    made as torch.optim.Adam makes it on first use (step 0, zero moments; the step count on the
+    host, where a fused Adam kept it on the device)."""
     for opt in optimizers:
         for group in opt.param_groups:
-            beta1, beta2 = group["betas"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -112,30 +120,46 @@ def _entries(optimizers: Iterable[torch.optim.Adam]) -> list[tuple]:
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if state["step"].device.type != "cpu":  # saved by a fused Adam: count on the host
                     state["step"] = state["step"].cpu()
-                state["step"] += 1
-                t = float(state["step"])
-                lr = float(group["lr"])
-                out.append((p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], lr / (1.0 - beta1**t),
-                            1.0 / math.sqrt(1.0 - beta2**t), (float(beta1), float(beta2), float(group["eps"]))))
+                yield p, state, group
+
+
+def _entries(optimizers: Iterable[torch.optim.Adam], selective: bool = False) -> list[tuple]:
+    """(param, grad, exp_avg, exp_avg_sq, step_size, 1/sqrt(bias correction 2), hyper) of every
+    parameter with a gradient; advances each one's host-side step count (torch's format).
+    ``selective``: gsplat's SelectiveAdam terms (step size lr, no bias correction, no count)."""
+    out = []
+    for p, state, group in params_with_state(optimizers):
+        beta1, beta2 = group["betas"]
+        lr = float(group["lr"])
+        hyper = (float(beta1), float(beta2), float(group["eps"]))
+        if selective:
+            out.append((p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], lr, 1.0, hyper))
+            continue
+        state["step"] += 1
+        t = float(state["step"])
+        out.append((p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], lr / (1.0 - beta1**t),
+                    1.0 / math.sqrt(1.0 - beta2**t), hyper))
     return out
 
 
 @torch.no_grad()
-def adam_step(optimizers: Iterable[torch.optim.Adam]) -> None:
+def adam_step(optimizers: Iterable[torch.optim.Adam], visible: torch.Tensor | None = None) -> None:
     """One Adam step of every parameter (with a gradient) of ``optimizers``, in
     ceil(tensors / MAX_TENSORS) launches per (betas, eps) combination. The optimizers must pass
     :func:`supported` and their tensors live on one CUDA/ROCm device (or the CPU under
-    TRITON_INTERPRET=1). Gradients are left in place (zero or drop them after)."""
-    entries = _entries(optimizers)
+    TRITON_INTERPRET=1). Gradients are left in place (zero or drop them after).
+    ``visible`` (bool [N], N the first dimension of every parameter): the selective update of
+    the module docstring."""
+    entries = _entries(optimizers, selective=visible is not None)
     by_hyper: dict[tuple, list] = {}
     for e in entries:
         by_hyper.setdefault(e[6], []).append(e)
     for (beta1, beta2, eps), group in by_hyper.items():
         for i in range(0, len(group), MAX_TENSORS):
-            _launch(group[i : i + MAX_TENSORS], beta1, beta2, eps)
+            _launch(group[i : i + MAX_TENSORS], beta1, beta2, eps, visible)
 
 
-def _launch(entries: list[tuple], beta1: float, beta2: float, eps: float) -> None:
+def _launch(entries: list[tuple], beta1: float, beta2: float, eps: float, visible: torch.Tensor | None = None) -> None:
     blocks = [triton.cdiv(e[0].numel(), BLOCK) for e in entries]
     starts = [sum(blocks[:i]) for i in range(1, MAX_TENSORS)]  # e1..e5
     total = sum(blocks)
@@ -145,6 +169,13 @@ def _launch(entries: list[tuple], beta1: float, beta2: float, eps: float) -> Non
     slots = entries + [pad] * (MAX_TENSORS - len(entries))
     tensors = [t for e in slots for t in e[:4]]
     sizes = [e[0].numel() for e in slots]
+    if visible is not None:
+        assert all(e[0].shape[0] == visible.shape[0] for e in entries), "visible must have one entry per Gaussian"
+        rows = [max(e[0][:1].numel(), 1) for e in slots]
+        vis = visible.to(torch.uint8).contiguous()
+    else:
+        rows, vis = [1] * MAX_TENSORS, entries[0][0]  # unused pointer
     _adam_kernel[(total,)](
         *tensors, *sizes, *[min(s, total) for s in starts],
-        *[e[4] for e in slots], *[e[5] for e in slots], beta1, beta2, eps, BLOCK=BLOCK)
+        *[e[4] for e in slots], *[e[5] for e in slots], beta1, beta2, eps, vis, *rows, BLOCK=BLOCK,
+        SELECTIVE=visible is not None)

@@ -20,8 +20,8 @@ metres along the camera z axis. Pixel (x, y) has its centre at (x + 0.5, y + 0.5
 
 Deviations from gsplat, all in degenerate inputs: outputs of culled Gaussians are 0 instead of
 uninitialized; zero-length SH directions give finite colours instead of NaN; masked SH entries
-and masked tiles return 0 / background with alpha 0 instead of uninitialized memory. Only the
-pinhole camera model is implemented.
+and masked tiles return 0 / background with alpha 0 instead of uninitialized memory. The camera
+models are gsplat's pinhole, ortho and fisheye (Utils.cuh persp_proj, ortho_proj, fisheye_proj).
 """
 
 import math
@@ -37,6 +37,7 @@ TRANSMITTANCE_MIN = 1e-4  # a pixel stops before the Gaussian that takes T to or
 EXTENT_SIGMAS = 3.33  # bbox half-extent in standard deviations (ProjectionEWA3DGSFused.cu)
 CHUNK_ELEMENTS = 1 << 22  # pixel x Gaussian pairs the rasterizer evaluates at once (16 MiB f32)
 WAVE_DEPTH = 128  # depth ranks per tile evaluated before finished tiles drop out
+CAMERA_MODELS = ("pinhole", "ortho", "fisheye")  # gsplat's CameraModelType without the UT-only ftheta
 
 
 # ------------------------------------------------------------------------------------------------
@@ -109,8 +110,11 @@ def fully_fused_projection(
     Per camera and Gaussian, in this order (a culled Gaussian gets radii 0, all other outputs 0,
     and passes no gradient):
     1. camera-space mean t = R mean + T; culled when t.z < near_plane or t.z > far_plane;
-    2. 2D covariance J Sigma_cam J^T with the pinhole Jacobian J whose x/y are clamped to 1.3x
-       the field of view (Utils.cuh persp_proj); means2d = (fx x/z + cx, fy y/z + cy) unclamped;
+    2. 2D covariance J Sigma_cam J^T with the camera model's Jacobian J at t (:func:`_camera_jacobian`):
+       pinhole: x/y of J clamped to 1.3x the field of view (Utils.cuh persp_proj), means2d =
+       (fx x/z + cx, fy y/z + cy) unclamped; ortho: means2d = (fx x + cx, fy y + cy) (fx, fy in
+       pixels per scene unit); fisheye (ideal equidistant): means2d = f theta (x, y) / rho + c with
+       rho = |(x, y)| and theta = atan2(rho, z);
     3. low-pass blur: eps2d px^2 added to the diagonal; culled when the determinant <= 0;
        compensation = sqrt(max(0, det_before / det_after)) (Utils.cuh add_blur);
     4. conics = upper triangle of the inverse blurred 2D covariance, (a, b, c) in px^-2;
@@ -127,11 +131,11 @@ def fully_fused_projection(
     order over (batch, camera, Gaussian)), radii [nnz, 2], means2d [nnz, 2], depths [nnz],
     conics [nnz, 3], compensations [nnz] or None.
 
-    Raises NotImplementedError for camera models other than "pinhole" and for sparse_grad;
-    ValueError for inconsistent shapes or when neither covars nor quats+scales is given.
+    Raises NotImplementedError for camera models other than "pinhole", "ortho", "fisheye" and for
+    sparse_grad; ValueError for inconsistent shapes or when neither covars nor quats+scales is given.
     """
-    if camera_model != "pinhole":
-        raise NotImplementedError(f"reference projection supports camera_model='pinhole' only, got {camera_model!r}")
+    if camera_model not in CAMERA_MODELS:
+        raise NotImplementedError(f"reference projection supports camera_model {CAMERA_MODELS}, got {camera_model!r}")
     if sparse_grad:
         raise NotImplementedError("reference projection has no sparse_grad: gradients are dense")
     batch_dims = means.shape[:-2]
@@ -163,22 +167,8 @@ def fully_fused_projection(
     valid = (z >= near_plane) & (z <= far_plane)
     z = torch.where(valid, z, torch.ones_like(z))  # safe values: no inf/NaN in culled branches
 
-    # Pinhole projection with the Jacobian's x/y clamped to 1.3x the FOV (Utils.cuh persp_proj).
-    fx, fy = Ks[..., 0, 0, None], Ks[..., 1, 1, None]  # [..., C, 1]
-    cx, cy = Ks[..., 0, 2, None], Ks[..., 1, 2, None]
-    lim_x_pos = (width - cx) / fx + 0.3 * (0.5 * width / fx)
-    lim_x_neg = cx / fx + 0.3 * (0.5 * width / fx)
-    lim_y_pos = (height - cy) / fy + 0.3 * (0.5 * height / fy)
-    lim_y_neg = cy / fy + 0.3 * (0.5 * height / fy)
-    rz = 1.0 / z
-    tx = z * torch.clamp(x * rz, min=-lim_x_neg, max=lim_x_pos)  # gradient passes on the limit, as CUDA's
-    ty = z * torch.clamp(y * rz, min=-lim_y_neg, max=lim_y_pos)
-    zeros = torch.zeros_like(z)
-    J = torch.stack(
-        [fx * rz, zeros, -fx * tx * rz * rz, zeros, fy * rz, -fy * ty * rz * rz], dim=-1
-    ).unflatten(-1, (2, 3))  # [..., C, N, 2, 3]
+    J, means2d = _camera_jacobian(camera_model, x, y, z, Ks, width, height)  # [..., C, N, 2, 3], [..., C, N, 2]
     cov2d = J @ covar_c @ J.transpose(-1, -2)  # [..., C, N, 2, 2]
-    means2d = torch.stack([fx * x * rz + cx, fy * y * rz + cy], dim=-1)  # [..., C, N, 2]
 
     # Low-pass blur (Utils.cuh add_blur) and inverse.
     c00, c01, c11 = cov2d[..., 0, 0], cov2d[..., 0, 1], cov2d[..., 1, 1]
@@ -230,6 +220,45 @@ def fully_fused_projection(
         radii.reshape(-1, 2)[flat], means2d.reshape(-1, 2)[flat], depths.reshape(-1)[flat],
         conics.reshape(-1, 3)[flat], None if compensations is None else compensations.reshape(-1)[flat],
     )  # fmt: skip
+
+
+def _camera_jacobian(camera_model: str, x: Tensor, y: Tensor, z: Tensor, Ks: Tensor, width: int, height: int
+                     ) -> Tuple[Tensor, Tensor]:
+    """The projection of camera-space means (x, y, z) [..., C, N] and its Jacobian for the EWA
+    covariance: (J [..., C, N, 2, 3], means2d [..., C, N, 2]) in pixels.
+
+    pinhole: Utils.cuh persp_proj (J's x/y clamped to 1.3x the field of view, the gradient passing
+    on the limit as CUDA's); ortho: ortho_proj (J = diag(fx, fy) in its first two columns);
+    fisheye: fisheye_proj, the ideal equidistant model, with its eps = 1e-7 placed as there.
+    """
+    fx, fy = Ks[..., 0, 0, None], Ks[..., 1, 1, None]  # [..., C, 1]
+    cx, cy = Ks[..., 0, 2, None], Ks[..., 1, 2, None]
+    zeros = torch.zeros_like(z)
+    if camera_model == "ortho":
+        J = torch.stack([fx + zeros, zeros, zeros, zeros, fy + zeros, zeros], dim=-1)
+        return J.unflatten(-1, (2, 3)), torch.stack([fx * x + cx, fy * y + cy], dim=-1)
+    if camera_model == "fisheye":
+        eps = 1e-7
+        rho = torch.sqrt(x * x + y * y + 1e-20) + eps  # the 1e-20 keeps sqrt's gradient finite on the axis
+        theta = torch.atan2(rho, z + eps)
+        means2d = torch.stack([x * fx * theta / rho + cx, y * fy * theta / rho + cy], dim=-1)
+        x2, y2, xy = x * x + eps, y * y, x * y
+        x2y2 = x2 + y2
+        inv = 1.0 / (x2y2 + z * z)
+        b = torch.atan2(rho, z) / rho / x2y2
+        a = z * inv / x2y2
+        J = torch.stack([fx * (x2 * a + y2 * b), fx * xy * (a - b), -fx * x * inv,
+                         fy * xy * (a - b), fy * (y2 * a + x2 * b), -fy * y * inv], dim=-1)
+        return J.unflatten(-1, (2, 3)), means2d
+    lim_x_pos = (width - cx) / fx + 0.3 * (0.5 * width / fx)
+    lim_x_neg = cx / fx + 0.3 * (0.5 * width / fx)
+    lim_y_pos = (height - cy) / fy + 0.3 * (0.5 * height / fy)
+    lim_y_neg = cy / fy + 0.3 * (0.5 * height / fy)
+    rz = 1.0 / z
+    tx = z * torch.clamp(x * rz, min=-lim_x_neg, max=lim_x_pos)
+    ty = z * torch.clamp(y * rz, min=-lim_y_neg, max=lim_y_pos)
+    J = torch.stack([fx * rz, zeros, -fx * tx * rz * rz, zeros, fy * rz, -fy * ty * rz * rz], dim=-1)
+    return J.unflatten(-1, (2, 3)), torch.stack([fx * x * rz + cx, fy * y * rz + cy], dim=-1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -575,6 +604,7 @@ def compositing_weights(
     flatten_ids: Tensor,  # [n_isects]
     masks: Optional[Tensor] = None,  # [..., tile_height, tile_width] bool
     packed: bool = False,
+    absgrad_into: Optional[Tensor] = None,  # [R, 2]
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per (pixel, Gaussian) blending weights alpha * T_before of gsplat's compositing.
 
@@ -586,6 +616,10 @@ def compositing_weights(
     Returns pixel_ids [M] int64 (flattened over image_dims + [H, W]), record_ids [M] int64 (index
     into the flattened [I * N] or [nnz] records, as flatten_ids), weights [M], and the final
     transmittances image_dims + [H, W] (T after the last Gaussian; 1 where none).
+
+    ``absgrad_into`` (float [R, 2], zeros): during backward, each pair's |dL/dmean2d| per axis is
+    added to its record's row, the sum over pixels of the absolute per-pixel gradients that
+    gsplat's rasterizer returns as ``means2d.absgrad`` (RasterizeToPixels3DGSBwd.cu v_xy_abs).
     """
     image_dims = _check_raster_inputs(means2d, conics, None, opacities, isect_offsets, None, masks, packed)
     num_pixels = math.prod(image_dims) * image_height * image_width
@@ -597,7 +631,10 @@ def compositing_weights(
     for pixel_ids, record_ids in waves:
         px = (pixel_ids % image_width).to(table.dtype) + 0.5
         py = ((pixel_ids // image_width) % image_height).to(table.dtype) + 0.5
-        alpha, _ = _alphas(table.index_select(1, record_ids), px, py)
+        pair_records = table.index_select(1, record_ids)  # [6, M]: one column per (pixel, record) pair
+        if absgrad_into is not None and pair_records.requires_grad:
+            pair_records.register_hook(_absgrad_hook(absgrad_into, record_ids))
+        alpha, _ = _alphas(pair_records, px, py)
         log_one_minus = torch.log1p(-alpha).double()  # >= ln(0.001): 1 - alpha never reaches 0
         log_t_before = log_t.gather(0, pixel_ids) + _segment_exclusive_cumsum(log_one_minus, pixel_ids)
         weights.append(alpha * torch.exp(log_t_before).to(alpha.dtype))
@@ -608,6 +645,14 @@ def compositing_weights(
         return empty, empty, table[0, :0], T_final
     pixel_ids, record_ids = (torch.cat(ids) for ids in zip(*waves))
     return pixel_ids, record_ids, torch.cat(weights), T_final
+
+
+def _absgrad_hook(absgrad_into: Tensor, record_ids: Tensor):
+    """A tensor hook on a wave's [6, M] pair columns: adds |gradient| of rows 0, 1 (the mean's x,
+    y) to ``absgrad_into[record_ids]``; leaves the gradient as it is."""
+    def hook(grad: Tensor) -> None:
+        absgrad_into.index_add_(0, record_ids, grad[:2].t().abs().to(absgrad_into.dtype))
+    return hook
 
 
 def composite_background(colors: Tensor, alphas: Tensor, backgrounds: Optional[Tensor]) -> Tensor:
@@ -657,14 +702,21 @@ def rasterize_to_pixels(
     across waves) run on the compact pair list; tiles whose pixels have all stopped drop out.
     Autograd differentiates w.r.t. means2d, conics, colors, opacities and backgrounds.
 
+    ``absgrad``: ``means2d.absgrad`` is set to a tensor of means2d's shape that the backward pass
+    fills with the absolute 2D-mean gradients (gsplat's attribute, set there in backward; see
+    :func:`compositing_weights`).
+
     Returns render_colors image_dims + [H, W, D] and render_alphas image_dims + [H, W, 1].
-    Raises ValueError on inconsistent shapes, NotImplementedError for absgrad.
+    Raises ValueError on inconsistent shapes.
     """
-    if absgrad:
-        raise NotImplementedError("reference rasterize_to_pixels has no absgrad")
     image_dims = _check_raster_inputs(means2d, conics, colors, opacities, isect_offsets, backgrounds, masks, packed)
+    absgrad_into = None
+    if absgrad:
+        absgrad_into = torch.zeros(means2d.reshape(-1, 2).shape, dtype=means2d.dtype, device=means2d.device)
+        means2d.absgrad = absgrad_into.view(means2d.shape)
     pixel_ids, record_ids, weights, T_final = compositing_weights(
-        means2d, conics, opacities, image_width, image_height, tile_size, isect_offsets, flatten_ids, masks, packed
+        means2d, conics, opacities, image_width, image_height, tile_size, isect_offsets, flatten_ids, masks, packed,
+        absgrad_into,
     )
     D = colors.shape[-1]
     flat_colors = colors.reshape(-1, D)
@@ -692,6 +744,19 @@ def adam_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor
     v = beta2 * exp_avg_sq + (1.0 - beta2) * grad * grad
     denom = v.sqrt() / math.sqrt(1.0 - beta2**step) + eps
     return param - lr / (1.0 - beta1**step) * m / denom, m, v
+
+
+def selective_adam_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, visible: Tensor,
+                          lr: float, beta1: float, beta2: float, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """gsplat's SelectiveAdam step (csrc/AdamCUDA.cu; Taming 3DGS, Mallick et al. 2024): rows i
+    with ``visible[i]`` get m = beta1 m + (1 - beta1) g, v = beta2 v + (1 - beta2) g^2,
+    p = p - lr m / (sqrt(v) + eps) (no bias correction); other rows keep p, m, v. Tensors
+    [N, ...], visible bool [N]; returns new (param, exp_avg, exp_avg_sq), inputs unmodified."""
+    rows = visible.reshape(-1, *([1] * (param.dim() - 1)))
+    m = beta1 * exp_avg + (1.0 - beta1) * grad
+    v = beta2 * exp_avg_sq + (1.0 - beta2) * grad * grad
+    p = param - lr * m / (v.sqrt() + eps)
+    return torch.where(rows, p, param), torch.where(rows, m, exp_avg), torch.where(rows, v, exp_avg_sq)
 
 
 def densify_stats_update(grad2d: Tensor, count: Tensor, grads: Tensor, scales: Tensor, radii: Tensor | None = None,

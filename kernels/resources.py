@@ -96,6 +96,9 @@ def kernel_specs() -> dict:
     ssim_bwd = dict(WINDOW=fs.WINDOW, BLOCK=fs.BLOCK)
     ssim_scalars = {n: "fp32" for n in ("y_scale", "ssim_factor", "l1_factor")}
     u8_gt = {"y_ptr": "*u8"}
+    adam_args = dict({f"{k}{i}": "*fp32" for k in "pgmv" for i in range(adam.MAX_TENSORS)},
+                     **{f"{k}{i}": "fp32" for k in "sc" for i in range(adam.MAX_TENSORS)},
+                     beta1="fp32", beta2="fp32", eps="fp32", vis="*u8")
     return {
         "fused_raster_resident": (fr._fused_raster_loss_kernel, dict(raster, RESIDENT=True, K=8), raster_ptrs,
                                   raster_scalars, fr.NUM_WARPS),
@@ -106,10 +109,9 @@ def kernel_specs() -> dict:
         # the training loss: L1 + D-SSIM against uint8 ground truth (fused_l1_ssim_loss)
         "l1_ssim_forward": (fs._ssim_fwd_kernel, dict(ssim_fwd, L1=True), u8_gt, ssim_scalars, 4),
         "l1_ssim_backward": (fs._ssim_bwd_kernel, dict(ssim_bwd, L1=True), u8_gt, ssim_scalars, 4),
-        "adam": (adam._adam_kernel, dict(BLOCK=adam.BLOCK), {},
-                 dict({f"{k}{i}": "*fp32" for k in "pgmv" for i in range(adam.MAX_TENSORS)},
-                      **{f"{k}{i}": "fp32" for k in "sc" for i in range(adam.MAX_TENSORS)},
-                      beta1="fp32", beta2="fp32", eps="fp32"), 4),
+        "adam": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=False), {}, adam_args, 4),
+        # --visible_adam: gsplat's SelectiveAdam update, visible Gaussians only
+        "adam_selective": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=True), {}, adam_args, 4),
         "densify_dense": (ds._dense_kernel, dict(BLOCK=ds.BLOCK), {"radii_ptr": "*i32"}, {}, 4),
         "densify_packed": (ds._packed_kernel, dict(BLOCK=ds.BLOCK), {"ids_ptr": "*i64", "cams_ptr": "*i64"}, {}, 4),
         "loss_combine": (fs._combine_kernel, dict(BLOCK=fs.COMBINE_BLOCK), {},

@@ -40,3 +40,44 @@ def make_cameras(sizes):
         gt = torch.rand(h, w, 3, generator=torch.Generator().manual_seed(100 + i))
         cams.append((viewmat, K, w, h, gt))
     return cams
+
+
+def write_colmap_scene(root, scene, masks=None):
+    """Write a Scene (the synthetic one: in-memory images, SfM points and, when present, each
+    camera's point_ids as tracks) as a COLMAP capture under ``root``: images/ (PNG),
+    sparse/0 (binary, PINHOLE cameras) and, for the views with an entry in ``masks`` {index: bool
+    [H, W]}, masks/<name> (0 / 255 PNG). Returns ``root``."""
+    from pathlib import Path
+
+    import imageio.v3 as iio
+    import numpy as np
+    import pycolmap
+
+    root = Path(root)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    rec = pycolmap.Reconstruction()
+    for i, cam in enumerate(scene.cameras, start=1):
+        K = cam.K
+        rec.add_camera_with_trivial_rig(pycolmap.Camera(model="PINHOLE", width=cam.width, height=cam.height,
+                                                        params=[K[0, 0], K[1, 1], K[0, 2], K[1, 2]], camera_id=i))
+        image = pycolmap.Image(name=cam.name, camera_id=i, image_id=i)
+        ids = cam.point_ids if cam.point_ids is not None else np.zeros(0, np.int64)
+        image.points2D = pycolmap.Point2DList([pycolmap.Point2D(np.zeros(2)) for _ in ids])
+        w2c = np.linalg.inv(cam.camtoworld.astype(np.float64))
+        rec.add_image_with_trivial_frame(image, pycolmap.Rigid3d(w2c[:3, :4]))
+        iio.imwrite(root / "images" / cam.name, np.asarray(scene.images[i - 1]))
+        if masks and (i - 1) in masks:
+            (root / "masks").mkdir(exist_ok=True)
+            iio.imwrite(root / "masks" / cam.name, masks[i - 1].astype(np.uint8) * 255)
+    tracks = {}
+    for i, cam in enumerate(scene.cameras, start=1):
+        for j, pid in enumerate(cam.point_ids if cam.point_ids is not None else []):
+            tracks.setdefault(int(pid), []).append((i, j))
+    for pid, xyz in enumerate(scene.points):
+        track = pycolmap.Track()
+        for image_id, idx in tracks.get(pid, []):
+            track.add_element(image_id, idx)
+        rec.add_point3D(xyz.astype(np.float64), track, scene.points_rgb[pid])
+    (root / "sparse" / "0").mkdir(parents=True, exist_ok=True)
+    rec.write_binary(str(root / "sparse" / "0"))
+    return root

@@ -87,10 +87,34 @@ def test_config_file_round_trip(tmp_path):
     (["default", "--config", "/nonexistent.yml"], "--config"),
     (["default", "--pipeline", "gsplat-dist", "--sparse_grad_comm"], "--sparse_grad_comm"),
     (["default", "--random_tile_shift"], "--random_tile_shift"),
+    # gsplat simple_trainer options refused, or in combinations that cannot work
+    (["default", "--compression", "png"], "--compression"),
+    (["default", "--app_embed_dim", "32"], "--app_embed_dim"),
+    (["mcmc", "--strategy.absgrad"], "--absgrad"),
+    (["default", "--absgrad", "--raster", "fused"], "--absgrad"),
+    (["default", "--absgrad", "--pipeline", "gsplat-dist"], "--absgrad"),
+    (["default", "--depth_loss", "--raster", "fused"], "--depth_loss"),
+    (["default", "--use_bilateral_grid", "--raster", "fused"], "--use_bilateral_grid"),
+    (["default", "--tb_save_image", "--raster", "fused"], "--tb_save_image"),
+    (["default", "--patch_size", "8"], "--patch_size"),
+    (["default", "--pose_noise", "-1"], "--pose_noise"),
+    (["default", "--bilateral_grid_shape", "4", "4"], "--bilateral_grid_shape"),
 ])
 def test_bad_flags_name_the_flag(argv, flag):
     with pytest.raises(ValueError, match=flag):
         parse_args(argv)
+
+
+def test_gsplat_nested_spellings_are_aliases(tmp_path):
+    """gsplat simple_trainer nests its strategy's fields (``--strategy.absgrad``) and calls
+    --log_every --tb_every: both spellings set the same field."""
+    cfg = parse_args(["default", "--strategy.absgrad", "--strategy.grow_grad2d", "0.0008", "--strategy.prune_opa",
+                      "0.01", "--strategy.refine_every", "50", "--strategy.reset_every", "600", "--tb_every", "7"])
+    assert cfg.densify.absgrad and cfg.densify.grow_grad2d == 0.0008 and cfg.densify.prune_opa == 0.01
+    assert (cfg.schedule.refine_every, cfg.schedule.reset_every, cfg.schedule.log_every) == (50, 600, 7)
+    mcmc = parse_args(["mcmc", "--strategy.cap_max", "5000", "--strategy.refine_stop_iter", "900"])
+    assert (mcmc.densify.cap_max, mcmc.schedule.refine_stop_iter) == (5000, 900)
+    assert parse_args(["default", "--absgrad"]).densify.absgrad
 
 
 def test_unknown_key_in_config_file(tmp_path):

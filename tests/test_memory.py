@@ -112,10 +112,10 @@ def test_available_host_memory_is_positive_and_below_the_total():
 
 @pytest.fixture
 def decoded(monkeypatch):
-    """The images the Dataset decodes (each call of load_image), recorded."""
+    """The images the Dataset decodes (each call of load_view), recorded."""
     calls = []
-    real = sampler.load_image
-    monkeypatch.setattr(sampler, "load_image", lambda scene, i: calls.append(i) or real(scene, i))
+    real = sampler.load_view
+    monkeypatch.setattr(sampler, "load_view", lambda scene, i, *a: calls.append(i) or real(scene, i, *a))
     return calls
 
 

@@ -42,6 +42,16 @@ class PoseOptModule(torch.nn.Module):
         return camtoworlds @ delta
 
 
+def pose_perturbation(num_images: int, std: float, seed: int, device: torch.device) -> PoseOptModule:
+    """``--pose_noise``: a PoseOptModule whose offsets are drawn once from N(0, std^2) (gsplat's
+    CameraOptModule.random_init), from a generator seeded with ``seed``, so every rank draws the
+    same perturbation and a resumed run the same again."""
+    module = PoseOptModule(num_images)
+    with torch.no_grad():
+        module.embeds.weight.normal_(0.0, std, generator=torch.Generator().manual_seed(int(seed)))
+    return module.to(device)
+
+
 class AppearanceModule(torch.nn.Module):
     """A learned affine colour correction per training image, identity-initialized:
     ``forward(images [C,H,W,3], image_ids [C]) -> [C,H,W,3]`` = image @ A_i^T + b_i.

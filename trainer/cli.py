@@ -110,10 +110,12 @@ def build_scene(cfg: Config, log=None):
 
     if cfg.data_dir is None:
         return make_synthetic_scene(cfg.synthetic_num_gaussians, cfg.synthetic_num_cameras,
-                                    cfg.synthetic_image_size, seed=0)
+                                    cfg.synthetic_image_size, seed=0, camera_model=cfg.camera_model,
+                                    tracks=cfg.depth_loss)
     if not Path(cfg.data_dir).is_dir():
         raise DataError(f"--data_dir: no such folder: {cfg.data_dir}")
-    return load_scene(Path(cfg.data_dir), cfg.data_factor, normalize=cfg.normalize_world_space, log=log)
+    return load_scene(Path(cfg.data_dir), cfg.data_factor, normalize=cfg.normalize_world_space, log=log,
+                      tracks=cfg.depth_loss)
 
 
 def _say(line: str) -> None:
@@ -132,18 +134,22 @@ def run(ctx: DistContext, cfg: Config) -> None:
     from .evaluate import require_lpips
     from .loop import Trainer, evaluate_only, resume_from
     from .memory import check_first_step
+    from .render import check_camera_model
     from .viewer import check_training_viewer
 
     with interruptible(ctx.stop):  # after the imports: pycolmap's native SIGTERM handler is replaced
         check_training_viewer(cfg, ctx.world_size)
         lpips = require_lpips(cfg) if ctx.is_main else None  # a named backbone file fails here, not at evaluation
         scene = build_scene(cfg, log=_say if ctx.is_main else None)
+        camera_line = check_camera_model(scene, cfg.camera_model)  # ValueError before any decode
         if ctx.is_main:
             if not (cfg.ckpt or cfg.resume):  # a loaded model is not the initial one
                 _say(check_first_step(cfg, scene, ctx.world_size, ctx.device))
-            for line in describe_views(scene, *split_indices(len(scene.cameras), cfg.test_every),
+            for line in describe_views(scene, *split_indices(len(scene.cameras), cfg.test_every), cfg.alpha_as_mask,
                                        cache_bytes=int(cfg.image_cache_gb * 2**30)):
                 _say(line)  # just before the Trainer decodes them
+            if camera_line:
+                _say(camera_line)
         trainer = Trainer(cfg, ctx, scene)
         trainer.lpips_metric = lpips
         if cfg.ckpt:

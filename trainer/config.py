@@ -20,9 +20,16 @@ import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
+import tyro
 import yaml
+
+
+def _gsplat_alias(*names: str):
+    """tyro metadata: also accept gsplat simple_trainer's spellings ``names`` of a flag (its
+    strategy fields are nested: ``--strategy.grow_grad2d``)."""
+    return tyro.conf.arg(aliases=names)
 
 
 @dataclass
@@ -43,18 +50,20 @@ class Schedule:
     """Steps after which a PLY is exported (a PLY is always exported after the last step)."""
     sh_degree_interval: int = 1_000
     """The SH degree in use rises by one every this many steps, up to ``--sh_degree``."""
-    refine_start_iter: int = 500
+    refine_start_iter: Annotated[int, _gsplat_alias("--strategy.refine_start_iter")] = 500
     """Densification starts after this step."""
-    refine_stop_iter: int = 15_000
+    refine_stop_iter: Annotated[int, _gsplat_alias("--strategy.refine_stop_iter")] = 15_000
     """Densification stops at this step."""
-    refine_every: int = 100
+    refine_every: Annotated[int, _gsplat_alias("--strategy.refine_every")] = 100
     """Densify every this many steps."""
-    reset_every: int = 3_000
+    reset_every: Annotated[int, _gsplat_alias("--strategy.reset_every")] = 3_000
     """Default strategy: reset opacities every this many steps (while densifying)."""
-    pause_refine_after_reset: int = 0
+    pause_refine_after_reset: Annotated[int, _gsplat_alias("--strategy.pause_refine_after_reset")] = 0
     """Default strategy: no densification for this many steps after an opacity reset."""
-    log_every: int = 100
-    """Write TensorBoard scalars and refresh the progress bar's loss every this many steps."""
+    log_every: Annotated[int, _gsplat_alias("--tb_every")] = 100
+    """Write TensorBoard scalars (and with --tb_save_image the training render) and refresh the progress bar's loss every this many steps (gsplat's --tb_every)."""
+    bilateral_grid_warmup: int = 1_000
+    """--use_bilateral_grid: the grids' learning rate rises linearly from 1% over this many steps (gsplat's fixed 1000)."""
     profile_start_step: int = 100
     """--profile: the first profiled step (earlier steps are warm-up: NCCL set-up, compilation)."""
     profile_num_steps: int = 10
@@ -99,19 +108,21 @@ class StrategyConfig:
 
     strategy: Literal["default", "mcmc"] = "default"
     """Densification strategy: gsplat's DefaultStrategy (clone/split/prune) or MCMCStrategy."""
-    prune_opa: float = 0.005
+    prune_opa: Annotated[float, _gsplat_alias("--strategy.prune_opa")] = 0.005
     """Default: prune Gaussians whose opacity falls below this."""
-    grow_grad2d: float = 0.0002
-    """Default: densify Gaussians whose mean image-plane gradient (NDC) exceeds this."""
-    grow_scale3d: float = 0.01
+    grow_grad2d: Annotated[float, _gsplat_alias("--strategy.grow_grad2d")] = 0.0002
+    """Default: densify Gaussians whose mean image-plane gradient (NDC) exceeds this (gsplat suggests 0.0008 with --absgrad)."""
+    grow_scale3d: Annotated[float, _gsplat_alias("--strategy.grow_scale3d")] = 0.01
     """Default: clone below / split above this scale (fraction of the scene scale)."""
-    prune_scale3d: float = 0.1
+    prune_scale3d: Annotated[float, _gsplat_alias("--strategy.prune_scale3d")] = 0.1
     """Default: prune Gaussians larger than this (fraction of the scene scale)."""
-    cap_max: int = 1_000_000
+    absgrad: Annotated[bool, _gsplat_alias("--strategy.absgrad")] = False
+    """Default: densify on the absolute 2D-mean gradient (per pixel |dL/dmean2d| summed; AbsGS, Ye et al. 2024) instead of the gradient's norm; at any world size the per-record sums travel back to the owners with the other gradients."""
+    cap_max: Annotated[int, _gsplat_alias("--strategy.cap_max")] = 1_000_000
     """MCMC: maximum number of Gaussians (per rank)."""
-    noise_lr: float = 5e5
+    noise_lr: Annotated[float, _gsplat_alias("--strategy.noise_lr")] = 5e5
     """MCMC: scale of the position noise."""
-    min_opacity: float = 0.005
+    min_opacity: Annotated[float, _gsplat_alias("--strategy.min_opacity")] = 0.005
     """MCMC: Gaussians below this opacity are relocated."""
 
 
@@ -142,6 +153,13 @@ class Config:
     normalize_world_space: bool = True
     """Centre, rotate and scale the world as gsplat's COLMAP parser does."""
 
+    camera_model: Literal["pinhole", "ortho", "fisheye"] = "pinhole"
+    """Projection (gsplat's camera_model): pinhole; ortho (fx, fy in pixels per scene unit); fisheye (ideal equidistant, r = f theta). COLMAP *_FISHEYE and nerfstudio OPENCV_FISHEYE cameras are remapped to it and need fisheye; other cameras' intrinsics are read as the model says."""
+    alpha_as_mask: bool = True
+    """An image's alpha channel is its loss mask (alpha < 128 left out of the loss); off: composited onto black, every pixel trains. Mask files in masks/ apply either way."""
+    patch_size: Optional[int] = None
+    """Train on a random patch_size x patch_size crop of each image (gsplat's patch_size; the crop is a function of --seed, the step and the rank). Unset: whole images."""
+
     init_type: Literal["sfm", "random"] = "sfm"
     """Initial Gaussians: the SfM points, or random points in the camera bounds."""
     init_num_pts: int = 100_000
@@ -167,6 +185,24 @@ class Config:
     """Learn a pose correction per training camera (replicated; DDP over ranks)."""
     app_opt: bool = False
     """Learn a colour (appearance) correction per training image (replicated; DDP over ranks)."""
+    pose_noise: float = 0.0
+    """Perturb the training cameras by a fixed random rigid transform (translation and 6D-rotation offsets with this standard deviation; gsplat's pose_noise), to test --pose_opt. Test views are not perturbed."""
+    app_embed_dim: Optional[int] = None
+    """gsplat's appearance MLP's embedding size: refused (--app_opt here is a per-image affine colour correction with no embedding; trainer/aux_modules.py)."""
+    use_bilateral_grid: bool = False
+    """Learn a bilateral grid per training image that colour-corrects its render before the loss (Wang et al. 2024, "Bilateral Guided Radiance Field Processing"; gsplat's lib_bilagrid idea), with gsplat's total-variation regularizer and schedule."""
+    bilateral_grid_shape: list[int] = field(default_factory=lambda: [16, 16, 8])
+    """--use_bilateral_grid: cells in x, y and luminance (gsplat's grid_X, grid_Y, grid_W)."""
+    depth_loss: bool = False
+    """Add gsplat's depth loss: L1 between the rendered and the SfM points' disparity (1 / camera z) at the pixels they project to, times the scene scale (COLMAP scenes: each image's observed points)."""
+    depth_lambda: float = 1e-2
+    """--depth_loss: its weight."""
+    antialiased: bool = False
+    """gsplat's antialiased rasterization: opacities scaled by the 2D low-pass filter's compensation sqrt(det(cov2d) / det(cov2d + 0.3 I)) (Mip-Splatting, Yu et al. 2024), in training, evaluation and video."""
+    visible_adam: bool = False
+    """gsplat's SelectiveAdam (Taming 3DGS, Mallick et al. 2024): each step only the Gaussians visible in some camera of the global batch move and update their moments; like gsplat's kernel, no bias correction."""
+    sparse_grad: bool = False
+    """gsplat's sparse gradients (SparseAdam on the visible rows): here gradients reach the owners dense through the exchange, so this selects the same update as --visible_adam and saves no memory."""
     sparse_grad_comm: bool = False
     """Zero-eliding backward exchange: gradient rows that are exactly zero are not sent (a bitmap says which rows follow)."""
     pipeline: Literal["ours", "gsplat-dist"] = "ours"
@@ -218,7 +254,17 @@ class Config:
     ckpt: Optional[list[Path]] = None
     """Evaluate and export these checkpoint(s) (one per rank of the run that wrote them) without training."""
     num_traj_frames: int = 60
-    """Frames of the interpolated-camera video written at each evaluation (0: no video)."""
+    """Frames of the trajectory video written at each evaluation (0: no video)."""
+    render_traj_path: Literal["interp", "ellipse", "spiral"] = "interp"
+    """The video's camera path: interp (through the training cameras), ellipse (around their focus, at their mean height), spiral (forward-facing, between the SfM points' near and far depths); gsplat's examples/datasets/traj.py paths."""
+    disable_video: bool = False
+    """Write no trajectory video (as --num_traj_frames 0)."""
+    save_ply: bool = True
+    """Export a PLY at --ply_steps and the last step (gsplat's default is off; here on, as before). --no-save_ply exports none (the checkpoints hold the model; --ckpt exports later)."""
+    tb_save_image: bool = False
+    """Every --log_every (--tb_every) steps, also write the training render (ground truth | render) to TensorBoard."""
+    compression: Optional[Literal["png"]] = None
+    """gsplat's PNG compression of the model: refused (it needs plas and torchpq, CUDA-only packages outside this trainer's dependencies)."""
     save_eval_images: bool = True
     """Write side-by-side test renders (ground truth | render) at each evaluation."""
     lpips_net: Literal["alex", "vgg"] = "alex"
@@ -253,7 +299,7 @@ class Config:
 def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
     """Multiply every field of ``schedule`` by ``factor`` (rounding down; gsplat's adjust_steps).
 
-    Step counts that are intervals (``*_every``, ``*_interval``) never fall below 1.
+    Step counts that are intervals or lengths (``*_every``, ``*_interval``, ``*_warmup``) never fall below 1.
     """
     values = {}
     for f in dataclasses.fields(schedule):
@@ -262,7 +308,7 @@ def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
             values[f.name] = [int(v * factor) for v in value]
         else:
             scaled = int(value * factor)
-            if f.name.endswith(("_every", "_interval")) or f.name == "max_steps":
+            if f.name.endswith(("_every", "_interval", "_warmup")) or f.name == "max_steps":
                 scaled = max(scaled, 1)
             values[f.name] = scaled
     return Schedule(**values)
@@ -328,9 +374,45 @@ def validate(cfg: Config) -> None:
         (not (cfg.pipeline == "gsplat-dist" and cfg.packed),
          "--pipeline gsplat-dist is dense only (gsplat's packed distributed path crashes); drop --packed"),
     ]
+    checks += _gsplat_flag_checks(cfg)
     for ok, message in checks:
         if not ok:
             raise ValueError(message)
+
+
+def _gsplat_flag_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """The checks of the options gsplat simple_trainer users bring (README: their table)."""
+    fused = cfg.raster == "fused"
+    return [
+        (cfg.compression is None,
+         "--compression png is gsplat's PngCompression, which needs plas and torchpq (CUDA-only packages outside "
+         "splat-train's dependencies); it is not supported here: compress the checkpoint with gsplat's "
+         "examples instead"),
+        (cfg.app_embed_dim is None,
+         "--app_embed_dim sizes gsplat's appearance MLP; --app_opt here is a per-image affine colour correction "
+         "with no embedding (trainer/aux_modules.py), so it is not supported: drop it"),
+        (not (cfg.densify.absgrad and cfg.densify.strategy == "mcmc"),
+         "--absgrad (--strategy.absgrad) is DefaultStrategy's; the mcmc strategy has none: drop one"),
+        (not (cfg.densify.absgrad and fused),
+         "--absgrad needs the unfused rasterizer's per-pixel gradients; --raster fused differentiates inside its "
+         "kernel: drop one"),
+        (not (cfg.densify.absgrad and cfg.pipeline == "gsplat-dist"),
+         "--absgrad with --pipeline gsplat-dist: gsplat's distributed rasterization refuses absgrad (use "
+         "--pipeline ours, which routes it to the owners)"),
+        (not (cfg.depth_loss and (fused or cfg.pipeline == "gsplat-dist")),
+         "--depth_loss renders expected depth with the unfused rasterizer of --pipeline ours: drop --raster fused "
+         "or --pipeline gsplat-dist"),
+        (cfg.depth_lambda >= 0, "--depth_lambda must be >= 0"),
+        (not (cfg.use_bilateral_grid and fused),
+         "--raster fused never materializes the rendered image, so --use_bilateral_grid cannot correct it; drop one"),
+        (len(cfg.bilateral_grid_shape) == 3 and min(cfg.bilateral_grid_shape) >= 1,
+         "--bilateral_grid_shape needs three positive cell counts (x y luminance)"),
+        (not (cfg.tb_save_image and fused),
+         "--tb_save_image needs the rendered image, which --raster fused never materializes; drop one"),
+        (cfg.patch_size is None or cfg.patch_size >= 11, "--patch_size must be >= 11 (the SSIM window)"),
+        (cfg.pose_noise >= 0, "--pose_noise must be >= 0"),
+        (cfg.schedule.bilateral_grid_warmup >= 1, "--bilateral_grid_warmup must be >= 1"),
+    ]
 
 
 # ---------------------------------------------------------------- YAML (de)serialization

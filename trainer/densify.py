@@ -80,7 +80,7 @@ def make_strategy(cfg: Config):
         prune_opa=d.prune_opa, grow_grad2d=d.grow_grad2d, grow_scale3d=d.grow_scale3d,
         prune_scale3d=d.prune_scale3d, refine_start_iter=s.refine_start_iter,
         refine_stop_iter=s.refine_stop_iter, reset_every=s.reset_every, refine_every=s.refine_every,
-        pause_refine_after_reset=s.pause_refine_after_reset,
+        pause_refine_after_reset=s.pause_refine_after_reset, absgrad=d.absgrad,
     )
 
 
@@ -102,20 +102,24 @@ def ndc_scales(info: dict[str, Any]) -> torch.Tensor:
 
 
 class _GradHolder:
-    """Stands in for the 2D-means tensor: the strategy only reads ``.grad``."""
+    """Stands in for the 2D-means tensor: the strategy reads ``.grad`` (and ``.absgrad``)."""
 
-    def __init__(self, grad: torch.Tensor):
-        self.grad = grad
+    def __init__(self, grad: torch.Tensor, absgrad: "torch.Tensor | None" = None):
+        self.grad, self.absgrad = grad, absgrad
 
 
 def strategy_info(info: dict) -> dict[str, Any]:
     """The info dict the strategies read, from a render's info after backward: the local 2D
-    means (their ``.grad``; a zero gradient when none arrived), radii, ids, and each camera's
-    size for :func:`ndc_scales` (``width = height = 2``, ``n_cameras = 1`` are what
+    means (their ``.grad``, and with absgrad ``.absgrad``, the absolute gradients the exchange
+    brought back to this owner, render.AbsGradRelay; zeros when none arrived), radii, ids, and
+    each camera's size for :func:`ndc_scales` (``width = height = 2``, ``n_cameras = 1`` are what
     gsplat's own normalization would need to be the identity)."""
     means2d = info["means2d"]
-    if means2d.grad is None:
-        means2d = _GradHolder(torch.zeros_like(means2d))
+    lanes = info.get("absgrad")
+    if means2d.grad is None or lanes is not None:
+        zeros = torch.zeros_like(means2d)
+        absgrad = None if lanes is None else (zeros if lanes.grad is None else lanes.grad)
+        means2d = _GradHolder(zeros if means2d.grad is None else means2d.grad, absgrad)
     return {
         "means2d": means2d,
         "radii": info["radii"],

@@ -5,7 +5,8 @@ renders one view collectively (a rank with none left re-renders its last one and
 so the collectives line up). Rank 0 gathers the renders, computes PSNR / SSIM / LPIPS (when its
 weights are available offline), writes ``stats/val_step<step>.json``, side-by-side PNGs
 ``renders/val_step<step>_<name>.png`` (ground truth | render), TensorBoard scalars and, as gsplat
-does, a video along an interpolated camera path (``videos/traj_<step>.mp4``).
+does, a video along the ``--render_traj_path`` camera path (trajectory.py; ``videos/traj_<step>.mp4``).
+A test view's loss mask (data/masks.py) zeroes its render and ground truth before scoring.
 
 The PNGs and the video are optional outputs: written after the metrics (and by the trainer
 after the checkpoint and the PLY), and a failure to write one is a warning line (:func:`optional`),
@@ -28,6 +29,7 @@ from . import metrics
 from .fileio import atomic_write
 from .model import activated
 from .render import CameraBatch, render, rigid_inverse
+from .trajectory import trajectory
 
 if TYPE_CHECKING:  # pragma: no cover
     from .loop import Trainer
@@ -57,7 +59,7 @@ def render_views(trainer: "Trainer", cams: list[CameraBatch]) -> list[np.ndarray
     out = []
     for cam in cams:
         res = render(gaussians, cam, trainer.ctx, trainer.ops, trainer.cfg.sh_degree, packed=trainer.cfg.packed,
-                     near=trainer.cfg.near_plane, far=trainer.cfg.far_plane)
+                     near=trainer.cfg.near_plane, far=trainer.cfg.far_plane, **trainer.render_options)
         out.append(res.colors[0].clamp(0, 1).float().cpu().numpy())
     return out
 
@@ -131,12 +133,16 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
         with torch.no_grad():
             res = render(gaussians, trainer.camera_batch(testset.batch([i], images=False)), ctx, trainer.ops,
                          trainer.cfg.sh_degree, packed=trainer.cfg.packed, near=trainer.cfg.near_plane,
-                         far=trainer.cfg.far_plane)
+                         far=trainer.cfg.far_plane, **trainer.render_options)
             pred = res.colors[0].clamp(0, 1).float().cpu()
         elapsed += time.perf_counter() - t0
         if r >= len(mine):
             continue
-        gt = testset[i]["image"]  # [H, W, 3] float
+        item = testset[i]
+        gt = item["image"]  # [H, W, 3] float
+        if "mask" in item:  # a test view's loss mask (data/masks.py) zeroes render and ground truth alike, as in
+            keep = item["mask"][..., None].float()  # training (gsplat zeroes its masked renders at evaluation too)
+            pred, gt = pred * keep, gt * keep
         name = trainer.scene.cameras[testset.indices[i]].name
         row = dict(index=i, name=name, psnr=float(metrics.psnr(pred[None], gt[None]).mean()),
                    ssim=float(metrics.ssim(pred[None], gt[None]).mean()))
@@ -242,26 +248,22 @@ def _can_write_mp4() -> bool:
     return importlib.util.find_spec("imageio_ffmpeg") is not None
 
 
-def trajectory_poses(camtoworlds: np.ndarray, num_frames: int, num_keyframes: int = 8) -> np.ndarray:
-    """A smooth path through the training cameras: ``num_keyframes`` cameras evenly spaced in name
-    order, positions interpolated linearly and rotations by slerp (scipy), ``num_frames`` poses.
-
-    camtoworlds [C, 4, 4] -> [num_frames, 4, 4]. gsplat renders a spline through its cameras
-    (examples/datasets/traj.py); a piecewise path is enough for a progress video.
-    """
-    from scipy.spatial.transform import Rotation, Slerp
-
-    keys = camtoworlds[np.linspace(0, len(camtoworlds) - 1, min(num_keyframes, len(camtoworlds))).round().astype(int)]
-    if len(keys) == 1:
-        return np.repeat(keys, num_frames, axis=0)
-    t_keys = np.arange(len(keys), dtype=np.float64)
-    t = np.linspace(0, len(keys) - 1, num_frames)
-    slerp = Slerp(t_keys, Rotation.from_matrix(keys[:, :3, :3]))
-    poses = np.tile(np.eye(4), (num_frames, 1, 1))
-    poses[:, :3, :3] = slerp(t).as_matrix()
-    for axis in range(3):
-        poses[:, axis, 3] = np.interp(t, t_keys, keys[:, axis, 3])
-    return poses.astype(np.float32)
+def scene_depth_bounds(trainer: "Trainer") -> tuple[float, float]:
+    """(near, far) scene depths for the spiral: the 1st and 99th percentiles of the SfM points'
+    depths in the training cameras (points in front of them), else 1% and 100% of the scene scale
+    (gsplat's default bounds without poses_bounds.npy)."""
+    points = trainer.scene.points
+    depths = []
+    if points is not None and len(points):
+        for i in trainer.trainset.indices[:: max(1, len(trainer.trainset) // 16)]:
+            w2c = np.linalg.inv(trainer.scene.cameras[i].camtoworld.astype(np.float64))
+            z = points @ w2c[2, :3] + w2c[2, 3]
+            depths.append(z[z > 0])
+    depths = np.concatenate(depths) if depths else np.zeros(0)
+    if len(depths) < 2:
+        return 0.01 * trainer.scene_scale, trainer.scene_scale
+    near, far = np.percentile(depths, [1, 99])
+    return float(max(near, 1e-3)), float(max(far, near * 1.01))
 
 
 def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
@@ -269,7 +271,7 @@ def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
     ``videos/traj_<step>.mp4`` (:func:`write_video`, 30 fps; an optional output). Returns the path
     on rank 0 when written."""
     n = trainer.cfg.num_traj_frames
-    if n <= 0 or len(trainer.trainset) == 0:
+    if n <= 0 or trainer.cfg.disable_video or len(trainer.trainset) == 0:
         return None
     ctx = trainer.ctx
     if not _can_write_mp4():
@@ -282,10 +284,11 @@ def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
     if ctx.is_main:
         from tqdm import tqdm
 
-        tqdm.write(f"video: rendering {n} frames at {first['width']}x{first['height']} for {path} "
-                   "(--num_traj_frames 0 skips it)")
+        tqdm.write(f"video: rendering {n} frames at {first['width']}x{first['height']} along the "
+                   f"{trainer.cfg.render_traj_path} path for {path} (--disable_video skips it)")
     c2ws = np.stack([trainer.scene.cameras[i].camtoworld for i in trainer.trainset.indices])
-    poses = torch.from_numpy(trajectory_poses(c2ws, n)).to(trainer.device)
+    bounds = scene_depth_bounds(trainer) if trainer.cfg.render_traj_path == "spiral" else (0.0, 0.0)
+    poses = torch.from_numpy(trajectory(trainer.cfg.render_traj_path, c2ws, n, bounds)).to(trainer.device)
     mine, rounds = _my_views(n, ctx)
     picks = mine + [mine[-1] if mine else 0] * (rounds - len(mine))
     cams = [CameraBatch(rigid_inverse(poses[i : i + 1]), first["K"][None].to(trainer.device),

@@ -21,17 +21,23 @@ from . import checkpoint, evaluate, exchange, export, prune
 from ..kernels.fused_ssim import fused_l1_ssim_loss, uint8_to_unit
 from .config import Config, dump_yaml
 from .data import CameraSampler, Dataset, Scene, split_indices
+from .bilagrid import LR as BILAGRID_LR
+from .bilagrid import TV_WEIGHT, BilateralGrid
+from .bilagrid import lr_lambda as bilagrid_lr_lambda
+from .data.sampler import patch_window
 from .data.views import TrainViews, rows_of
 from .densify import initialize_state, make_strategy, strategy_info
+from .depth import DepthTargets, depth_loss
 from .launch import DistContext, Interrupted
 from . import losses
 from .losses import opacity_reg, photometric_loss, scale_reg
+from .aux_modules import pose_perturbation
 from .model import (activated, create_optimizers, create_shard, initial_points, means_lr_scheduler,
                     optimizer_step)
 from .profiling import PhaseTimer
+from .render import (TILE_SIZE, CameraBatch, PassLayout, check_camera_model, ops_for, padding_only_radii, render,
+                     resolve_backend, rigid_inverse, shift_cameras, shift_intrinsics, visible_gaussians)
 from .viewer import start_training_viewer
-from .render import (TILE_SIZE, CameraBatch, PassLayout, ops_for, padding_only_radii, render, resolve_backend,
-                     rigid_inverse, shift_cameras, shift_intrinsics)
 
 
 STOP_CHECK_EVERY = 20  # W > 1: steps between the collectives that agree on a SIGTERM or a timed save
@@ -53,17 +59,29 @@ class Trainer:
         self.scene = scene
         self.scene_scale = scene.scene_scale * 1.1 * cfg.global_scale
         ctx.sparse_grad_comm = cfg.sparse_grad_comm
+        check_camera_model(scene, cfg.camera_model)
         train_idx, test_idx = split_indices(len(scene.cameras), cfg.test_every)
         preload = cfg.image_cache_gb == 0  # with a bound, images are decoded as needed
-        self.trainset = Dataset(scene, train_idx, preload=preload)
-        self.testset = Dataset(scene, test_idx, preload=preload)
+        self.trainset = Dataset(scene, train_idx, preload=preload, alpha_as_mask=cfg.alpha_as_mask)
+        self.testset = Dataset(scene, test_idx, preload=preload, alpha_as_mask=cfg.alpha_as_mask)
         # every rank's sampler: a rank knows what every other rank renders at a step without asking
         self.samplers = [CameraSampler(self.trainset, cfg.batch_size, cfg.seed, r) for r in range(ctx.world_size)]
         self.sampler = self.samplers[ctx.rank]
+        self.depth_targets = DepthTargets(self.trainset, cfg.camera_model, self.device) if cfg.depth_loss else None
         self.views = TrainViews(self.trainset, self.device, cfg.device_images_share,
                                 host_cache_bytes=int(cfg.image_cache_gb * 2**30),
                                 items_at=lambda step: self.sampler.batch_at(step))
+        if self.views.channels == 4 and cfg.raster == "fused":
+            raise ValueError("the training views have loss masks (masks/ files, alpha channels or fisheye borders), "
+                             "which --raster fused cannot apply (its tile-local loss reads the images as they are): "
+                             "use --raster unfused, or --no-alpha_as_mask when the masks are alpha channels")
+        if cfg.pose_noise > 0:  # gsplat's pose_perturb: a fixed random correction of every training camera
+            self.views.camtoworlds = pose_perturbation(len(self.trainset), cfg.pose_noise, cfg.seed, self.device)(
+                self.views.camtoworlds, self.views.ids).detach()
         self.viewmats = rigid_inverse(self.views.camtoworlds)  # [V, 4, 4] world-to-camera, training views
+        self.render_options = dict(camera_model=cfg.camera_model, antialiased=cfg.antialiased)  # every render's
+        self.selective_adam = cfg.visible_adam or cfg.sparse_grad
+        self._tb_image: Optional[torch.Tensor] = None  # --tb_save_image: the last logged training render
         self.loss_backend = losses.training_loss_backend(self.device, cfg.ssim_backend)
         torch.manual_seed(cfg.seed + ctx.rank)
         np.random.seed((cfg.seed + ctx.rank) % 2**32)
@@ -101,11 +119,12 @@ class Trainer:
         self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
 
     def _make_aux_modules(self):
-        """--pose_opt / --app_opt modules (DDP-wrapped when W > 1) and their Adams."""
+        """--pose_opt / --app_opt / --use_bilateral_grid modules (DDP-wrapped when W > 1), their
+        Adams, and the grids' learning-rate schedule (trainer/bilagrid.py)."""
         from .aux_modules import AppearanceModule, PoseOptModule, replicate
         from .model import batch_rule
 
-        cfg, aux, opts = self.cfg, {}, {}
+        cfg, aux, opts, schedulers = self.cfg, {}, {}, {}
         lr_mult = batch_rule(cfg.batch_size, self.ctx.world_size)[0]
         for name, enabled, cls, lr, reg in (
                 ("pose", cfg.pose_opt, PoseOptModule, cfg.optim.pose_opt_lr, cfg.optim.pose_opt_reg),
@@ -113,6 +132,12 @@ class Trainer:
             if enabled:
                 aux[name] = replicate(cls(len(self.trainset)), self.ctx)
                 opts[name] = torch.optim.Adam(aux[name].parameters(), lr=lr * lr_mult, weight_decay=reg)
+        if cfg.use_bilateral_grid:
+            aux["bilagrid"] = replicate(BilateralGrid(len(self.trainset), *cfg.bilateral_grid_shape), self.ctx)
+            opts["bilagrid"] = torch.optim.Adam(aux["bilagrid"].parameters(), lr=BILAGRID_LR * lr_mult, eps=1e-15)
+            schedulers["bilagrid"] = torch.optim.lr_scheduler.LambdaLR(
+                opts["bilagrid"], bilagrid_lr_lambda(cfg.schedule.bilateral_grid_warmup, cfg.schedule.max_steps))
+        self.aux_schedulers = schedulers
         return aux, opts
 
     # ------------------------------------------------------------------ state
@@ -124,6 +149,7 @@ class Trainer:
             strategy_state=self.strategy_state,
             aux={k: _unwrapped(m).state_dict() for k, m in self.aux.items()},  # the same keys at any W
             aux_optimizers={k: o.state_dict() for k, o in self.aux_optimizers.items()},
+            aux_schedulers={k: o.state_dict() for k, o in self.aux_schedulers.items()},
             rng=checkpoint.rng_state(self.device),
             world_transform=torch.from_numpy(np.asarray(self.scene.transform, dtype=np.float64)),  # exports
             config=json.loads(json.dumps(_plain(self.cfg))),
@@ -146,6 +172,8 @@ class Trainer:
                 saved = {n.removeprefix("module."): v for n, v in state["aux"][k].items()}
                 _unwrapped(module).load_state_dict(saved)
                 self.aux_optimizers[k].load_state_dict(state["aux_optimizers"][k])
+                if k in self.aux_schedulers and k in state.get("aux_schedulers", {}):
+                    self.aux_schedulers[k].load_state_dict(state["aux_schedulers"][k])
         self.step = self._stats_step = int(state["step"])
         self.shard_sizes_changed()
         if restore_rng and "rng" in state:
@@ -166,6 +194,14 @@ class Trainer:
         calls it at the same points of the run."""
         self._n_world = None
 
+    def windows(self, step: int, rank: int, items: list[int]) -> list[tuple[int, int, int, int]]:
+        """The part (x0, y0, w, h) of each image of rank ``rank``'s batch ``items`` that step
+        ``step`` trains: the whole image, or the --patch_size crop (data.sampler.patch_window)."""
+        sizes = [self.trainset.size(i) for i in items]
+        if self.cfg.patch_size is None:
+            return [(0, 0, w, h) for w, h in sizes]
+        return [patch_window(self.cfg.seed, step, rank, j, w, h, self.cfg.patch_size) for j, (w, h) in enumerate(sizes)]
+
     def pass_layout(self, step: int, items: list[int], origin: tuple[int, int]) -> PassLayout:
         """Step ``step``'s sizes and cameras of every rank (render.PassLayout), from this rank's
         ``items``, the other ranks' samplers and the shard sizes gathered after the last step
@@ -176,22 +212,31 @@ class Trainer:
         elif self._n_world is None:  # a host synchronization, only after a change
             self._n_world = exchange.gather_metadata(self.ctx, [n])[:, 0].tolist()
         items = [items if r == self.ctx.rank else sampler.batch_at(step) for r, sampler in enumerate(self.samplers)]
+        windows = [win for r, batch in enumerate(items) for win in self.windows(step, r, batch)]
         ox, oy = origin
-        sizes = [(w + ox, h + oy) for batch in items for w, h in (self.trainset.size(i) for i in batch)]
+        sizes = [(w + ox, h + oy) for _, _, w, h in windows]
         layout = PassLayout(self._n_world, [len(b) for b in items], sizes)
         if "pose" not in self.aux:  # cameras not learned: every rank has them all
             flat = [i for batch in items for i in batch]
             layout.viewmats = rows_of(self.viewmats, flat)
             c2w, Ks = self.views.cameras(flat)
-            layout.Ks = shift_intrinsics(Ks, ox, oy) if origin != (0, 0) else Ks
+            layout.Ks = self._window_intrinsics(Ks, windows, origin)
             layout.campos = c2w[:, :3, 3]
         return layout
+
+    def _window_intrinsics(self, Ks: torch.Tensor, windows: list, origin: tuple[int, int]) -> torch.Tensor:
+        """[C, 3, 3] intrinsics of the images' ``windows`` (crops move the principal point by
+        -x0, -y0; one small upload per step with --patch_size), shifted by the tile ``origin``."""
+        if self.cfg.patch_size is not None:
+            offsets = torch.tensor([[-x0, -y0] for x0, y0, _, _ in windows], dtype=Ks.dtype).to(Ks.device)
+            Ks = shift_intrinsics(Ks, offsets[:, 0], offsets[:, 1])
+        return shift_intrinsics(Ks, *origin) if origin != (0, 0) else Ks
 
     def train_step(self, step: int) -> dict:
         """Run training step ``step`` (0-based) on this rank; returns its scalars."""
         cfg = self.cfg
         items = self.sampler.batch_at(step)
-        gts = self.views.images_of(items, step)  # uint8 [C, H, W, 3], on the device
+        batch = self.views.images_of(items, step)  # uint8 [C, H, W, 3 (+ mask)], on the device
         self.views.prefetch(self.sampler.batch_at(step + 1))
         camtoworlds, Ks = self.views.cameras(items)
         item_ids = self.views.item_ids(items) if self.aux else None  # aux modules only
@@ -199,7 +244,12 @@ class Trainer:
             viewmats = rigid_inverse(self.aux["pose"](camtoworlds, item_ids))
         else:
             viewmats = rows_of(self.viewmats, items)
-        width, height = self.trainset.size(items[0])
+        windows = self.windows(step, self.ctx.rank, items)
+        width, height = windows[0][2:]
+        if cfg.patch_size is not None:  # the crops of the images and their cameras
+            batch = torch.stack([image[y0:y0 + h, x0:x0 + w] for image, (x0, y0, w, h) in zip(batch, windows)])
+            Ks = self._window_intrinsics(Ks, windows, (0, 0))
+        gts, keep = (batch[..., :3], batch[..., 3:]) if batch.shape[-1] == 4 else (batch, None)
         cams = CameraBatch(viewmats, Ks, width, height)
         C = len(items)
         origin = self.tile_shift(step)
@@ -216,7 +266,8 @@ class Trainer:
             result = render(activated(self.params), cams, self.ctx, self.ops, self.sh_degree_at(step),
                             packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
                             backgrounds=backgrounds, keep_means2d_grad=True, timer=timer, rasterize=not fused,
-                            layout=layout)
+                            layout=layout, absgrad=cfg.densify.absgrad, render_depth=cfg.depth_loss,
+                            **self.render_options)
         if origin != (0, 0):  # densification sees the images, not the padded renders: their size
             # (NDC scaling of the 2D-mean gradients) and only the projections that reach them
             result.info["widths"] = [w - origin[0] for w in result.info["widths"]]
@@ -226,14 +277,25 @@ class Trainer:
             loss, parts = self._fused_loss(result, uint8_to_unit(gts), backgrounds, origin)
         else:
             timer.begin("loss")
+            colors = result.colors
             if "app" in self.aux:
-                result.colors = self.aux["app"](result.colors, item_ids)
+                colors = self.aux["app"](colors, item_ids)
+            if "bilagrid" in self.aux:
+                colors = self.aux["bilagrid"](colors, item_ids)
+            if keep is not None:  # masked pixels: 0 in render and ground truth (data/masks.py)
+                colors, gts = colors * keep, gts * keep
+            result.colors = colors
             if self.loss_backend == "fused_l1_ssim":  # L1 + D-SSIM in two kernels, uint8 ground truth
-                loss, parts = fused_l1_ssim_loss(result.colors, gts, cfg.ssim_lambda, padding="valid")
+                loss, parts = fused_l1_ssim_loss(colors, gts, cfg.ssim_lambda, padding="valid")
             else:  # valid-padded SSIM, as gsplat simple_trainer's fused_ssim call
                 loss, parts = photometric_loss(
-                    result.colors, uint8_to_unit(gts), cfg.ssim_lambda, ssim_padding="valid",
+                    colors, uint8_to_unit(gts), cfg.ssim_lambda, ssim_padding="valid",
                     ssim_backend_name=None if self.loss_backend == "auto" else self.loss_backend)
+            if cfg.depth_loss:
+                parts["depth"] = self._depth_loss(result.depths, items, windows)
+                loss = loss + cfg.depth_lambda * parts["depth"]
+            if cfg.tb_save_image and self.ctx.is_main and (step + 1) % cfg.schedule.log_every == 0:
+                self._tb_image = torch.cat([uint8_to_unit(gts), colors.detach().clamp(0, 1)], dim=2)
         # The loss of the global batch is the mean over every rank's images, and a regularizer is
         # a mean over every rank's Gaussians; this rank contributes its share of each, so that the
         # gradients summed at the owners equal those of one process holding everything.
@@ -244,14 +306,19 @@ class Trainer:
             total = total + opacity_reg(torch.sigmoid(self.params["opacities"]), cfg.opacity_reg) * shard_share
         if cfg.scale_reg > 0:
             total = total + scale_reg(torch.exp(self.params["scales"]), cfg.scale_reg) * shard_share
+        if "bilagrid" in self.aux:  # replicated: each rank adds 1/W of the regularizer
+            total = total + TV_WEIGHT * _unwrapped(self.aux["bilagrid"]).tv_loss() / self.ctx.world_size
         self.ctx.stats.phase = "backward"
         timer.begin("backward_raster")
         total.backward()
         timer.begin("optimizer")
-        optimizer_step(self.optimizers)  # the Gaussians' Adams: one launch on a GPU
+        # the Gaussians' Adams (one launch on a GPU); --visible_adam / --sparse_grad: visible ones only
+        optimizer_step(self.optimizers, visible_gaussians(result.info) if self.selective_adam else None)
         for opt in self.aux_optimizers.values():
             opt.step()
             opt.zero_grad(set_to_none=True)
+        for scheduler in self.aux_schedulers.values():
+            scheduler.step()
         self.scheduler.step()
         timer.begin("densification")
         info = strategy_info(result.info)
@@ -266,7 +333,20 @@ class Trainer:
         self.last_phases = timer.end_step()
         # tensors stay on the device: converting them here would synchronize every step
         return dict(loss=loss.detach(), l1=parts["l1"], ssim=parts["ssim"],
-                    num_gaussians=int(self.params["means"].shape[0]), num_isects=result.info["num_isects"])
+                    num_gaussians=int(self.params["means"].shape[0]), num_isects=result.info["num_isects"],
+                    **({"depth": parts["depth"].detach()} if "depth" in parts else {}))
+
+    def _depth_loss(self, rendered: torch.Tensor, items: list[int], windows: list) -> torch.Tensor:
+        """--depth_loss of this rank's images (trainer/depth.py), the targets moved into the
+        trained windows and those outside dropped (weight 0)."""
+        pixels, depths, image = self.depth_targets.batch(items)
+        weights = None
+        if self.cfg.patch_size is not None:
+            origins = torch.tensor([[x0, y0] for x0, y0, _, _ in windows], dtype=pixels.dtype).to(pixels.device)
+            pixels = pixels - origins[image]
+            h, w = rendered.shape[1:3]
+            weights = ((pixels[:, 0] >= 0) & (pixels[:, 0] < w) & (pixels[:, 1] >= 0) & (pixels[:, 1] < h)).float()
+        return depth_loss(rendered, pixels, depths, image, self.scene_scale, weights)
 
     def tile_shift(self, step: int) -> tuple[int, int]:
         """(ox, oy) pixels the images of step ``step`` move against the tile grid: uniform in
@@ -312,7 +392,8 @@ class Trainer:
         colors, alphas, meta = rasterization(
             g["means"], g["quats"], g["scales"], g["opacities"], g["colors"], cams.viewmats, cams.Ks,
             cams.width, cams.height, sh_degree=sh_degree, packed=False, near_plane=self.cfg.near_plane,
-            far_plane=self.cfg.far_plane, backgrounds=backgrounds, distributed=self.ctx.world_size > 1)
+            far_plane=self.cfg.far_plane, backgrounds=backgrounds, distributed=self.ctx.world_size > 1,
+            camera_model=self.cfg.camera_model, rasterize_mode="antialiased" if self.cfg.antialiased else "classic")
         means2d = meta["means2d"]  # the local, pre-exchange [C_all, N, 2]
         means2d.retain_grad()
         C_all, n = means2d.shape[0], means2d.shape[1]
@@ -403,8 +484,13 @@ class Trainer:
                 self.last_stats = out
                 bar.set_postfix(loss=f"{out['loss']:.4f}", gs=out["num_gaussians"], its=f"{1000.0 / ms:.1f}")
                 if self.writer is not None:
-                    for k in ("loss", "l1", "ssim", "num_gaussians", "ms_per_step"):
-                        self.writer.add_scalar(f"train/{k}", out[k], done)
+                    for k in ("loss", "l1", "ssim", "depth", "num_gaussians", "ms_per_step"):
+                        if k in out:
+                            self.writer.add_scalar(f"train/{k}", out[k], done)
+                    if self._tb_image is not None:  # --tb_save_image: ground truth | render, one row per image
+                        self.writer.add_image("train/render", self._tb_image.reshape(-1, *self._tb_image.shape[2:])
+                                              .float().cpu(), done, dataformats="HWC")
+                        self._tb_image = None
                     for k, v in self.last_fused_stats.items():
                         if k.startswith("fraction") and v is not None:
                             self.writer.add_scalar(f"fused/{k}", v, done)
@@ -448,7 +534,7 @@ class Trainer:
         written = []
         if save:
             written.append(self.save_checkpoint())
-        if ply:
+        if ply and self.cfg.save_ply:
             written.append(export.export_merged(self, step))
         if evaluation:
             if evaluate.run_eval(self, step) is not None:

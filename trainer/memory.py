@@ -17,7 +17,8 @@ up to MAX_CAMERAS training cameras):
     chunk          CHUNK_ELEMENTS x 48 (ref.)   one chunk of candidate pairs (kernels/reference.py)
     pixels         C x P x 512                  render, ground truth, loss and SSIM buffers, gradients
     images         3 x sum(w h) over all views  the decoded uint8 images: host memory on the CPU; on a GPU
-                                                the training views, when they go to the device (data/views.py)
+                                                the training views, when they go to the device (data/views.py);
+                                                4 x with loss masks (their fourth channel)
 
 gsplat's rasterizer keeps no per-pair state (forward and backward walk each tile's list), so the
 pairs and chunk terms belong to the reference rasterizer only; its constants are the sizes of
@@ -279,13 +280,16 @@ def first_step_estimate(cfg, scene, world_size: int, device: torch.device) -> St
     num = min(MAX_CAMERAS, len(train))
     picks = sorted({train[round(j * (len(train) - 1) / max(num - 1, 1))] for j in range(num)})
     backend = resolve_backend(cfg.backend, device)
-    train_image_bytes = 3 * sum(scene.cameras[i].width * scene.cameras[i].height for i in train)
+    from .data import has_masks
+
+    channels = 4 if has_masks(scene, cfg.alpha_as_mask) else 3  # data/views.py
+    train_image_bytes = channels * sum(scene.cameras[i].width * scene.cameras[i].height for i in train)
     if device.type == "cuda":  # uint8 training images on the device when they fit (data/views.py)
         total = torch.cuda.get_device_properties(device).total_memory if torch.cuda.is_available() else None
         on_device = total is None or train_image_bytes <= cfg.device_images_share * total
         image_bytes = train_image_bytes if on_device else 0
     else:
-        image_bytes = 3 * sum(c.width * c.height for c in scene.cameras)
+        image_bytes = channels * sum(c.width * c.height for c in scene.cameras)
         if cfg.image_cache_gb > 0:  # decoded as needed into a bounded cache (data/views.py)
             image_bytes = min(image_bytes, int(cfg.image_cache_gb * 2**30))
     estimates = []

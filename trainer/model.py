@@ -253,20 +253,47 @@ def _adam_impl(device: torch.device) -> dict:
     return {"fused": True} if device.type in supported else {}
 
 
-def optimizer_step(optimizers: dict[str, torch.optim.Optimizer]) -> None:
+def optimizer_step(optimizers: dict[str, torch.optim.Optimizer], visible: Optional[torch.Tensor] = None) -> None:
     """One step of every optimizer, then their gradients dropped (set to None). The Gaussians'
-    Adams on a GPU run in one launch (kernels/adam.py); anything else through its own step()."""
+    Adams on a GPU run in one launch (kernels/adam.py); anything else through its own step().
+    ``visible`` (bool [N]; --visible_adam): gsplat's SelectiveAdam update instead, only the visible
+    Gaussians' rows (kernels/adam.py on a GPU, kernels.reference.selective_adam_update elsewhere)."""
     opts = list(optimizers.values())
     from ..kernels import adam
 
     params = [p for o in opts for g in o.param_groups for p in g["params"]]
     if params and _uses_adam_kernel(params[0].device) and all(adam.supported(o) for o in opts):
-        adam.adam_step(opts)
+        adam.adam_step(opts, visible)
+        _mark_stepped(opts)
+    elif visible is not None:
+        _selective_adam_reference(opts, visible)
+        _mark_stepped(opts)
     else:
         for opt in opts:
             opt.step()
     for p in params:  # Optimizer.zero_grad(set_to_none=True), without its per-call hooks and profiling
         p.grad = None
+
+
+def _mark_stepped(optimizers: list[torch.optim.Optimizer]) -> None:
+    """Record that the optimizers stepped without their step(): torch's LR schedulers read this
+    flag (set by step()'s wrapper) and warn of a scheduler step before an optimizer step."""
+    for opt in optimizers:
+        opt._opt_called = True
+
+
+@torch.no_grad()
+def _selective_adam_reference(optimizers: list[torch.optim.Adam], visible: torch.Tensor) -> None:
+    """The selective step of :func:`optimizer_step` in PyTorch, on the Adams' own state (torch's
+    format; the step count is not advanced, as gsplat's SelectiveAdam)."""
+    from ..kernels.adam import params_with_state
+    from ..kernels.reference import selective_adam_update
+
+    for p, state, group in params_with_state(optimizers):
+        new = selective_adam_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], visible, float(group["lr"]),
+                                    *group["betas"], group["eps"])
+        for target, value in zip((p, state["exp_avg"], state["exp_avg_sq"]), new):
+            target.copy_(value)
 
 
 def means_lr_scheduler(optimizer: torch.optim.Optimizer, max_steps: int) -> torch.optim.lr_scheduler.ExponentialLR:

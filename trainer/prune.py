@@ -233,7 +233,7 @@ def measure(trainer: "Trainer", budget: int, composite: bool = True) -> Measurem
         real = r < len(mine)
         cam = trainer.camera_batch(views.batch([mine[r] if real else (mine[-1] if mine else 0)], images=False))
         res = render(gaussians, cam, ctx, trainer.ops, 0, packed=cfg.packed, near=cfg.near_plane,
-                     far=cfg.far_plane, rasterize=False)  # colours play no part: SH degree 0
+                     far=cfg.far_plane, rasterize=False, **trainer.render_options)  # colours play no part: SH 0
         values, counts = record_statistics(res.info, budget, composite)
         if real:
             over = counts > budget

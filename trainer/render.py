@@ -13,12 +13,16 @@ Per rank, with N local Gaussians and C local cameras (C_all over all ranks, N_al
 
 One record = radii (2) + means2d (2) + depth (1) + conic (3) + opacity (1) + colour (3) = 12
 float32 lanes (48 bytes); packed records add the local camera id and global Gaussian id (2 lanes).
+The reverse exchange carries the gradients of the last 10 lanes; with ``absgrad`` also the radii
+lanes, whose "gradient" is the absolute 2D-mean gradient of the record (:class:`AbsGradRelay`),
+so it reaches the owner as the other gradients do and densification reads it there.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
+import weakref
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Optional
@@ -100,8 +104,9 @@ def camera_centres(viewmats: torch.Tensor) -> torch.Tensor:
     return -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]
 
 
-def shift_intrinsics(Ks: torch.Tensor, ox: int, oy: int) -> torch.Tensor:
-    """[C, 3, 3] intrinsics with the principal point moved by (ox, oy) pixels (see shift_cameras)."""
+def shift_intrinsics(Ks: torch.Tensor, ox, oy) -> torch.Tensor:
+    """[C, 3, 3] intrinsics with the principal point moved by (ox, oy) pixels (see shift_cameras):
+    numbers, or [C] tensors (one shift per camera)."""
     Ks = Ks.clone()
     Ks[:, 0, 2] += ox
     Ks[:, 1, 2] += oy
@@ -133,51 +138,90 @@ class RenderResult:
     colors: torch.Tensor  # [C, H, W, 3]
     alphas: torch.Tensor  # [C, H, W, 1]
     info: dict = field(default_factory=dict)
+    depths: Optional[torch.Tensor] = None  # [C, H, W, 1] expected depth (render_depth=True)
 
 
-def _project(ops, gaussians, viewmats, Ks, width, height, near, far, packed):
+def _project(ops, gaussians, viewmats, Ks, width, height, near, far, packed, camera_model="pinhole",
+             antialiased=False):
     """Both backends share gsplat's fully_fused_projection signature (covars=None: from quats,
-    scales); opacities tighten the bounding box (arXiv 2402.00525, as gsplat's rasterization)."""
+    scales); opacities tighten the bounding box (arXiv 2402.00525, as gsplat's rasterization).
+    ``antialiased``: the compensations of the 2D blur are returned too (gsplat's
+    rasterize_mode="antialiased")."""
     out = ops.fully_fused_projection(
         gaussians["means"], None, gaussians["quats"], gaussians["scales"], viewmats, Ks, width, height,
-        near_plane=near, far_plane=far, packed=packed, opacities=gaussians["opacities"])
+        near_plane=near, far_plane=far, packed=packed, opacities=gaussians["opacities"],
+        calc_compensations=antialiased, camera_model=camera_model)
     if packed:
-        _, camera_ids, gaussian_ids, radii, means2d, depths, conics, _ = out
+        _, camera_ids, gaussian_ids, radii, means2d, depths, conics, compensations = out
         return dict(camera_ids=camera_ids.long(), gaussian_ids=gaussian_ids.long(), radii=radii,
-                    means2d=means2d, depths=depths, conics=conics)
-    radii, means2d, depths, conics, _ = out
-    return dict(radii=radii, means2d=means2d, depths=depths, conics=conics)
+                    means2d=means2d, depths=depths, conics=conics, compensations=compensations)
+    radii, means2d, depths, conics, compensations = out
+    return dict(radii=radii, means2d=means2d, depths=depths, conics=conics, compensations=compensations)
 
 
-def project_all(ops, gaussians, viewmats, Ks, sizes: list[tuple[int, int]], near, far, packed):
+def project_all(ops, gaussians, viewmats, Ks, sizes: list[tuple[int, int]], near, far, packed,
+                camera_model="pinhole", antialiased=False):
     """Project the local Gaussians against every camera; cameras may differ in size.
 
     Cameras are grouped by (width, height) (one group in the common case) so the projection's
     image-bounds culling uses each camera's own size. Dense outputs are [C_all, N, ...]; packed
-    outputs are records sorted by global camera id.
+    outputs are records sorted by global camera id. ``compensations`` is None unless
+    ``antialiased``.
     """
     groups: dict[tuple[int, int], list[int]] = {}
     for c, size in enumerate(sizes):
         groups.setdefault(size, []).append(c)
     if len(groups) == 1:
         (w, h), = groups
-        return _project(ops, gaussians, viewmats, Ks, w, h, near, far, packed)
+        return _project(ops, gaussians, viewmats, Ks, w, h, near, far, packed, camera_model, antialiased)
     parts, order = [], []
     for (w, h), cams in groups.items():
         idx = torch.tensor(cams, device=viewmats.device)
-        part = _project(ops, gaussians, viewmats[idx], Ks[idx], w, h, near, far, packed)
+        part = _project(ops, gaussians, viewmats[idx], Ks[idx], w, h, near, far, packed, camera_model, antialiased)
         if packed:
             part["camera_ids"] = idx[part["camera_ids"]]
         parts.append(part)
         order.extend(cams)
-    keys = parts[0].keys()
+    keys = [k for k, v in parts[0].items() if v is not None]
     if not packed:
         inverse = torch.empty(len(order), dtype=torch.long, device=viewmats.device)
         inverse[torch.tensor(order, device=viewmats.device)] = torch.arange(len(order), device=viewmats.device)
-        return {k: torch.cat([p[k] for p in parts], dim=0)[inverse] for k in keys}
+        out = {k: torch.cat([p[k] for p in parts], dim=0)[inverse] for k in keys}
+        return {"compensations": None, **out}
     merged = {k: torch.cat([p[k] for p in parts], dim=0) for k in keys}
     perm = torch.sort(merged["camera_ids"] * (1 << 32) + merged["gaussian_ids"]).indices
-    return {k: v[perm] for k, v in merged.items()}
+    return {"compensations": None, **{k: v[perm] for k, v in merged.items()}}
+
+
+class AbsGradRelay(torch.autograd.Function):
+    """Carries a rasterizer's absolute 2D-mean gradient back through the exchange.
+
+    Forward: ``means2d`` [..., 2] -> a contiguous copy (the tensor handed to
+    ``rasterize_to_pixels(absgrad=True)``, which attaches ``.absgrad``: per record, the sum over
+    pixels of |dL/dmean2d| per axis, gsplat's rasterize_to_pixels and AbsGS, Ye et al. 2024);
+    ``lanes`` [..., 2] (the records' radii lanes) is not used. Backward: the gradient of
+    ``means2d`` passes; ``lanes`` receives that ``.absgrad``, so the reverse all_to_all takes it to
+    the owning rank, summed there per (camera, Gaussian) record like every other gradient.
+    ``holder``: a weakref.ref set to the output after apply (render keeps the output alive)."""
+
+    @staticmethod
+    def forward(ctx, means2d, lanes, holder):
+        ctx.holder = holder
+        return means2d.contiguous().clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = ctx.holder[0]() if ctx.holder else None
+        absgrad = getattr(out, "absgrad", None)
+        return grad, (torch.zeros_like(grad) if absgrad is None else absgrad.reshape(grad.shape)), None
+
+
+def relay_absgrad(means2d: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+    """:class:`AbsGradRelay` applied; the returned tensor must stay referenced until backward."""
+    holder: list = []
+    out = AbsGradRelay.apply(means2d, lanes, holder)
+    holder.append(weakref.ref(out))
+    return out
 
 
 def render(
@@ -194,6 +238,10 @@ def render(
     timer: Optional[PhaseTimer] = None,
     rasterize: bool = True,
     layout: Optional[PassLayout] = None,
+    camera_model: str = "pinhole",
+    antialiased: bool = False,
+    absgrad: bool = False,
+    render_depth: bool = False,
 ) -> RenderResult:
     """Render this rank's cameras from every rank's Gaussians.
 
@@ -208,6 +256,11 @@ def render(
     ``layout`` (:class:`PassLayout`): the pass's sizes and cameras as every rank knows them;
     None gathers them (one all_gather of four ints per rank, read on the host, and one of the
     cameras).
+    gsplat's rasterization options: ``camera_model`` ("pinhole" | "ortho" | "fisheye"),
+    ``antialiased`` (opacities times the projection's compensations), ``absgrad`` (after
+    backward, ``info["absgrad"].grad`` holds each local record's absolute 2D-mean gradient, the
+    shape of ``info["means2d"]``; :class:`AbsGradRelay`), ``render_depth`` (``result.depths``
+    [C, H, W, 1]: the expected camera-z depth, accumulated depth / alpha, gsplat's "ED").
     """
     timer = timer or PhaseTimer(gaussians["means"].device)
     timer.begin("forward_exchange")  # shard sizes and cameras
@@ -227,7 +280,7 @@ def render(
     C_all = viewmats.shape[0]
 
     timer.begin("projection")
-    proj = project_all(ops, gaussians, viewmats, Ks, sizes, near, far, packed)
+    proj = project_all(ops, gaussians, viewmats, Ks, sizes, near, far, packed, camera_model, antialiased)
     if campos is None:
         campos = camera_centres(viewmats)  # [C_all, 3]
     coeffs = gaussians["colors"][:, : (sh_degree + 1) ** 2]
@@ -242,16 +295,20 @@ def render(
         colors = ops.spherical_harmonics(sh_degree, dirs, coeffs[None].expand(C_all, -1, -1, -1), masks=masks)
         opacities = gaussians["opacities"][None].expand(C_all, N)
     colors = torch.clamp_min(colors + 0.5, 0.0)
+    if proj["compensations"] is not None:  # antialiased: gsplat's rasterization scales them the same way
+        opacities = opacities * proj["compensations"]
     means2d = proj["means2d"]
     if keep_means2d_grad and means2d.requires_grad:
         means2d.retain_grad()
+    # absgrad: the radii lanes carry the absolute gradients back (their values stay the radii)
+    absgrad_lanes = proj["radii"].float().requires_grad_() if absgrad else None
 
     fields = [proj["radii"], means2d, proj["depths"][..., None], proj["conics"], opacities[..., None], colors]
     timer.begin("forward_exchange")
     if packed:
-        recv = _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer)
+        recv = _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes)
     else:
-        recv = _exchange_dense(ctx, fields, N, N_world, C_world, timer)
+        recv = _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes)
     timer.begin("rasterization")
 
     tile_w, tile_h = math.ceil(cams.width / TILE_SIZE), math.ceil(cams.height / TILE_SIZE)
@@ -260,11 +317,16 @@ def render(
         recv["means2d"], radii_r, recv["depths"], TILE_SIZE, tile_w, tile_h,
         packed=packed, n_images=C, image_ids=recv.get("image_ids"), gaussian_ids=recv.get("gaussian_ids"))
     offsets = ops.isect_offset_encode(isect_ids, C, tile_w, tile_h)
-    render_colors = render_alphas = None
+    render_colors = render_alphas = render_depths = raster_means2d = None
     if rasterize:
+        raster_means2d = relay_absgrad(recv["means2d"], recv["absgrad_lanes"]) if absgrad else recv["means2d"]
+        channels = torch.cat([recv["colors"], recv["depths"][..., None]], -1) if render_depth else recv["colors"]
         render_colors, render_alphas = ops.rasterize_to_pixels(
-            recv["means2d"], recv["conics"], recv["colors"], recv["opacities"], cams.width, cams.height,
-            TILE_SIZE, offsets, flatten_ids, packed=packed)
+            raster_means2d, recv["conics"], channels, recv["opacities"], cams.width, cams.height,
+            TILE_SIZE, offsets, flatten_ids, packed=packed, absgrad=absgrad)
+        if render_depth:  # gsplat's "ED": accumulated depth over accumulated alpha
+            render_colors, render_depths = render_colors[..., :3], render_colors[..., 3:]
+            render_depths = render_depths / render_alphas.clamp_min(1e-10)
         # composited here: gsplat 1.5.3 rejects per-image [C, 3] backgrounds when packed
         render_colors = composite_background(render_colors, render_alphas, backgrounds)
     layout = recv.pop("layout")
@@ -276,8 +338,42 @@ def render(
         num_isects=int(isect_ids.numel()), N_world=N_world, C_world=C_world,
         tile_offsets=offsets, flatten_ids=flatten_ids, tile_width=tile_w, tile_height=tile_h,
         records=recv, layout=layout, width=cams.width, height=cams.height, num_local_cameras=C,
+        absgrad=absgrad_lanes, raster_means2d=raster_means2d,  # the latter keeps the relay's output alive
     )
-    return RenderResult(render_colors, render_alphas, info)
+    return RenderResult(render_colors, render_alphas, info, render_depths)
+
+
+def visible_gaussians(info: dict) -> torch.Tensor:
+    """bool [N_local]: the local Gaussians that some camera of the pass sees (radii > 0 on both
+    axes in a dense projection, or a packed record), gsplat simple_trainer's visibility mask for
+    SelectiveAdam. The owner projects its Gaussians against every camera of the global batch, so
+    this needs no collective and equals one process's mask."""
+    radii = info["radii"]
+    if not info["packed"]:
+        return (radii > 0).all(dim=-1).any(dim=0)
+    visible = torch.zeros(info["layout"]["N_local"], dtype=torch.bool, device=radii.device)
+    return visible.index_fill_(0, info["gaussian_ids"], True)
+
+
+def check_camera_model(scene, camera_model: str) -> Optional[str]:
+    """Whether ``--camera_model`` can project ``scene``'s cameras: fisheye and ortho cameras
+    (COLMAP / nerfstudio fisheyes after data/fisheye.py's remap, the synthetic scene's) need their
+    own model; pinhole-type cameras take any, their intrinsics then read as that model's (gsplat
+    does the same), said in the returned line (None for pinhole). Raises ValueError naming the
+    flag otherwise."""
+    models = sorted({c.model for c in scene.cameras})
+    special = [m for m in models if m != "pinhole"]
+    if len(special) > 1 or (special and "pinhole" in models):
+        raise ValueError(f"the views mix {' and '.join(models)} cameras; one --camera_model projects them all")
+    if special and special[0] != camera_model:
+        count = sum(c.model == special[0] for c in scene.cameras)
+        raise ValueError(f"--camera_model {camera_model}: the {count} views are {special[0]} cameras "
+                         f"({scene.source} scene): add --camera_model {special[0]}")
+    if camera_model != "pinhole" and not special:
+        unit = "pixels per scene unit" if camera_model == "ortho" else "pixels per radian"
+        return (f"camera model: {camera_model}: the cameras' intrinsics are read as {camera_model} ones "
+                f"(fx, fy in {unit})")
+    return None
 
 
 def route_to_owners(ctx: DistContext, info: dict, values: torch.Tensor) -> torch.Tensor:
@@ -307,10 +403,12 @@ def route_to_owners(ctx: DistContext, info: dict, values: torch.Tensor) -> torch
 
 
 def _split_fields(rows: torch.Tensor, lead_shape) -> dict:
-    """[..., 12] record lanes -> named fields (radii back to int32)."""
+    """[..., 12] record lanes -> named fields (radii back to int32; ``absgrad_lanes`` the radii
+    lanes themselves, differentiable, for :class:`AbsGradRelay`)."""
     rows = rows.reshape(*lead_shape, RECORD_LANES)
     return dict(
         radii=rows[..., 0:2].detach().round().to(torch.int32),
+        absgrad_lanes=rows[..., 0:2],
         means2d=rows[..., 2:4],
         depths=rows[..., 4],
         conics=rows[..., 5:8],
@@ -319,38 +417,42 @@ def _split_fields(rows: torch.Tensor, lead_shape) -> dict:
     )
 
 
-def _exchange_dense(ctx, fields, N, N_world, C_world, timer) -> dict:
-    """Dense all_to_all: rank r sends all N local records of every camera rank j renders."""
+def _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes=None) -> dict:
+    """Dense all_to_all: rank r sends all N local records of every camera rank j renders.
+    ``absgrad_lanes``: the radii as float lanes that require grad (absgrad), sent in their place."""
     if ctx.world_size == 1:
         names = ["radii", "means2d", "depths", "conics", "opacities", "colors"]
         fields = list(fields)
         fields[1] = boundary(boundary(fields[1], timer, "backward_projection"), timer, "backward_exchange")
         out = dict(zip(names, fields))  # radii stay int32
         out["depths"], out["opacities"] = fields[2][..., 0], fields[4][..., 0]
+        out["absgrad_lanes"] = absgrad_lanes
         out["layout"] = dict(packed=False, N_local=N, N_world=N_world, send_rows=[N * c for c in C_world],
                              recv_rows=[C_world[0] * N])
         return out
-    payload = torch.cat([fields[0].float(), *fields[1:]], dim=-1).reshape(-1, RECORD_LANES)  # [C_all * N, 12]
+    lanes = fields[0].float() if absgrad_lanes is None else absgrad_lanes
+    payload = torch.cat([lanes, *fields[1:]], dim=-1).reshape(-1, RECORD_LANES)  # [C_all * N, 12]
     C = C_world[ctx.rank]
     send_rows = [c * N for c in C_world]
     recv_rows = [C * n for n in N_world]
-    recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer)
+    recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad_lanes is not None)
     chunks = [chunk.reshape(C, n, RECORD_LANES) for chunk, n in zip(torch.split(recv, recv_rows), N_world)]
     out = _split_fields(torch.cat(chunks, dim=1), (C, sum(N_world)))
     out["layout"] = dict(packed=False, N_local=N, N_world=N_world, send_rows=send_rows, recv_rows=recv_rows)
     return out
 
 
-def _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer):
+def _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad=False):
     """The record all_to_all, with the backward phase boundaries on both sides of it. Only the
-    last 10 lanes (means2d, depth, conic, opacity, colour) carry gradient back."""
+    last 10 lanes (means2d, depth, conic, opacity, colour) carry gradient back; with
+    ``absgrad`` the radii lanes before them too (AbsGradRelay)."""
     payload = boundary(payload, timer, "backward_projection")
-    grad_cols = (payload.shape[1] - (RECORD_LANES - 2), payload.shape[1])
+    grad_cols = (payload.shape[1] - (RECORD_LANES if absgrad else RECORD_LANES - 2), payload.shape[1])
     recv = exchange.all_to_all(ctx, payload, send_rows, recv_rows, grad_cols=grad_cols)
     return boundary(recv, timer, "backward_exchange")
 
 
-def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer) -> dict:
+def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes=None) -> dict:
     """Packed all_to_all: only visible records travel, with the indices the receiver needs.
 
     Camera ids are rebased global -> the receiver's local ids and Gaussian ids local -> global
@@ -360,7 +462,7 @@ def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer) -> d
         fields = list(fields)
         fields[1] = boundary(boundary(fields[1], timer, "backward_projection"), timer, "backward_exchange")
         out = dict(radii=fields[0], means2d=fields[1], depths=fields[2][..., 0], conics=fields[3],
-                   opacities=fields[4][..., 0], colors=fields[5])
+                   opacities=fields[4][..., 0], colors=fields[5], absgrad_lanes=absgrad_lanes)
         out.update(image_ids=cam_ids, gaussian_ids=gs_ids)
         out["layout"] = dict(packed=True, N_local=N_world[0], N_world=N_world, send_rows=[cam_ids.shape[0]],
                              recv_rows=[cam_ids.shape[0]], sent_gaussian_ids=gs_ids)
@@ -373,11 +475,11 @@ def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer) -> d
     global_gs = gs_ids + sum(N_world[: ctx.rank])
     send_rows = send_counts.tolist()
     recv_rows = exchange.exchange_counts(ctx, send_counts)
+    lanes = fields[0].float() if absgrad_lanes is None else absgrad_lanes
     payload = torch.cat(
-        [exchange.ids_to_float_lanes(local_cam), exchange.ids_to_float_lanes(global_gs), fields[0].float(),
-         *fields[1:]], dim=-1
+        [exchange.ids_to_float_lanes(local_cam), exchange.ids_to_float_lanes(global_gs), lanes, *fields[1:]], dim=-1
     )  # [nnz, 14]
-    recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer)
+    recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad_lanes is not None)
     out = _split_fields(recv[:, 2:], (recv.shape[0],))
     out.update(image_ids=exchange.float_lanes_to_ids(recv[:, 0]), gaussian_ids=exchange.float_lanes_to_ids(recv[:, 1]))
     out["layout"] = dict(packed=True, N_local=N_world[ctx.rank], N_world=N_world, send_rows=send_rows,

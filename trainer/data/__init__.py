@@ -19,21 +19,23 @@ from typing import Callable, Optional
 
 from .colmap import find_model, load_colmap
 from .images import Camera, DataError, Scene, Undistortion, cache_root, load_image
+from .masks import has_masks, load_view, mask_lines
 from .nerf import load_nerf
 from .sampler import CameraSampler, Dataset, split_indices
 
 __all__ = ["Camera", "CameraSampler", "DataError", "Dataset", "Scene", "Undistortion",
-           "describe_views", "load_image", "load_scene", "split_indices"]
+           "describe_views", "has_masks", "load_image", "load_scene", "load_view", "split_indices"]
 
 
 def load_scene(data_dir: Path, data_factor: int = 1, normalize: bool = True,
-               log: Optional[Callable[[str], None]] = None) -> Scene:
+               log: Optional[Callable[[str], None]] = None, tracks: bool = False) -> Scene:
     """Load the scene in data_dir, images downscaled by data_factor.
 
     Dispatch: a COLMAP model in data_dir/sparse/0 or data_dir/sparse (binary or text), else
     data_dir/transforms.json. Raises DataError when data_dir is not a folder, data_factor is not a
     positive integer, neither format is found, or the data is malformed (see colmap.py, nerf.py).
     ``log``, when given, is called with one line before slow work (downscaling into the cache).
+    ``tracks``: each camera's ``point_ids`` (the SfM points its image sees; COLMAP only).
     """
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
@@ -42,7 +44,7 @@ def load_scene(data_dir: Path, data_factor: int = 1, normalize: bool = True,
         raise DataError(f"data_factor={data_factor} must be a positive integer")
     model_dir = find_model(data_dir)
     if model_dir is not None:
-        return load_colmap(data_dir, model_dir, int(data_factor), normalize, log)
+        return load_colmap(data_dir, model_dir, int(data_factor), normalize, log, tracks=tracks)
     if (data_dir / "transforms.json").is_file():
         return load_nerf(data_dir / "transforms.json", int(data_factor), normalize, log)
     raise DataError(f"{data_dir} holds neither a COLMAP model (sparse/0/ or sparse/ with cameras, "
@@ -57,12 +59,15 @@ def _sizes(pairs: list[tuple[int, int]]) -> str:
     return ", ".join(f"{w}x{h} ({n})" for (w, h), n in counts)
 
 
-def describe_views(scene: Scene, train: list[int], test: list[int], cache_bytes: int = 0) -> list[str]:
+def describe_views(scene: Scene, train: list[int], test: list[int], alpha_as_mask: bool = True,
+                   cache_bytes: int = 0) -> list[str]:
     """One line on the images about to be decoded (count, size, where they are read from, the
     memory they take as uint8, or the bounded cache they stream through when ``cache_bytes`` is
-    set), and one on undistortion when a camera has distortion."""
+    set), one on undistortion when a camera has distortion, and one per kind of loss mask the
+    views have (masks.mask_lines)."""
     cameras = scene.cameras
-    num_bytes = 3 * sum(c.width * c.height for c in cameras)
+    channels = 4 if has_masks(scene, alpha_as_mask) else 3  # a mask travels as a fourth channel (views.py)
+    num_bytes = channels * sum(c.width * c.height for c in cameras)
     sizes = _sizes([(c.width, c.height) for c in cameras])
     size = f"{len(cameras)} views ({len(train)} train, {len(test)} test), {sizes}"
     if scene.images is not None:
@@ -77,11 +82,18 @@ def describe_views(scene: Scene, train: list[int], test: list[int], cache_bytes:
                      f"cache of {cache_bytes / 2**30:g} GiB (--image_cache_gb)"]
         else:
             lines = [f"images: {size}, read from {source}: decoding {num_bytes / 2**20:,.1f} MB into memory"]
-    distorted = [c for c in cameras if c.dist is not None]
+    distorted = [c for c in cameras if c.dist is not None and not c.dist.fisheye]
+    fisheyes = [c for c in cameras if c.dist is not None and c.dist.fisheye]
+    if fisheyes:
+        models = ", ".join(sorted({c.dist.model for c in fisheyes}))
+        lines.append(f"fisheye: {models} remapped to an ideal equidistant fisheye for {len(fisheyes)} of "
+                     f"{len(cameras)} views, cropped to the pixels that see the image "
+                     f"({_sizes([(c.dist.src_width, c.dist.src_height) for c in fisheyes])} -> "
+                     f"{_sizes([(c.width, c.height) for c in fisheyes])}); the rest of the crop is masked")
     if distorted:
         models = ", ".join(sorted({c.dist.model or "distortion" for c in distorted}))
         before = _sizes([(c.dist.src_width, c.dist.src_height) for c in distorted])
         after = _sizes([(c.width, c.height) for c in distorted])
         lines.append(f"distortion: {models} undone with OpenCV for {len(distorted)} of {len(cameras)} views, "
                      f"cropped to the valid region: {before} -> {after}")
-    return lines
+    return lines + mask_lines(scene, alpha_as_mask)

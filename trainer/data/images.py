@@ -48,19 +48,34 @@ class Undistortion:
     height: int
     cache_maps: bool = False  # keep the remap tables (worth it when several images share the camera)
     model: str = ""  # what is undone, for the loading message: "COLMAP OPENCV", "transforms.json k1/k2/p1/p2"
+    fisheye: bool = False  # coeffs are OpenCV fisheye k1..k4; the output is an ideal equidistant fisheye (fisheye.py)
     _maps: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     def maps(self) -> tuple[np.ndarray, np.ndarray]:
-        """cv2.remap tables (fixed point, CV_16SC2) from output pixels to source pixels."""
+        """cv2.remap tables from output pixels to source pixels (pinhole: fixed point, CV_16SC2;
+        fisheye: float32 x and y, fisheye.remap_tables)."""
         if self._maps is not None:
             return self._maps
-        maps = cv2.initUndistortRectifyMap(
-            _to_opencv(self.K_distorted), self.coeffs, None, _to_opencv(self.K),
-            (self.width, self.height), cv2.CV_16SC2,
-        )
+        if self.fisheye:
+            from .fisheye import remap_tables
+
+            maps = remap_tables(self.K_distorted, self.coeffs, self.K, self.width, self.height)
+        else:
+            maps = cv2.initUndistortRectifyMap(
+                _to_opencv(self.K_distorted), self.coeffs, None, _to_opencv(self.K),
+                (self.width, self.height), cv2.CV_16SC2,
+            )
         if self.cache_maps:
             self._maps = maps
         return maps
+
+    def valid_region(self) -> Optional[np.ndarray]:
+        """bool [height, width]: output pixels whose source lies inside the captured image (both
+        bilinear neighbours), for fisheye cameras; None for pinhole ones (their crop is valid)."""
+        if not self.fisheye:
+            return None
+        mapx, mapy = self.maps()
+        return (mapx >= 0) & (mapy >= 0) & (mapx <= self.src_width - 1) & (mapy <= self.src_height - 1)
 
     def apply(self, image: np.ndarray) -> np.ndarray:
         """[src_height, src_width, 3] uint8 -> [height, width, 3] uint8 undistorted, cropped."""
@@ -79,6 +94,10 @@ class Camera:
     width: int  # pixels of the loaded (downscaled, undistorted) image
     height: int
     dist: Optional[Undistortion] = None  # None when the camera is a pinhole
+    model: str = "pinhole"  # "pinhole", or "fisheye" (ideal equidistant after undistortion, fisheye.py)
+    mask_path: Optional[Path] = None  # a loss mask from the masks folder, at the file's size (masks.py)
+    alpha_path: Optional[Path] = None  # a file whose alpha (or grey) channel is the image's alpha (masks.py)
+    point_ids: Optional[np.ndarray] = None  # int64 [M] indices into Scene.points seen in this image (SfM tracks)
 
 
 @dataclass
@@ -90,6 +109,7 @@ class Scene:
     transform: np.ndarray  # [4, 4] float32 world normalization applied (identity if none)
     source: str  # "colmap" | "nerf" | "synthetic"
     images: Optional[list] = None  # synthetic: uint8 [H, W, 3] per camera; None when read from files
+    masks: Optional[list] = None  # with in-memory images: bool [H, W] kept pixels or None, per camera
     points_knn_rms: Optional[np.ndarray] = None  # [P] RMS distance of each point to its 3 nearest, when precomputed
 
 
@@ -158,6 +178,12 @@ def read_rgb(path: Path) -> np.ndarray:
     16-bit is scaled to 8-bit, and an alpha channel is composited onto black (RGB * alpha).
     Raises DataError naming the file when it is missing or cannot be decoded.
     """
+    return read_rgba(path)[0]
+
+
+def read_rgba(path: Path) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """Decode an image file once: (uint8 [H, W, 3] RGB as :func:`read_rgb` returns it, uint8
+    [H, W] alpha or None when the file has none). Raises DataError as read_rgb."""
     try:
         data = np.fromfile(path, dtype=np.uint8)
     except OSError as exc:
@@ -170,15 +196,28 @@ def read_rgb(path: Path) -> np.ndarray:
     elif image.dtype != np.uint8:
         raise DataError(f"image {path} has unsupported pixel type {image.dtype} (need 8 or 16 bit)")
     if image.ndim == 2:
-        return cv2.cvtColor(image, cv2.COLOR_GRAY2RGB)
-    if image.shape[2] == 4:
-        alpha = image[:, :, 3:4].astype(np.float32) / 255.0
-        image = (image[:, :, :3].astype(np.float32) * alpha).round().astype(np.uint8)
-    return cv2.cvtColor(image[:, :, :3], cv2.COLOR_BGR2RGB)
+        return cv2.cvtColor(image, cv2.COLOR_GRAY2RGB), None
+    alpha = None
+    if image.shape[2] in (2, 4):  # grey + alpha, BGRA
+        alpha = np.ascontiguousarray(image[:, :, -1])
+        colour = image[:, :, :1].repeat(3, axis=2) if image.shape[2] == 2 else image[:, :, :3]
+        image = (colour.astype(np.float32) * (alpha[:, :, None] / np.float32(255.0))).round().astype(np.uint8)
+    return cv2.cvtColor(image[:, :, :3], cv2.COLOR_BGR2RGB), alpha
 
 
-def load_image(scene: Scene, index: int) -> np.ndarray:
+def has_alpha(path: Path) -> bool:
+    """Whether the image file carries an alpha channel, from its header (no decode): PIL modes
+    RGBA, LA, PA, or a palette / grey image with a transparency entry."""
+    try:
+        with Image.open(path) as im:
+            return im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in im.info
+    except (OSError, ValueError):
+        return False
+
+
+def load_image(scene: Scene, index: int, decoded: Optional[np.ndarray] = None) -> np.ndarray:
     """Camera `index`'s image: uint8 [height, width, 3] RGB, downscaled and undistorted.
+    ``decoded``: its file already decoded by :func:`read_rgb` (masks.load_view decodes once).
 
     Raises DataError naming the file when it is unreadable or not of the size the scene expects.
     """
@@ -189,7 +228,7 @@ def load_image(scene: Scene, index: int) -> np.ndarray:
             raise DataError(f"in-memory image {index} ({camera.name}) is {image.dtype} {image.shape}, "
                             f"expected uint8 {(camera.height, camera.width, 3)}")
         return image
-    image = read_rgb(camera.image_path)
+    image = read_rgb(camera.image_path) if decoded is None else decoded
     dist = camera.dist
     expected = (dist.src_width, dist.src_height) if dist is not None else (camera.width, camera.height)
     if (image.shape[1], image.shape[0]) != expected:

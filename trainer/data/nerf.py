@@ -2,7 +2,8 @@
 
 Keys read (per frame, falling back to the top level): `file_path`, `transform_matrix`
 (camera-to-world, OpenGL axes: x right, y up, z back), `w`, `h`, `fl_x`, `fl_y`, `cx`, `cy`,
-`camera_angle_x`, `camera_angle_y`, `k1`, `k2`, `k3`, `p1`, `p2`, `camera_model`.
+`camera_angle_x`, `camera_angle_y`, `k1`, `k2`, `k3`, `k4`, `p1`, `p2`, `camera_model`, `mask_path`
+(nerfstudio: a loss mask, masks.py).
 Focal from an angle: f = 0.5 * w / tan(0.5 * camera_angle_x) (the Blender/NeRF convention);
 fy defaults to fx, cx/cy to w/2, h/2 (image centre, pixel-corner convention).
 """
@@ -17,12 +18,15 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .fisheye import make_fisheye_undistortion
 from .images import Camera, DataError, Scene, image_size, locate_images, make_undistortion
+from .masks import alpha_sources
 from .normalize import normalize_world, scene_scale
 
 SUFFIXES = ("", ".png", ".jpg", ".jpeg", ".PNG", ".JPG", ".JPEG")  # Blender paths lack one
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips the camera's y and z axes
 PINHOLE_MODELS = ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE")
+FISHEYE_MODEL = "OPENCV_FISHEYE"  # nerfstudio's name; remapped to an ideal equidistant fisheye (fisheye.py)
 
 
 def _find_file(base: Path, file_path: str) -> Path | None:
@@ -60,14 +64,30 @@ def _pinhole(meta: dict, frame: dict, width: int, height: int, where: str) -> np
     return np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
 
 
-def _distortion(meta: dict, frame: dict, where: str) -> np.ndarray | None:
-    """OpenCV coeffs [5] (k1, k2, p1, p2, k3), or None when all are zero or absent."""
+def _distortion(meta: dict, frame: dict, where: str) -> tuple[np.ndarray | None, bool]:
+    """(coeffs, fisheye): OpenCV coeffs [5] (k1, k2, p1, p2, k3), or None when all are zero or
+    absent; for nerfstudio's OPENCV_FISHEYE, OpenCV fisheye k1..k4 [4] and fisheye True."""
     model = frame.get("camera_model", meta.get("camera_model"))
-    if model is not None and model not in PINHOLE_MODELS:
+    if model is not None and model not in PINHOLE_MODELS + (FISHEYE_MODEL,):
         raise DataError(f"{where}: camera_model {model} is not supported; supported: "
-                        f"{', '.join(PINHOLE_MODELS)} (with optional k1, k2, k3, p1, p2)")
-    coeffs = np.array([float(frame.get(k, meta.get(k, 0.0)) or 0.0) for k in ("k1", "k2", "p1", "p2", "k3")])
-    return coeffs if np.any(coeffs) else None
+                        f"{', '.join(PINHOLE_MODELS)} (with optional k1, k2, k3, p1, p2) and {FISHEYE_MODEL} "
+                        "(k1..k4, with --camera_model fisheye)")
+    keys = ("k1", "k2", "k3", "k4") if model == FISHEYE_MODEL else ("k1", "k2", "p1", "p2", "k3")
+    coeffs = np.array([float(frame.get(k, meta.get(k, 0.0)) or 0.0) for k in keys])
+    if model == FISHEYE_MODEL:
+        return coeffs, True
+    return (coeffs if np.any(coeffs) else None), False
+
+
+def _mask_file(base: Path, frame: dict, where: str) -> Path | None:
+    """The frame's nerfstudio ``mask_path`` (relative to the json's folder), or None; DataError
+    when it is given but missing."""
+    if frame.get("mask_path") is None:
+        return None
+    path = _find_file(base, str(frame["mask_path"]))
+    if path is None:
+        raise DataError(f"{where}: mask_path {frame['mask_path']} does not exist under {base}")
+    return path
 
 
 def _camtoworld(frame: dict, where: str) -> np.ndarray:
@@ -126,15 +146,23 @@ def load_nerf(json_path: Path, data_factor: int, normalize: bool,
         w, h = frame.get("w", meta.get("w")), frame.get("h", meta.get("h"))
         size = (int(w), int(h)) if w is not None and h is not None else image_size(path)
         records.append((path, size, _pinhole(meta, frame, *size, where), _distortion(meta, frame, where),
-                        _camtoworld(frame, where)))
+                        _camtoworld(frame, where), _mask_file(base, frame, where)))
 
-    # Downscaled files, one images_<f> / cache lookup per folder.
-    located = {}
+    # Downscaled files, one images_<f> / cache lookup per folder (images, then mask files).
+    located, alphas = {}, {}
     folders = sorted({_relative_name(path.parent, base) for path, *_ in records})
     for folder in folders:
         group = [(path, size) for path, size, *_ in records if _relative_name(path.parent, base) == folder]
         files = locate_images(base, folder, [p.name for p, _ in group], [s for _, s in group], data_factor, log)
         located.update({path: file for (path, _), file in zip(group, files)})
+        found = alpha_sources(base, folder, [p.name for p, _ in group], [p for p, _ in group], files, data_factor)
+        alphas.update({path: a for (path, _), a in zip(group, found)})
+    masks = {}
+    mask_folders = sorted({_relative_name(m.parent, base) for *_, m in records if m is not None})
+    for folder in mask_folders:
+        group = [(m, size) for _, size, *_, m in records if m is not None and _relative_name(m.parent, base) == folder]
+        files = locate_images(base, folder, [m.name for m, _ in group], [s for _, s in group], data_factor, log)
+        masks.update({m: file[0] for (m, _), file in zip(group, files)})
 
     camtoworlds = np.stack([record[4] for record in records])  # [C, 4, 4]
     transform = np.eye(4)
@@ -143,25 +171,29 @@ def load_nerf(json_path: Path, data_factor: int, normalize: bool,
 
     # Frames with identical intrinsics share one Undistortion (and its remap tables).
     scaled = []
-    for path, (w, h), K, coeffs, _ in records:
+    for path, (w, h), K, (coeffs, fisheye), _, mask in records:
         image_path, file_w, file_h = located[path]
         K = np.diag([file_w / w, file_h / h, 1.0]) @ K
-        key = None if coeffs is None else (K.tobytes(), coeffs.tobytes(), file_w, file_h)
-        scaled.append((path, image_path, file_w, file_h, K, coeffs, key))
+        key = None if coeffs is None else (K.tobytes(), coeffs.tobytes(), file_w, file_h, fisheye)
+        scaled.append((path, image_path, file_w, file_h, K, coeffs, fisheye, mask, key))
     keys = [item[-1] for item in scaled]
     undistortions = {}
     cameras = []
-    for (path, image_path, file_w, file_h, K, coeffs, key), camtoworld in zip(scaled, camtoworlds):
+    for (path, image_path, file_w, file_h, K, coeffs, fisheye, mask, key), camtoworld in zip(scaled, camtoworlds):
         dist = None
         if key is not None:
             if key not in undistortions:
-                undistortions[key] = make_undistortion(
+                plan = make_fisheye_undistortion if fisheye else make_undistortion
+                undistortions[key] = plan(
                     K, coeffs, file_w, file_h, what=f"{json_path} frame {path.name}",
-                    cache_maps=keys.count(key) > 1, model=f"{json_path.name} k1/k2/p1/p2/k3")
+                    cache_maps=keys.count(key) > 1,
+                    model=f"{json_path.name} {FISHEYE_MODEL if fisheye else 'k1/k2/p1/p2/k3'}")
             dist = undistortions[key]
             K, file_w, file_h = dist.K, dist.width, dist.height
         cameras.append(Camera(name=_relative_name(path, base), image_path=image_path,
                               camtoworld=camtoworld.astype(np.float32), K=K.astype(np.float32),
-                              width=int(file_w), height=int(file_h), dist=dist))
+                              width=int(file_w), height=int(file_h), dist=dist,
+                              model="fisheye" if fisheye else "pinhole",
+                              mask_path=None if mask is None else masks[mask], alpha_path=alphas[path]))
     return Scene(cameras=cameras, points=None, points_rgb=None, scene_scale=scene_scale(camtoworlds),
                  transform=transform.astype(np.float32), source="nerf")

@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .images import DataError, Scene, load_image
+from .images import DataError, Scene
+from .masks import load_view
 
 
 def split_indices(num_cameras: int, test_every: int) -> tuple[list[int], list[int]]:
@@ -33,19 +34,23 @@ def split_indices(num_cameras: int, test_every: int) -> tuple[list[int], list[in
 class Dataset:
     """Training (or test) views of a scene: `indices` are indices into scene.cameras.
 
-    Images are kept as uint8 and turned into float32 [0, 1] tensors per item. With preload, every
-    image is read (in a few threads) in the constructor, so a bad file raises DataError at
-    start-up rather than mid-training.
+    Images are kept as uint8 and turned into float32 [0, 1] tensors per item, with their loss
+    masks (bool [H, W], masks.py; None for a view without one). With preload, every image is read
+    (in a few threads) in the constructor, so a bad file raises DataError at start-up rather than
+    mid-training. ``alpha_as_mask``: an image's alpha channel is its mask (--alpha_as_mask).
     """
 
-    def __init__(self, scene: Scene, indices: list[int], preload: bool = True):
+    def __init__(self, scene: Scene, indices: list[int], preload: bool = True, alpha_as_mask: bool = True):
         self.scene = scene
         self.indices = [int(i) for i in indices]
+        self.alpha_as_mask = alpha_as_mask
         assert all(0 <= i < len(scene.cameras) for i in self.indices), "camera index out of range"
-        self._images = None
+        self._images = self._masks = None
         if preload:
             with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-                self._images = list(pool.map(lambda i: load_image(scene, i), self.indices))
+                views = list(pool.map(lambda i: load_view(scene, i, alpha_as_mask), self.indices))
+            self._images = [image for image, _ in views]
+            self._masks = [keep for _, keep in views]
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -56,9 +61,9 @@ class Dataset:
         return camera.width, camera.height
 
     def release_images(self) -> None:
-        """Drop the preloaded images (a copy lives elsewhere, e.g. on the GPU); :meth:`image`
-        then decodes from the files again."""
-        self._images = None
+        """Drop the preloaded images and masks (a copy lives elsewhere, e.g. on the GPU);
+        :meth:`image` and :meth:`mask` then decode from the files again."""
+        self._images = self._masks = None
 
     def camera(self, i: int) -> dict:
         """Item i without its image: K [3, 3], camtoworld [4, 4] (float32 tensors), image_id,
@@ -76,10 +81,28 @@ class Dataset:
         """uint8 [H, W, 3] RGB of item i."""
         if self._images is not None:
             return self._images[i]
-        return load_image(self.scene, self.indices[i])
+        return load_view(self.scene, self.indices[i], self.alpha_as_mask)[0]
+
+    def view(self, i: int) -> "tuple[np.ndarray, np.ndarray | None]":
+        """(image, mask) of item i, as :meth:`image` and :meth:`mask`, decoded once."""
+        if self._images is not None:
+            return self._images[i], self._masks[i]
+        return load_view(self.scene, self.indices[i], self.alpha_as_mask)
+
+    def mask(self, i: int) -> "np.ndarray | None":
+        """bool [H, W] kept pixels of item i, or None when every pixel is kept."""
+        if self._masks is not None:
+            return self._masks[i]
+        return load_view(self.scene, self.indices[i], self.alpha_as_mask)[1]
 
     def __getitem__(self, i: int) -> dict:
-        return dict(self.camera(i), image=torch.from_numpy(self.image(i)).float() / 255.0)  # [H, W, 3]
+        """camera(i) with image float32 [H, W, 3] in [0, 1] and mask bool [H, W] (only when the
+        view has one)."""
+        item = dict(self.camera(i), image=torch.from_numpy(self.image(i)).float() / 255.0)  # [H, W, 3]
+        mask = self.mask(i)
+        if mask is not None:
+            item["mask"] = torch.from_numpy(mask)
+        return item
 
     def batch(self, items: list[int], images: bool = True) -> dict:
         """Stack items (indices into this dataset) that share one image size.
@@ -153,3 +176,14 @@ class CameraSampler:
             raise ValueError(f"step={step} must be >= 0")
         epoch, position = divmod(int(step), self.num_batches_per_epoch)
         return self.epoch_batches(epoch)[position]
+
+
+def patch_window(seed: int, step: int, rank: int, position: int, width: int, height: int,
+                 patch_size: int) -> tuple[int, int, int, int]:
+    """``--patch_size``: the crop (x0, y0, w, h) in pixels of the ``position``-th image of rank
+    ``rank``'s batch at ``step``: a patch_size square (smaller where the image is), at an offset
+    uniform over the positions that keep it inside the image (gsplat's Dataset draws it likewise
+    per item). A pure function of its arguments, so every rank knows every other rank's crops."""
+    w, h = min(patch_size, width), min(patch_size, height)
+    rng = np.random.default_rng([seed % 2**63, step, rank, position])
+    return int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1)), w, h

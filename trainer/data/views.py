@@ -2,7 +2,9 @@
 step runs, so that drawing a batch costs no host-to-device copy and no host synchronization.
 
 Images stay uint8 (3 bytes a pixel; the loss kernel reads them as they are, see
-kernels/fused_ssim.py ``uint8_to_unit``). Where they live (``TrainViews.where``):
+kernels/fused_ssim.py ``uint8_to_unit``). When any training view has a loss mask (masks.py), every
+image carries it as a fourth channel (1 keep, 0 leave out; 1 everywhere for a view without one),
+so a batch's masks travel with its images in one copy. Where they live (``TrainViews.where``):
 
 * "device": on a GPU, when all training images together take at most ``device_share`` of its
   memory (and half of what is free): decoded on a few threads and uploaded once; no host copy
@@ -29,6 +31,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from .masks import has_masks
 from .sampler import Dataset
 
 DECODE_THREADS = min(8, os.cpu_count() or 1)
@@ -63,7 +66,8 @@ class TrainViews:
         self.camtoworlds = torch.from_numpy(np.stack([c.camtoworld for c in cameras]).astype(np.float32)).to(device)
         self.Ks = torch.from_numpy(np.stack([c.K for c in cameras]).astype(np.float32)).to(device)
         self.ids = torch.arange(len(cameras), device=device)  # [V] dataset item ids, for --pose_opt / --app_opt
-        self.sizes = [c.width * c.height * 3 for c in cameras]
+        self.channels = 4 if has_masks(dataset.scene, dataset.alpha_as_mask) else 3  # RGB (+ kept-pixel mask)
+        self.sizes = [c.width * c.height * self.channels for c in cameras]
         self.num_bytes = sum(self.sizes)
         self.cache_bytes = int(host_cache_bytes)
         self.where = self._placement(device_share)
@@ -78,7 +82,7 @@ class TrainViews:
         elif self.where == "pinned":
             self.images = self._decoded(lambda im: im.pin_memory())
         elif self.where == "host":
-            self.images = self._decoded(lambda im: im)  # the dataset's own arrays (shared memory)
+            self.images = self._decoded(lambda im: im)  # the dataset's own arrays (shared memory) for RGB
         else:
             self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
             self._pending: dict[int, Future] = {}
@@ -86,7 +90,7 @@ class TrainViews:
             self._pool = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="decode")
             self.peak_cache_bytes = 0
             self._planned_until = -1
-        if self.where in ("device", "pinned", "stream"):
+        if self.where != "host" or self.channels == 4:
             dataset.release_images()  # the copies above (or the stream's) are the only ones kept
 
     def _placement(self, device_share: float) -> str:
@@ -98,11 +102,20 @@ class TrainViews:
             return "stream"
         return "pinned" if self.device.type == "cuda" else "host"
 
+    def _load(self, i: int) -> torch.Tensor:
+        """uint8 [H, W, channels] of item ``i``: its image and, with masks, its mask as a fourth
+        channel (1 keep, 0 leave out)."""
+        image, keep = self.dataset.view(i)
+        if self.channels == 4:
+            keep = np.ones(image.shape[:2], dtype=np.uint8) if keep is None else keep.astype(np.uint8)
+            image = np.concatenate([image, keep[:, :, None]], axis=2)
+        return torch.from_numpy(np.ascontiguousarray(image))
+
     def _decoded(self, place: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
         """Every image, decoded on DECODE_THREADS threads and ``place``d one at a time (only the
         images in flight are held on the host besides what ``place`` keeps)."""
         def one(i):
-            return place(torch.from_numpy(np.ascontiguousarray(self.dataset.image(i))))
+            return place(self._load(i))
 
         with ThreadPoolExecutor(max_workers=DECODE_THREADS) as pool:
             return list(pool.map(one, range(len(self.dataset))))
@@ -119,9 +132,10 @@ class TrainViews:
         return rows_of(self.ids, items)
 
     def images_of(self, items: list[int], step: Optional[int] = None) -> torch.Tensor:
-        """uint8 [B, H, W, 3] of items sharing one image size, on the device; what
-        :meth:`prefetch` copied ahead when it was these items. ``step`` (streaming): the step
-        they are for, from which the next ``lookahead`` steps' images are decoded ahead."""
+        """uint8 [B, H, W, channels] of items sharing one image size, on the device (channel 3,
+        when there is one, is the mask: 1 keep, 0 leave out); what :meth:`prefetch` copied ahead
+        when it was these items. ``step`` (streaming): the step they are for, from which the next
+        ``lookahead`` steps' images are decoded ahead."""
         if self.where in ("device", "host"):
             return rows_of(self.images, items)
         if self.where == "stream" and step is not None:
@@ -154,8 +168,8 @@ class TrainViews:
         return self._upload(host)
 
     def _upload(self, host: list[torch.Tensor]) -> torch.Tensor:
-        h, w, _ = host[0].shape
-        out = torch.empty((len(host), h, w, 3), dtype=torch.uint8, device=self.device)
+        h, w, c = host[0].shape
+        out = torch.empty((len(host), h, w, c), dtype=torch.uint8, device=self.device)
         for j, image in enumerate(host):
             out[j].copy_(image, non_blocking=True)
         return out
@@ -174,7 +188,7 @@ class TrainViews:
     def _submit(self, i: int) -> Future:
         """Decode item ``i`` on a pool thread into the cache (the caller holds the lock)."""
         def decode():
-            image = torch.from_numpy(np.ascontiguousarray(self.dataset.image(i)))
+            image = self._load(i)
             if self.device.type == "cuda":
                 image = image.pin_memory()
             with self._lock:
