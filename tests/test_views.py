@@ -105,3 +105,30 @@ def test_repeat_capture_makes_a_loadable_larger_capture(tmp_path):
     centres = np.stack([c.camtoworld[:3, 3] for c in big.cameras])
     assert not np.allclose(centres[0], centres[64])  # the same image, a jittered pose
     assert np.linalg.norm(centres[0] - centres[64]) < 0.1 * np.linalg.norm(centres.std(0))
+
+
+def test_streamed_views_carry_the_masks_as_a_fourth_channel(scene, tmp_path):
+    """With loss masks, a streamed batch is the image and its mask (1 keep, 0 leave out) in one
+    uint8 tensor, as the preloaded views give it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from scenes import write_colmap_scene
+
+    from splat_train.trainer.data import load_scene
+
+    keep = np.ones((32, 32), dtype=bool)
+    keep[4:20, 8:30] = False
+    root = write_colmap_scene(tmp_path / "masked", scene, masks={1: keep, 5: keep})
+    colmap = load_scene(root, 1)
+    preloaded = TrainViews(Dataset(colmap, list(range(24))), torch.device("cpu"))
+    data = Dataset(colmap, list(range(24)), preload=False)
+    sampler = CameraSampler(data, 1, seed=0)
+    streamed = TrainViews(data, torch.device("cpu"), host_cache_bytes=8 * 32 * 32 * 4, items_at=sampler.batch_at)
+    assert preloaded.channels == streamed.channels == 4
+    for step in range(30):
+        items = sampler.batch_at(step)
+        assert torch.equal(streamed.images_of(items, step), preloaded.images_of(items)), step
+    masked = preloaded.images_of([1])[0, :, :, 3]
+    assert masked.sum() == keep.sum() and preloaded.images_of([2])[0, :, :, 3].min() == 1
+    streamed.close()
