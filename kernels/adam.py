@@ -46,9 +46,10 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _update(p_ptr, g_ptr, m_ptr, v_ptr, n, start, step_size, inv_bc2_sqrt, beta1, beta2, eps,
+    def _update(p_ptr, g_ptr, m_ptr, v_ptr, n, block, step_size, inv_bc2_sqrt, beta1, beta2, eps,
                 vis_ptr, row, BLOCK: tl.constexpr, SELECTIVE: tl.constexpr):
-        offs = start + tl.arange(0, BLOCK)
+        # 64-bit offsets: shN alone passes 2^31 elements at about 48 M Gaussians on one rank
+        offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         if SELECTIVE:  # only the rows (Gaussians) marked visible; row = elements per Gaussian
             mask = mask & (tl.load(vis_ptr + offs // row, mask=mask, other=0) != 0)
@@ -78,17 +79,17 @@ if triton is not None:
         (selective: s_i = lr_i, c_i = 1); r_i: elements per Gaussian of tensor i (selective)."""
         pid = tl.program_id(0)
         if pid < e1:
-            _update(p0, g0, m0, v0, n0, pid * BLOCK, s0, c0, beta1, beta2, eps, vis, r0, BLOCK, SELECTIVE)
+            _update(p0, g0, m0, v0, n0, pid, s0, c0, beta1, beta2, eps, vis, r0, BLOCK, SELECTIVE)
         elif pid < e2:
-            _update(p1, g1, m1, v1, n1, (pid - e1) * BLOCK, s1, c1, beta1, beta2, eps, vis, r1, BLOCK, SELECTIVE)
+            _update(p1, g1, m1, v1, n1, pid - e1, s1, c1, beta1, beta2, eps, vis, r1, BLOCK, SELECTIVE)
         elif pid < e3:
-            _update(p2, g2, m2, v2, n2, (pid - e2) * BLOCK, s2, c2, beta1, beta2, eps, vis, r2, BLOCK, SELECTIVE)
+            _update(p2, g2, m2, v2, n2, pid - e2, s2, c2, beta1, beta2, eps, vis, r2, BLOCK, SELECTIVE)
         elif pid < e4:
-            _update(p3, g3, m3, v3, n3, (pid - e3) * BLOCK, s3, c3, beta1, beta2, eps, vis, r3, BLOCK, SELECTIVE)
+            _update(p3, g3, m3, v3, n3, pid - e3, s3, c3, beta1, beta2, eps, vis, r3, BLOCK, SELECTIVE)
         elif pid < e5:
-            _update(p4, g4, m4, v4, n4, (pid - e4) * BLOCK, s4, c4, beta1, beta2, eps, vis, r4, BLOCK, SELECTIVE)
+            _update(p4, g4, m4, v4, n4, pid - e4, s4, c4, beta1, beta2, eps, vis, r4, BLOCK, SELECTIVE)
         else:
-            _update(p5, g5, m5, v5, n5, (pid - e5) * BLOCK, s5, c5, beta1, beta2, eps, vis, r5, BLOCK, SELECTIVE)
+            _update(p5, g5, m5, v5, n5, pid - e5, s5, c5, beta1, beta2, eps, vis, r5, BLOCK, SELECTIVE)
 
 
 def supported(optimizer: torch.optim.Optimizer) -> bool:

@@ -42,7 +42,7 @@ if triton is not None:
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         seen_count = tl.zeros([BLOCK], dtype=tl.float32)
         for c in range(num_cameras):
-            row = c * num + offs
+            row = c * num.to(tl.int64) + offs  # c * num alone would be 32-bit
             rx = tl.load(radii_ptr + 2 * row, mask=mask, other=0)
             ry = tl.load(radii_ptr + 2 * row + 1, mask=mask, other=0)
             gx = tl.load(grad_ptr + 2 * row, mask=mask, other=0.0) * tl.load(scale_ptr + 2 * c)
@@ -55,7 +55,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["num"])
     def _packed_kernel(grad_ptr, ids_ptr, cams_ptr, scale_ptr, grad2d_ptr, count_ptr, num, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # 2 * offs passes 2^31 at 2^30 records
         mask = offs < num
         cam = tl.load(cams_ptr + offs, mask=mask, other=0)
         gx = tl.load(grad_ptr + 2 * offs, mask=mask, other=0.0) * tl.load(scale_ptr + 2 * cam, mask=mask, other=0.0)

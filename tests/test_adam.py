@@ -177,6 +177,32 @@ def test_kernel_on_gpu_matches_reference(scale):
     check_selective(params, grads, visible, run_kernel(params, grads, "cuda", visible))
 
 
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
+@pytest.mark.skipif(not adam.available(), reason="needs Triton")
+def test_kernel_on_gpu_updates_elements_past_2_31():
+    """shN of about 48 M Gaussians on one rank: element offsets past 2^31 (34 GiB of device memory).
+    Only the first and last blocks are checked against the formula; a 32-bit offset would wrap to
+    negative addresses (fault) or write the head twice and leave the tail untouched."""
+    if torch.cuda.get_device_properties(0).total_memory < 48 * 2**30:
+        pytest.skip("needs 48 GiB of device memory")
+    n = 2**31 + 3 * adam.BLOCK + 5
+    p = torch.nn.Parameter(torch.zeros(n, device="cuda"))
+    p.grad = torch.ones(n, device="cuda")
+    p.grad[-7:] = 2.0
+    opt = torch.optim.Adam([p], lr=0.5, eps=1e-15)
+    adam.adam_step([opt])
+    # first step: m = 0.1 g, v = 0.001 g^2, p = -lr * (m / 0.1) / (sqrt(v / 0.001) + eps) = -lr sign(g)
+    torch.cuda.synchronize()
+    head, tail = p.detach()[:4096].cpu(), p.detach()[-4096:].cpu()
+    assert torch.allclose(head, torch.full_like(head, -0.5)), head.unique()
+    assert torch.allclose(tail, torch.full_like(tail, -0.5)), tail.unique()
+    exp_avg = opt.state[p]["exp_avg"]
+    assert torch.allclose(exp_avg[-7:].cpu(), torch.full((7,), 0.2)), exp_avg[-7:]
+    del p, opt, exp_avg
+    torch.cuda.empty_cache()
+
 if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
     data = torch.load(sys.argv[2])
     torch.save(dict(plain=run_kernel(data["params"], data["grads"], "cpu"),

@@ -80,6 +80,39 @@ def test_kernel_on_gpu_matches_reference(name):
     check(case, run(case, "cuda", densify_stats.accumulate))
 
 
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
+@pytest.mark.skipif(not densify_stats.available(), reason="needs Triton")
+def test_kernel_on_gpu_indexes_past_2_31():
+    """Dense C x N x 2 and packed 2 R lanes past 2^31 (about 30 GiB of device memory): the rows of
+    the last camera / records must land on their Gaussians."""
+    if torch.cuda.get_device_properties(0).total_memory < 48 * 2**30:
+        pytest.skip("needs 48 GiB of device memory")
+    num = 2**29 + 17  # 3 cameras x num x 2 lanes > 2^31
+    grads = torch.zeros(3, num, 2, device="cuda")
+    radii = torch.zeros(3, num, 2, dtype=torch.int32, device="cuda")
+    grads[2, -5:] = torch.tensor([3.0, 4.0], device="cuda")
+    radii[2, -5:] = 1
+    scales = torch.ones(3, 2, device="cuda")
+    grad2d, count = torch.zeros(num, device="cuda"), torch.zeros(num, device="cuda")
+    densify_stats.accumulate(grad2d, count, grads, scales, radii=radii)
+    assert grad2d[-5:].tolist() == [5.0] * 5 and count[-5:].tolist() == [1.0] * 5
+    assert float(grad2d.sum()) == 25.0 and float(count.sum()) == 5.0
+    del grads, radii
+    records = 2**30 + 9  # 2 x records lanes > 2^31
+    grads = torch.zeros(records, 2, device="cuda")
+    grads[-3:] = torch.tensor([6.0, 8.0], device="cuda")
+    ids = torch.zeros(records, dtype=torch.int32, device="cuda")
+    ids[-3:] = torch.tensor([num - 1, num - 2, num - 2], dtype=torch.int32, device="cuda")
+    cams = torch.zeros(records, dtype=torch.int32, device="cuda")
+    grad2d.zero_(), count.zero_()
+    densify_stats.accumulate(grad2d, count, grads, scales, gaussian_ids=ids, camera_ids=cams)
+    assert grad2d[-2:].tolist() == [20.0, 10.0] and count[-2:].tolist() == [2.0, 1.0]
+    assert float(count.sum()) == float(records)
+    del grads, ids, cams
+    torch.cuda.empty_cache()
+
 if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
     cases = torch.load(sys.argv[2])
     torch.save({name: run(c, "cpu", densify_stats.accumulate) for name, c in cases.items()}, sys.argv[3])
