@@ -48,6 +48,14 @@ def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:
     return getattr(module, "module", module)
 
 
+def _upload(rows: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host table on ``device`` without a host synchronization: staged in pinned memory
+    and copied asynchronously on a GPU (a copy from pageable memory waits for the device)."""
+    if device.type == "cpu":
+        return torch.tensor(rows, dtype=dtype)
+    return torch.tensor(rows, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 class Trainer:
     """One rank's view of a run. Every rank constructs one and calls the same methods."""
 
@@ -226,9 +234,9 @@ class Trainer:
 
     def _window_intrinsics(self, Ks: torch.Tensor, windows: list, origin: tuple[int, int]) -> torch.Tensor:
         """[C, 3, 3] intrinsics of the images' ``windows`` (crops move the principal point by
-        -x0, -y0; one small upload per step with --patch_size), shifted by the tile ``origin``."""
+        -x0, -y0; one small asynchronous upload per step with --patch_size), shifted by the tile ``origin``."""
         if self.cfg.patch_size is not None:
-            offsets = torch.tensor([[-x0, -y0] for x0, y0, _, _ in windows], dtype=Ks.dtype).to(Ks.device)
+            offsets = _upload([[-x0, -y0] for x0, y0, _, _ in windows], Ks.dtype, Ks.device)
             Ks = shift_intrinsics(Ks, offsets[:, 0], offsets[:, 1])
         return shift_intrinsics(Ks, *origin) if origin != (0, 0) else Ks
 
@@ -342,7 +350,7 @@ class Trainer:
         pixels, depths, image = self.depth_targets.batch(items)
         weights = None
         if self.cfg.patch_size is not None:
-            origins = torch.tensor([[x0, y0] for x0, y0, _, _ in windows], dtype=pixels.dtype).to(pixels.device)
+            origins = _upload([[x0, y0] for x0, y0, _, _ in windows], pixels.dtype, pixels.device)
             pixels = pixels - origins[image]
             h, w = rendered.shape[1:3]
             weights = ((pixels[:, 0] >= 0) & (pixels[:, 0] < w) & (pixels[:, 1] >= 0) & (pixels[:, 1] < h)).float()
