@@ -172,3 +172,17 @@ def test_a_multi_process_run_is_told_how_to_watch_it():
     viewer_module.check_training_viewer(Config(), world_size=4)  # the default: no viewer, nothing to check
     with pytest.raises(ValueError, match=r"--no_disable_viewer .* has 4; watch it with `splat-train view results/x`"):
         viewer_module.check_training_viewer(Config(disable_viewer=False, result_dir=Path("results/x")), world_size=4)
+
+
+def test_stopping_after_a_failed_step_releases_the_viewer_lock():
+    """A training step that raises leaves before after_step; stop() (the trainer calls it in a
+    finally) must release the lock, or the viewer's render thread waits on it for ever."""
+    from splat_train.kernels import reference
+
+    viewer = viewer_module.SplatViewer(_free_port(), lambda: ({}, 0), torch.device("cpu"), reference,
+                                       mode="training")
+    viewer.before_step()
+    assert not viewer.viewer.lock.acquire(blocking=False)  # held by the step
+    viewer.stop()
+    assert viewer.viewer.lock.acquire(timeout=5)
+    viewer.viewer.lock.release()

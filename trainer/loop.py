@@ -436,9 +436,10 @@ class Trainer:
         try:
             with self.ctx.stop.deferred():  # SIGTERM: a checkpoint at the next step boundary, then the end
                 out, written, loop_seconds = self._steps(bar, profiler, viewer)
-        finally:
+        finally:  # also when a step raises: the viewer's lock and server, the image loader's threads
             if viewer is not None:
                 viewer.stop()
+            self.views.close()
         bar.close()
         if self.ctx.is_main and s.max_steps > first_step:
             steps = s.max_steps - first_step
@@ -452,7 +453,6 @@ class Trainer:
             self._write_phase_table()
         if self.writer is not None:
             self.writer.close()
-        self.views.close()
         if s.max_steps > first_step:
             self.print_outputs(written)
         return out
@@ -520,13 +520,14 @@ class Trainer:
         STOP_CHECK_EVERY steps (one small collective, read on the host), at W = 1 every step."""
         due = self.cfg.save_every_minutes > 0 and time.monotonic() - self._last_save >= 60 * self.cfg.save_every_minutes
         stop = self.ctx.stop.signum != 0
+        if saved:  # a scheduled checkpoint restarts the clock on every rank, also between agreements
+            self._last_save = time.monotonic()
+            due = False
         if self.ctx.world_size > 1:
             if done % STOP_CHECK_EVERY:
                 return
             stop, due = exchange.any_rank(self.ctx, [stop, due])
-        if saved:
-            self._last_save = time.monotonic()
-        elif stop or due:
+        if (stop or due) and not saved:
             self.save_checkpoint()
             self._last_save = time.monotonic()
         if stop:

@@ -105,18 +105,24 @@ class SplatViewer:
         while self.viewer.state == "paused":
             time.sleep(0.01)
         self.viewer.lock.acquire()
+        self._holding = True
         self._tic = time.perf_counter()
 
     def after_step(self, step: int, num_rays: int) -> None:
         """Training: release the lock after step ``step`` (``num_rays`` = pixels rendered by the
         step) and let nerfview schedule a frame (its train-util slider balances the two)."""
         seconds = max(time.perf_counter() - self._tic, 1e-10)
+        self._holding = False
         self.viewer.lock.release()
         self.viewer.render_tab_state.num_train_rays_per_sec = num_rays / seconds
         self.viewer.update(step, num_rays)
 
     def stop(self) -> None:
-        """Mark training complete (when training) and stop the server (its port is free after)."""
+        """Mark training complete (when training) and stop the server (its port is free after).
+        Releases the viewer's lock when a step raised while holding it."""
+        if getattr(self, "_holding", False):
+            self._holding = False
+            self.viewer.lock.release()
         if self.viewer.mode == "training":
             self.viewer.state = "completed"
         self.server.stop()
