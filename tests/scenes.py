@@ -58,13 +58,27 @@ def write_colmap_scene(root, scene, masks=None):
     rec = pycolmap.Reconstruction()
     for i, cam in enumerate(scene.cameras, start=1):
         K = cam.K
-        rec.add_camera_with_trivial_rig(pycolmap.Camera(model="PINHOLE", width=cam.width, height=cam.height,
-                                                        params=[K[0, 0], K[1, 1], K[0, 2], K[1, 2]], camera_id=i))
+        camera = pycolmap.Camera(model="PINHOLE", width=cam.width, height=cam.height,
+                                 params=[K[0, 0], K[1, 1], K[0, 2], K[1, 2]], camera_id=i)
         image = pycolmap.Image(name=cam.name, camera_id=i, image_id=i)
         ids = cam.point_ids if cam.point_ids is not None else np.zeros(0, np.int64)
         image.points2D = pycolmap.Point2DList([pycolmap.Point2D(np.zeros(2)) for _ in ids])
-        w2c = np.linalg.inv(cam.camtoworld.astype(np.float64))
-        rec.add_image_with_trivial_frame(image, pycolmap.Rigid3d(w2c[:3, :4]))
+        w2c = pycolmap.Rigid3d(np.linalg.inv(cam.camtoworld.astype(np.float64))[:3, :4])
+        if hasattr(rec, "add_camera_with_trivial_rig"):  # pycolmap >= 3.13
+            rec.add_camera_with_trivial_rig(camera)
+            rec.add_image_with_trivial_frame(image, w2c)
+        else:  # pycolmap 3.12 (the GPU machine's wheel): the same rig and frame, spelled out
+            rec.add_camera(camera)
+            rig = pycolmap.Rig(rig_id=i)
+            rig.add_ref_sensor(camera.sensor_id)
+            rec.add_rig(rig)
+            frame = pycolmap.Frame(frame_id=i, rig_id=i)
+            frame.add_data_id(image.data_id)
+            frame.rig_from_world = w2c
+            rec.add_frame(frame)
+            image.frame_id = i
+            rec.add_image(image)
+            rec.register_frame(i)
         iio.imwrite(root / "images" / cam.name, np.asarray(scene.images[i - 1]))
         if masks and (i - 1) in masks:
             (root / "masks").mkdir(exist_ok=True)

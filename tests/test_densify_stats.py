@@ -103,13 +103,16 @@ def test_kernel_on_gpu_indexes_past_2_31():
     records = 2**30 + 9  # 2 x records lanes > 2^31
     grads = torch.zeros(records, 2, device="cuda")
     grads[-3:] = torch.tensor([6.0, 8.0], device="cuda")
-    ids = torch.zeros(records, dtype=torch.int32, device="cuda")
+    # records dealt round-robin over the Gaussians (counts of 1 or 2: exact in float32), the last
+    # three with a gradient, on Gaussians num - 1, num - 2, num - 2
+    ids = (torch.arange(records, device="cuda") % num).to(torch.int32)
     ids[-3:] = torch.tensor([num - 1, num - 2, num - 2], dtype=torch.int32, device="cuda")
     cams = torch.zeros(records, dtype=torch.int32, device="cuda")
     grad2d.zero_(), count.zero_()
     densify_stats.accumulate(grad2d, count, grads, scales, gaussian_ids=ids, camera_ids=cams)
-    assert grad2d[-2:].tolist() == [20.0, 10.0] and count[-2:].tolist() == [2.0, 1.0]
-    assert float(count.sum()) == float(records)
+    expected = torch.bincount(ids.long(), minlength=num).float()
+    assert grad2d[-2:].tolist() == [20.0, 10.0] and float(grad2d.double().sum()) == 30.0
+    assert torch.equal(count, expected) and float(count.double().sum()) == float(records)
     del grads, ids, cams
     torch.cuda.empty_cache()
 
