@@ -189,8 +189,10 @@ class TrainViews:
         """Decode item ``i`` on a pool thread into the cache (the caller holds the lock)."""
         def decode():
             image = self._load(i)
-            if self.device.type == "cuda":
-                image = image.pin_memory()
+            if self.device.type == "cuda":  # copied by numpy: a torch copy on this thread would start
+                pinned = torch.empty(image.shape, dtype=image.dtype, pin_memory=True)  # its own OpenMP team
+                pinned.numpy()[...] = image.numpy()
+                image = pinned
             with self._lock:
                 self._pending.pop(i, None)
                 self._cache[i] = image
