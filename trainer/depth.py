@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .data import DataError, Dataset
+from .data.masks import has_masks
 
 
 def project_points(points_cam: np.ndarray, K: np.ndarray, camera_model: str) -> np.ndarray:
@@ -48,6 +49,7 @@ class DepthTargets:
         if scene.points is None or any(scene.cameras[i].point_ids is None for i in dataset.indices):
             raise DataError(f"--depth_loss needs each image's SfM points (COLMAP tracks); the {scene.source} scene "
                             "has none")
+        masked = has_masks(scene, dataset.alpha_as_mask)  # else no view is decoded here (streamed datasets)
         pixels, depths, starts = [], [], [0]
         for item, index in enumerate(dataset.indices):
             camera = scene.cameras[index]
@@ -56,7 +58,7 @@ class DepthTargets:
             uv = project_points(pts, camera.K.astype(np.float64), camera_model)
             keep = ((uv[:, 0] >= 0) & (uv[:, 0] < camera.width) & (uv[:, 1] >= 0) & (uv[:, 1] < camera.height)
                     & (pts[:, 2] > 0))
-            mask = dataset.mask(item)
+            mask = dataset.mask(item) if masked else None
             if mask is not None:
                 col = np.clip(uv[:, 0].astype(np.int64), 0, camera.width - 1)
                 row = np.clip(uv[:, 1].astype(np.int64), 0, camera.height - 1)

@@ -98,8 +98,8 @@ class Dataset:
     def __getitem__(self, i: int) -> dict:
         """camera(i) with image float32 [H, W, 3] in [0, 1] and mask bool [H, W] (only when the
         view has one)."""
-        item = dict(self.camera(i), image=torch.from_numpy(self.image(i)).float() / 255.0)  # [H, W, 3]
-        mask = self.mask(i)
+        image, mask = self.view(i)  # decoded once
+        item = dict(self.camera(i), image=torch.from_numpy(image).float() / 255.0)  # [H, W, 3]
         if mask is not None:
             item["mask"] = torch.from_numpy(mask)
         return item
