@@ -418,6 +418,23 @@ def test_unreadable_image_found_at_preload(tmp_path):
         Dataset(scene, [0, 1, 2])
 
 
+
+def test_dataset_preloads_only_the_named_items(tmp_path):
+    """A rank's share of the test views (preload=[...]): those are decoded at construction (a bad
+    file among them raises there), the others when asked for, with the same pixels."""
+    make_colmap(tmp_path, specs=[("PINHOLE", 40, 30, [30, 30, 20, 15])] * 4)
+    scene = load_scene(tmp_path)
+    share = Dataset(scene, [0, 1, 2, 3], preload=[1, 3])
+    everything = Dataset(scene, [0, 1, 2, 3])
+    for i in range(4):
+        np.testing.assert_array_equal(share.image(i), everything.image(i))
+    scene.cameras[2].image_path.write_bytes(b"garbage")  # not in the share: read only when asked for
+    np.testing.assert_array_equal(share.view(3)[0], everything.image(3))
+    with pytest.raises(DataError, match=scene.cameras[2].name):
+        share.image(2)
+    with pytest.raises(DataError, match=scene.cameras[2].name):
+        Dataset(scene, [0, 1, 2, 3], preload=[2])
+
 def test_image_of_wrong_size(tmp_path):
     make_colmap(tmp_path, specs=[("PINHOLE", 40, 30, [30, 30, 20, 15])] * 3)
     iio.imwrite(tmp_path / "images" / "view_01.png", np.zeros((30, 41, 3), np.uint8))

@@ -16,7 +16,6 @@ never the end of a run that has its model.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
@@ -25,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import metrics
+from . import exchange, metrics
 from .fileio import atomic_write
 from .model import activated
 from .render import CameraBatch, render, rigid_inverse
@@ -104,13 +103,6 @@ def require_lpips(cfg) -> Optional[metrics.LPIPSMetric]:
     return metric
 
 
-def _my_views(n: int, ctx) -> tuple[list[int], int]:
-    """Indices of the views this rank renders, and the number of rounds every rank runs."""
-    rounds = math.ceil(n / ctx.world_size) if n else 0
-    mine = list(range(ctx.rank, n, ctx.world_size))
-    return mine, rounds
-
-
 def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
     """Score the test views after ``step`` steps; returns the metrics on rank 0 (None elsewhere).
 
@@ -122,7 +114,7 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
     ctx, testset = trainer.ctx, trainer.testset
     if len(testset) == 0:
         return None
-    mine, rounds = _my_views(len(testset), ctx)
+    mine, rounds = exchange.deal_views(len(testset), ctx)
     lpips = _lpips(trainer)
     gaussians = activated(trainer.params)
     folder = trainer.result_dir / "renders"
@@ -161,13 +153,18 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
     num_gaussians = sum(n for n, _, _, _ in gathered)
     per_view = [{k: v for k, v in row.items() if k != "index"}
                 for row in sorted((row for _, part, _, _ in gathered for row in part), key=lambda row: row["index"])]
+    # LPIPS is reported when every rank could score it (its weights are read per host)
+    scored = lpips.available and all("lpips" in row for row in per_view)
+    reason = lpips.reason if not lpips.available else "LPIPS unavailable on another rank's host"
+    if not scored:
+        per_view = [{k: v for k, v in row.items() if k != "lpips"} for row in per_view]
     summary = dict(
         step=step,
         psnr=float(np.mean([r["psnr"] for r in per_view])),
         ssim=float(np.mean([r["ssim"] for r in per_view])),
-        lpips=(float(np.mean([r["lpips"] for r in per_view])) if lpips.available else None),
-        lpips_unavailable_reason=None if lpips.available else lpips.reason,
-        **(lpips.describe() if lpips.available else {}),  # which net produced the number
+        lpips=(float(np.mean([r["lpips"] for r in per_view])) if scored else None),
+        lpips_unavailable_reason=None if scored else reason,
+        **(lpips.describe() if scored else {}),  # which net produced the number
         ms_per_image=gathered[0][2] * 1000.0 / max(gathered[0][3], 1),
         num_gaussians=num_gaussians,
         num_views=len(per_view),
@@ -181,7 +178,7 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
                 trainer.writer.add_scalar(f"val/{k}", summary[k], step)
     from tqdm import tqdm
 
-    lpips_text = f" LPIPS({lpips.net}) {summary['lpips']:.4f}" if lpips.available else ""
+    lpips_text = f" LPIPS({lpips.net}) {summary['lpips']:.4f}" if scored else ""
     tqdm.write(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f}{lpips_text} "
                f"({len(per_view)} views)")
     return summary
@@ -289,7 +286,7 @@ def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
     c2ws = np.stack([trainer.scene.cameras[i].camtoworld for i in trainer.trainset.indices])
     bounds = scene_depth_bounds(trainer) if trainer.cfg.render_traj_path == "spiral" else (0.0, 0.0)
     poses = torch.from_numpy(trajectory(trainer.cfg.render_traj_path, c2ws, n, bounds)).to(trainer.device)
-    mine, rounds = _my_views(n, ctx)
+    mine, rounds = exchange.deal_views(n, ctx)
     picks = mine + [mine[-1] if mine else 0] * (rounds - len(mine))
     cams = [CameraBatch(rigid_inverse(poses[i : i + 1]), first["K"][None].to(trainer.device),
                         int(first["width"]), int(first["height"])) for i in picks]

@@ -33,6 +33,13 @@ from .launch import DistContext
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def deal_views(n: int, ctx: DistContext) -> tuple[list[int], int]:
+    """Views dealt round-robin to the ranks for evaluation and pruning: (the indices of the ``n``
+    views rank ``ctx.rank`` renders, the number of rounds every rank runs, ceil(n / W))."""
+    rounds = -(-n // ctx.world_size) if n else 0
+    return list(range(ctx.rank, n, ctx.world_size)), rounds
+
+
 def gather_metadata(ctx: DistContext, values: Sequence[int]) -> torch.Tensor:
     """All-gather a few int32 values per rank -> [W, len(values)] int64 on the CPU.
 

@@ -71,7 +71,8 @@ class Trainer:
         train_idx, test_idx = split_indices(len(scene.cameras), cfg.test_every)
         preload = cfg.image_cache_gb == 0  # with a bound, images are decoded as needed
         self.trainset = Dataset(scene, train_idx, preload=preload, alpha_as_mask=cfg.alpha_as_mask)
-        self.testset = Dataset(scene, test_idx, preload=preload, alpha_as_mask=cfg.alpha_as_mask)
+        mine = exchange.deal_views(len(test_idx), ctx)[0] if preload else ()  # the test views this rank scores
+        self.testset = Dataset(scene, test_idx, preload=mine, alpha_as_mask=cfg.alpha_as_mask)
         # every rank's sampler: a rank knows what every other rank renders at a step without asking
         self.samplers = [CameraSampler(self.trainset, cfg.batch_size, cfg.seed, r) for r in range(ctx.world_size)]
         self.sampler = self.samplers[ctx.rank]

@@ -223,7 +223,7 @@ def measure(trainer: "Trainer", budget: int, composite: bool = True) -> Measurem
     """Render every training view (collectively; view i on rank i mod W, a rank out of views
     re-renders one and discards it) and route the per-record statistics to their owners."""
     ctx, cfg, views = trainer.ctx, trainer.cfg, trainer.trainset
-    mine, rounds = evaluate._my_views(len(views), ctx)
+    mine, rounds = exchange.deal_views(len(views), ctx)
     gaussians = activated(trainer.params)
     device = trainer.params["means"].device
     acc = torch.zeros(trainer.params["means"].shape[0], 3, dtype=torch.float64, device=device)
@@ -335,7 +335,7 @@ def heldout_psnr(trainer: "Trainer") -> Optional[float]:
     ctx, testset = trainer.ctx, trainer.testset
     if len(testset) == 0:
         return None
-    mine, rounds = evaluate._my_views(len(testset), ctx)
+    mine, rounds = exchange.deal_views(len(testset), ctx)
     cams = [trainer.camera_batch(testset.batch([i])) for i in mine]
     cams += [cams[-1] if cams else trainer.camera_batch(testset.batch([0]))] * (rounds - len(cams))
     renders = evaluate.render_views(trainer, cams)[: len(mine)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -37,20 +38,24 @@ class Dataset:
     Images are kept as uint8 and turned into float32 [0, 1] tensors per item, with their loss
     masks (bool [H, W], masks.py; None for a view without one). With preload, every image is read
     (in a few threads) in the constructor, so a bad file raises DataError at start-up rather than
-    mid-training. ``alpha_as_mask``: an image's alpha channel is its mask (--alpha_as_mask).
+    mid-training; ``preload`` may also name the items to read (a rank's share of the test views),
+    the others being decoded when asked for. ``alpha_as_mask``: an image's alpha channel is its
+    mask (--alpha_as_mask).
     """
 
-    def __init__(self, scene: Scene, indices: list[int], preload: bool = True, alpha_as_mask: bool = True):
+    def __init__(self, scene: Scene, indices: list[int], preload: "bool | Sequence[int]" = True,
+                 alpha_as_mask: bool = True):
         self.scene = scene
         self.indices = [int(i) for i in indices]
         self.alpha_as_mask = alpha_as_mask
         assert all(0 <= i < len(scene.cameras) for i in self.indices), "camera index out of range"
         self._images = self._masks = None
-        if preload:
+        items = range(len(self.indices)) if preload is True else sorted(set(preload or ()))
+        if items:
             with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-                views = list(pool.map(lambda i: load_view(scene, i, alpha_as_mask), self.indices))
-            self._images = [image for image, _ in views]
-            self._masks = [keep for _, keep in views]
+                views = dict(zip(items, pool.map(lambda i: load_view(scene, self.indices[i], alpha_as_mask), items)))
+            self._images = [views[i][0] if i in views else None for i in range(len(self.indices))]
+            self._masks = [views[i][1] if i in views else None for i in range(len(self.indices))]
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -79,19 +84,19 @@ class Dataset:
 
     def image(self, i: int) -> np.ndarray:
         """uint8 [H, W, 3] RGB of item i."""
-        if self._images is not None:
+        if self._images is not None and self._images[i] is not None:
             return self._images[i]
         return load_view(self.scene, self.indices[i], self.alpha_as_mask)[0]
 
     def view(self, i: int) -> "tuple[np.ndarray, np.ndarray | None]":
         """(image, mask) of item i, as :meth:`image` and :meth:`mask`, decoded once."""
-        if self._images is not None:
+        if self._images is not None and self._images[i] is not None:
             return self._images[i], self._masks[i]
         return load_view(self.scene, self.indices[i], self.alpha_as_mask)
 
     def mask(self, i: int) -> "np.ndarray | None":
         """bool [H, W] kept pixels of item i, or None when every pixel is kept."""
-        if self._masks is not None:
+        if self._images is not None and self._images[i] is not None:
             return self._masks[i]
         return load_view(self.scene, self.indices[i], self.alpha_as_mask)[1]
 
