@@ -269,3 +269,21 @@ def test_fused_loss_through_the_exchange_equals_single_process(tmp_path, packed)
         for k in PARAMS:
             assert rel_err(o["grads"][k], s_grads[k][start : start + n]) <= 1e-5, k
         start += n
+
+
+def _control_rank(ctx: DistContext, out_dir):
+    from splat_train.trainer import exchange
+
+    got = dict(from_main=exchange.from_main(ctx, {"resume": ctx.rank == 0, "rank": ctx.rank}),
+               any=exchange.any_rank(ctx, [ctx.rank == 1, False]), views=exchange.deal_views(5, ctx))
+    torch.save(got, f"{out_dir}/control_{ctx.rank}.pt")
+
+
+def test_control_values_agree_across_ranks(tmp_path):
+    """Rank 0's decisions reach every rank (from_main: resuming and which checkpoint set, decided
+    by rank 0 alone); any_rank ORs flags; deal_views deals 5 views to 3 ranks round-robin."""
+    assert launch(_control_rank, (str(tmp_path),), nproc_per_node=3, device="cpu") == 0
+    got = [torch.load(tmp_path / f"control_{r}.pt") for r in range(3)]
+    assert all(g["from_main"] == {"resume": True, "rank": 0} for g in got)
+    assert all(g["any"] == [True, False] for g in got)
+    assert [g["views"] for g in got] == [([0, 3], 2), ([1, 4], 2), ([2], 2)]

@@ -130,6 +130,7 @@ def run(ctx: DistContext, cfg: Config) -> None:
     """What every rank runs. Rank 0 checks, for a new run, that the first step fits in memory
     (memory.check_first_step; ValueError otherwise) and says what it loads, before any image is
     decoded; its estimate stands for every rank (they differ by at most one Gaussian)."""
+    from . import exchange
     from .data import describe_views, split_indices
     from .evaluate import require_lpips
     from .loop import Trainer, evaluate_only, resume_from
@@ -138,6 +139,8 @@ def run(ctx: DistContext, cfg: Config) -> None:
     from .viewer import check_training_viewer
 
     with interruptible(ctx.stop):  # after the imports: pycolmap's native SIGTERM handler is replaced
+        # under an external launcher every process decided on its own (main); rank 0's decision stands
+        cfg = dataclasses.replace(cfg, resume=exchange.from_main(ctx, cfg.resume))
         check_training_viewer(cfg, ctx.world_size)
         lpips = require_lpips(cfg) if ctx.is_main else None  # a named backbone file fails here, not at evaluation
         scene = build_scene(cfg, log=_say if ctx.is_main else None)

@@ -65,6 +65,16 @@ def any_rank(ctx: DistContext, flags: Sequence[bool]) -> list[bool]:
     return [bool(v) for v in values.cpu().tolist()]
 
 
+
+def from_main(ctx: DistContext, obj):
+    """Rank 0's ``obj`` on every rank (a pickled broadcast through the host; control values only,
+    e.g. rank 0's decision to resume and from which files). Identity at world size 1."""
+    if ctx.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=ctx.group, device=ctx.comm_device)
+    return box[0]
+
 def send_rows(ctx: DistContext, rows: torch.Tensor, dst: int) -> None:
     """Point-to-point: float32 rows [n, D] of this rank to rank ``dst`` (:func:`recv_rows` there),
     through the communication device (the GPU for nccl). Non-differentiable (exports)."""

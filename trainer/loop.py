@@ -679,7 +679,9 @@ def evaluate_only(trainer: Trainer, files: list[Path]) -> list[Path]:
 
 
 def resume_from(trainer: Trainer, ckpt_dir: Path) -> Optional[int]:
-    found = checkpoint.latest_complete(ckpt_dir)  # main() checked it exists and named skipped sets
+    # rank 0 picks the set (main() checked it exists and named skipped sets): on nodes that see the
+    # folder at different moments of a concurrent write, every rank still loads the same step
+    found = exchange.from_main(trainer.ctx, checkpoint.latest_complete(ckpt_dir) if trainer.ctx.is_main else None)
     if found is None:
         raise ValueError(f"--resume: no complete set of checkpoints in {ckpt_dir}")
     step, files = found
