@@ -448,6 +448,8 @@ class Trainer:
                     if self.device.type == "cuda" else "")
             print(f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
                   f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}", flush=True)
+            if self.views.stream_summary():
+                print(self.views.stream_summary(), flush=True)
         if profiler is not None:
             profiler.stop()
             self._phase_log += self.timer.collect()
