@@ -1,0 +1,435 @@
+// Fused rasterization + tile-local L1 / D-SSIM loss + backward rasterization, one block per
+// (image, 16x16 tile). Device code and a plain C++ launcher; no torch include, so the same file
+// is compiled by nvcc, by hipcc after torch.utils.hipify, and by a C++ compiler under the CPU
+// emulation of tests/csrc (ST_CPU_EMU). The definitions (loss, compositing rules) are those of
+// kernels/fused_raster.py's module docstring; kernels/fused_raster.py's REFERENCE functions are
+// the test oracle.
+//
+// One block of 256 threads per tile, one thread per pixel, in three phases:
+//  1. Forward (as gsplat's forward): the tile's depth-sorted records are staged through shared
+//     memory 256 at a time; each thread composites its pixel front to back (T a running product)
+//     and stops before the first Gaussian that takes T to <= 1e-4. Every ``warpSize`` list
+//     positions (a *bucket*) each thread writes a checkpoint to global scratch: T at the end of
+//     the bucket and the colour the bucket added (4 floats). The tile's loop ends once every
+//     pixel has stopped.
+//  2. Loss (on chip): the tile-local SSIM with the window renormalized to the tile's pixels with
+//     ground truth, as separable 11-tap passes over shared memory, the L1 term, the tile's two
+//     partial sums (to ``partial``) and dL/dpixel (to shared memory only). Each thread then turns
+//     its checkpoints' colour into "what lies behind the bucket's end, dotted with dL/dpixel", a
+//     back-to-front sum over its buckets (no cancellation: the same summands gsplat's backward
+//     accumulates).
+//  3. Backward (per bucket, Taming-3DGS's scheme): each warp takes buckets of the tile in turn;
+//     lane l owns the bucket's Gaussian warpSize - 1 - l in registers. The pixels flow through
+//     the lanes: at step s lane l handles pixel s - l, receiving (T after this Gaussian, what
+//     lies behind it) from lane l - 1 (lane 0 from the checkpoint), recovering T before it by
+//     one division (re-anchored every bucket) and adding its gradient terms in registers. One
+//     set of atomics per Gaussian per bucket. A tile of n Gaussians is ceil(n / warpSize)
+//     independent warp tasks, shared by the block's warps; no per-Gaussian block reduction.
+// Nothing is written per pixel but the checkpoints (and the image when asked): dL/dpixel stays
+// in shared memory.
+#pragma once
+
+#if !defined(ST_CPU_EMU)
+#include <cuda_runtime.h>
+#endif
+#include <stdint.h>
+
+#include "portability.h"
+
+namespace splat_fused {
+
+constexpr int TILE = 16;                     // tile side, pixels
+constexpr int NPIX = TILE * TILE;            // threads per block, one per pixel
+constexpr int WIN_HALF = 5;                  // the SSIM window is 11 taps
+constexpr int CP_BUCKET_MIN = 32;            // smallest warp size: the host sizes the scratch by it
+constexpr float MAX_ALPHA = 0.999f;
+constexpr float ALPHA_MIN = 1.0f / 255.0f;
+constexpr float T_MIN = 1e-4f;
+constexpr float SSIM_C1 = 0.01f * 0.01f;
+constexpr float SSIM_C2 = 0.03f * 0.03f;
+
+struct Params {
+  // records, flattened over images (dense [I * N]) or packed [nnz]; flatten_ids index them
+  const float* means2d;      // [R, 2]
+  const float* conics;       // [R, 3]
+  const float* colors;       // [R, 3]
+  const float* opacities;    // [R]
+  const float* backgrounds;  // [I, 3] or null
+  const float* gts;          // [I, height - oy, width - ox, 3]
+  const int32_t* offsets;    // [I * tiles_y * tiles_x] start of each tile's list
+  const int32_t* flatten_ids;
+  int64_t n_isects;
+  int num_images, width, height, ox, oy, tiles_x, num_tiles;  // num_tiles per image
+  float l1_scale, ssim_scale;  // dL/dpixel = l1_scale sign(x - y) - ssim_scale d SSIM_sum / dx
+  float window[2 * WIN_HALF + 1];
+  float* v_means2d;    // [R, 2], zeroed
+  float* v_conics;     // [R, 3]
+  float* v_colors;     // [R, 3]
+  float* v_opacities;  // [R]
+  float* v_backgrounds;  // [I, 3] or null
+  float* absgrad;      // [R, 2] or null
+  float* image;        // [I, height, width, 3] or null
+  float* partial;      // [I * num_tiles, 2]: sum |x - y|, sum SSIM map, over the tile's pixels with ground truth
+  float* checkpoints;  // (n_isects / 32 + I * num_tiles + 1) * 256 * 4 floats, scratch
+};
+
+// Scratch position of a tile's first bucket, in buckets: floor(start / 32) + tile. A tile needs at
+// most ceil(n / 32) buckets, so consecutive tiles never overlap, for any warpSize >= 32.
+ST_DEVICE int64_t bucket_base(int64_t start, int tile) { return start / CP_BUCKET_MIN + tile; }
+
+// sigma = 0.5 (a dx^2 + c dy^2) + b dx dy, with every rounding explicit, so that the forward and
+// the backward (different code, different compiler contraction choices otherwise) compute the
+// same bits and take the same skip decisions.
+ST_DEVICE float gauss_sigma(float a, float b, float c, float dx, float dy) {
+  const float dxx = dx * dx, dyy = dy * dy, dxy = dx * dy;
+  return fmaf(b, dxy, 0.5f * fmaf(a, dxx, c * dyy));
+}
+
+// Block-wide sum (op 0) or max (op 1) over the 256 threads; every thread gets the result.
+ST_DEVICE float block_reduce(float v, float* s_red, int tid, bool max_op) {
+  __syncthreads();
+  s_red[tid] = v;
+  __syncthreads();
+  for (int stride = NPIX / 2; stride > 0; stride >>= 1) {
+    if (tid < stride) {
+      const float o = s_red[tid + stride];
+      s_red[tid] = max_op ? fmaxf(s_red[tid], o) : s_red[tid] + o;
+    }
+    __syncthreads();
+  }
+  const float out = s_red[0];
+  __syncthreads();
+  return out;
+}
+
+// Horizontal then vertical 11-tap pass of ``count`` maps (m_in -> m_out via m_tmp), window w,
+// zero outside the tile. Thread (r, c) returns its outputs in out[]. Callers synchronize before.
+ST_DEVICE void blur_maps(const float* m_in, float* m_tmp, const float* w, int count, int r, int c, int tid,
+                         float* out) {
+  for (int k = 0; k < count; ++k) {
+    float h = 0.f;
+    for (int d = -WIN_HALF; d <= WIN_HALF; ++d) {
+      const int cc = c + d;
+      if (cc >= 0 && cc < TILE) h += w[d + WIN_HALF] * m_in[k * NPIX + r * TILE + cc];
+    }
+    m_tmp[k * NPIX + tid] = h;
+  }
+  __syncthreads();
+  for (int k = 0; k < count; ++k) {
+    float v = 0.f;
+    for (int d = -WIN_HALF; d <= WIN_HALF; ++d) {
+      const int rr = r + d;
+      if (rr >= 0 && rr < TILE) v += w[d + WIN_HALF] * m_tmp[k * NPIX + rr * TILE + c];
+    }
+    out[k] = v;
+  }
+}
+
+ST_GLOBAL void ST_LAUNCH_BOUNDS(256) fused_raster_loss_kernel(const Params P) {
+  __shared__ float s_buf[10 * NPIX];  // the staged records (forward), then SSIM maps
+  __shared__ float s_g[3 * NPIX];     // dL/dpixel
+  __shared__ int s_stop[NPIX];        // list position each pixel stopped before (start: no gradient)
+  __shared__ float s_red[NPIX];
+
+  const int tile = blockIdx.x;
+  const int img = tile / P.num_tiles;
+  const int tile_in_img = tile % P.num_tiles;
+  const int tx = tile_in_img % P.tiles_x, ty = tile_in_img / P.tiles_x;
+  const int tid = threadIdx.x;
+  const int r = tid / TILE, c = tid % TILE;
+  const int x = tx * TILE + c, y = ty * TILE + r;
+  const bool in_img = x < P.width && y < P.height;
+  const bool has_gt = in_img && x >= P.ox && y >= P.oy;
+  const float px = (float)x + 0.5f, py = (float)y + 0.5f;
+  const int num_all = P.num_images * P.num_tiles;
+  const int64_t start = P.offsets[tile];
+  const int64_t end = tile + 1 < num_all ? (int64_t)P.offsets[tile + 1] : P.n_isects;
+  const int B = warpSize;  // bucket length = lanes per warp
+  float* cp = P.checkpoints + bucket_base(start, tile) * (NPIX * 4);
+
+  // ---------------------------------------------------------------- 1. forward
+  float* s_mx = s_buf;
+  float* s_my = s_buf + NPIX;
+  float* s_ca = s_buf + 2 * NPIX;
+  float* s_cb = s_buf + 3 * NPIX;
+  float* s_cc = s_buf + 4 * NPIX;
+  float* s_op = s_buf + 5 * NPIX;
+  float* s_cr = s_buf + 6 * NPIX;
+  float* s_cg = s_buf + 7 * NPIX;
+  float* s_cbl = s_buf + 8 * NPIX;
+  float T = 1.f, col_r = 0.f, col_g = 0.f, col_b = 0.f;
+  int64_t stop = in_img ? end : start;
+  bool done = !in_img;
+  int bucket = 0;
+  for (int64_t b0 = start; b0 < end; b0 += NPIX) {
+    const int n = (int)((end - b0) < NPIX ? (end - b0) : NPIX);
+    __syncthreads();  // the previous batch is consumed
+    if (tid < n) {
+      const int64_t g = P.flatten_ids[b0 + tid];
+      s_mx[tid] = P.means2d[2 * g];
+      s_my[tid] = P.means2d[2 * g + 1];
+      s_ca[tid] = P.conics[3 * g];
+      s_cb[tid] = P.conics[3 * g + 1];
+      s_cc[tid] = P.conics[3 * g + 2];
+      s_op[tid] = P.opacities[g];
+      s_cr[tid] = P.colors[3 * g];
+      s_cg[tid] = P.colors[3 * g + 1];
+      s_cbl[tid] = P.colors[3 * g + 2];
+    }
+    __syncthreads();
+    for (int j0 = 0; j0 < n; j0 += B) {
+      const int j1 = j0 + B < n ? j0 + B : n;
+      float d_r = 0.f, d_g = 0.f, d_b = 0.f;  // the colour this bucket adds
+      if (!done) {
+        for (int j = j0; j < j1; ++j) {
+          const float dx = s_mx[j] - px, dy = s_my[j] - py;
+          const float sigma = gauss_sigma(s_ca[j], s_cb[j], s_cc[j], dx, dy);
+          if (sigma < 0.f) continue;
+          const float alpha = fminf(MAX_ALPHA, s_op[j] * expf(-sigma));
+          if (alpha < ALPHA_MIN) continue;
+          const float next_T = T * (1.f - alpha);
+          if (next_T <= T_MIN) {
+            done = true;
+            stop = b0 + j;
+            break;
+          }
+          const float w = alpha * T;
+          d_r += w * s_cr[j];
+          d_g += w * s_cg[j];
+          d_b += w * s_cbl[j];
+          T = next_T;
+        }
+        col_r += d_r;
+        col_g += d_g;
+        col_b += d_b;
+      }
+      float* q = cp + ((int64_t)bucket * NPIX + tid) * 4;
+      q[0] = T;
+      q[1] = d_r;
+      q[2] = d_g;
+      q[3] = d_b;
+      ++bucket;
+    }
+    if (__syncthreads_count(done ? 0 : 1) == 0) break;
+  }
+
+  float bg_r = 0.f, bg_g = 0.f, bg_b = 0.f;
+  if (P.backgrounds != nullptr) {
+    bg_r = P.backgrounds[3 * img];
+    bg_g = P.backgrounds[3 * img + 1];
+    bg_b = P.backgrounds[3 * img + 2];
+  }
+  float xv[3] = {col_r + T * bg_r, col_g + T * bg_g, col_b + T * bg_b};
+  if (P.image != nullptr && in_img) {
+    float* o = P.image + (((int64_t)img * P.height + y) * P.width + x) * 3;
+    o[0] = xv[0];
+    o[1] = xv[1];
+    o[2] = xv[2];
+  }
+
+  // ---------------------------------------------------------------- 2. tile-local loss
+  float yv[3] = {0.f, 0.f, 0.f};
+  if (has_gt) {
+    const int gw = P.width - P.ox, gh = P.height - P.oy;
+    const float* q = P.gts + (((int64_t)img * gh + (y - P.oy)) * gw + (x - P.ox)) * 3;
+    yv[0] = q[0];
+    yv[1] = q[1];
+    yv[2] = q[2];
+  } else {
+    xv[0] = xv[1] = xv[2] = 0.f;
+  }
+  // The renormalized window's in-tile weight of this pixel: the 1D sums over the tile's columns
+  // and rows with ground truth (a rectangle, so the 2D weight is their product).
+  float nx = 0.f, ny = 0.f;
+  for (int d = -WIN_HALF; d <= WIN_HALF; ++d) {
+    const int cc = c + d, rr = r + d;
+    const int gx = tx * TILE + cc, gy = ty * TILE + rr;
+    if (cc >= 0 && cc < TILE && gx >= P.ox && gx < P.width) nx += P.window[d + WIN_HALF];
+    if (rr >= 0 && rr < TILE && gy >= P.oy && gy < P.height) ny += P.window[d + WIN_HALF];
+  }
+  const float inv_n = has_gt ? 1.f / (nx * ny) : 0.f;
+  float* m_in = s_buf;
+  float* m_tmp = s_buf + 5 * NPIX;
+  float ssim_sum = 0.f, abs_sum = 0.f, g[3];
+  for (int ch = 0; ch < 3; ++ch) {
+    const float xa = xv[ch], ya = yv[ch];
+    __syncthreads();
+    m_in[tid] = xa;
+    m_in[NPIX + tid] = ya;
+    m_in[2 * NPIX + tid] = xa * xa;
+    m_in[3 * NPIX + tid] = ya * ya;
+    m_in[4 * NPIX + tid] = xa * ya;
+    __syncthreads();
+    float f[5];
+    blur_maps(m_in, m_tmp, P.window, 5, r, c, tid, f);
+    const float mu_x = f[0] * inv_n, mu_y = f[1] * inv_n;
+    const float var_x = f[2] * inv_n - mu_x * mu_x;
+    const float var_y = f[3] * inv_n - mu_y * mu_y;
+    const float cov = f[4] * inv_n - mu_x * mu_y;
+    const float a1 = 2.f * mu_x * mu_y + SSIM_C1, a2 = 2.f * cov + SSIM_C2;
+    const float b1 = mu_x * mu_x + mu_y * mu_y + SSIM_C1, b2 = var_x + var_y + SSIM_C2;
+    const float den = b1 * b2;
+    const float s = a1 * a2 / den;
+    // d s / d mu_x, d s / d E[x^2], d s / d E[xy], through the window's normalization
+    const float d_mu = has_gt ? (2.f * mu_y * (a2 - a1) - 2.f * mu_x * s * (b2 - b1)) / den * inv_n : 0.f;
+    const float d_xx = has_gt ? -s / b2 * inv_n : 0.f;
+    const float d_xy = has_gt ? 2.f * a1 / den * inv_n : 0.f;
+    if (has_gt) ssim_sum += s;
+    __syncthreads();  // every thread has read the blur passes' maps
+    m_in[tid] = d_mu;
+    m_in[NPIX + tid] = d_xx;
+    m_in[2 * NPIX + tid] = d_xy;
+    __syncthreads();
+    float bw[3];
+    blur_maps(m_in, m_tmp, P.window, 3, r, c, tid, bw);  // the window is symmetric: its transpose
+    const float ds = bw[0] + 2.f * xa * bw[1] + ya * bw[2];
+    const float e = xa - ya;
+    abs_sum += fabsf(e);
+    const float sgn = e > 0.f ? 1.f : (e < 0.f ? -1.f : 0.f);
+    g[ch] = has_gt ? P.l1_scale * sgn - P.ssim_scale * ds : 0.f;
+  }
+  const float tile_abs = block_reduce(abs_sum, s_red, tid, false);
+  const float tile_ssim = block_reduce(ssim_sum, s_red, tid, false);
+  if (tid == 0) {
+    P.partial[2 * (int64_t)tile] = tile_abs;
+    P.partial[2 * (int64_t)tile + 1] = tile_ssim;
+  }
+  if (P.v_backgrounds != nullptr) {
+    for (int ch = 0; ch < 3; ++ch) {
+      const float t = block_reduce(T * g[ch], s_red, tid, false);
+      if (tid == 0) atomicAdd(P.v_backgrounds + 3 * img + ch, t);
+    }
+  }
+  s_g[tid] = g[0];
+  s_g[NPIX + tid] = g[1];
+  s_g[2 * NPIX + tid] = g[2];
+  const int64_t my_stop = has_gt ? stop : start;  // the other pixels have no gradient
+  s_stop[tid] = (int)(my_stop - start);
+  // Checkpoint colour -> what lies behind the bucket's end, dotted with g (back to front).
+  if (has_gt) {
+    const int nb = (int)((my_stop - start + B - 1) / B);
+    float behind = T * (bg_r * g[0] + bg_g * g[1] + bg_b * g[2]);
+    for (int b = nb - 1; b >= 0; --b) {
+      float* q = cp + ((int64_t)b * NPIX + tid) * 4;
+      const float add = q[1] * g[0] + q[2] * g[1] + q[3] * g[2];
+      q[1] = behind;
+      behind += add;
+    }
+  }
+  const float last = block_reduce((float)(my_stop - start), s_red, tid, true);  // exact below 2^24
+  const int num_buckets = ((int)last + B - 1) / B;
+  // block_reduce ended on __syncthreads: s_g, s_stop and the rewritten checkpoints are visible
+
+  // ---------------------------------------------------------------- 3. backward, per bucket
+  const int lane = tid % B, warp = tid / B, num_warps = NPIX / B;
+  for (int b = warp; b < num_buckets; b += num_warps) {
+    const int k = b * B + (B - 1 - lane);  // list position (from start) of this lane's Gaussian
+    const bool mine = start + k < end;
+    int64_t gid = 0;
+    float mx = 0.f, my = 0.f, ca = 0.f, cb = 0.f, cc = 0.f, op = 0.f, cr = 0.f, cg = 0.f, cbl = 0.f;
+    if (mine) {
+      gid = P.flatten_ids[start + k];
+      mx = P.means2d[2 * gid];
+      my = P.means2d[2 * gid + 1];
+      ca = P.conics[3 * gid];
+      cb = P.conics[3 * gid + 1];
+      cc = P.conics[3 * gid + 2];
+      op = P.opacities[gid];
+      cr = P.colors[3 * gid];
+      cg = P.colors[3 * gid + 1];
+      cbl = P.colors[3 * gid + 2];
+    }
+    float v_mx = 0.f, v_my = 0.f, v_a = 0.f, v_b = 0.f, v_c = 0.f, v_op = 0.f, v_r = 0.f, v_g = 0.f, v_bl = 0.f;
+    float abs_x = 0.f, abs_y = 0.f;
+    bool touched = false;
+    float t_state = 0.f, behind_state = 0.f, anchor_t = 0.f, anchor_behind = 0.f;
+    const float* cpb = cp + (int64_t)b * NPIX * 4;
+    for (int s = 0; s < NPIX + B - 1; ++s) {
+      if (s % B == 0 && s < NPIX) {  // the next warpSize pixels' anchors, one per lane
+        const float* q = cpb + (int64_t)(s + lane) * 4;
+        anchor_t = q[0];
+        anchor_behind = q[1];
+      }
+      float t_in = st::shfl_up(t_state, 1);
+      float behind_in = st::shfl_up(behind_state, 1);
+      const float a_t = st::shfl(anchor_t, s % B);
+      const float a_behind = st::shfl(anchor_behind, s % B);
+      if (lane == 0) {
+        t_in = a_t;
+        behind_in = a_behind;
+      }
+      t_state = t_in;
+      behind_state = behind_in;
+      const int p = s - lane;
+      if (mine && p >= 0 && p < NPIX && k < s_stop[p]) {
+        const float qx = (float)(tx * TILE + p % TILE) + 0.5f, qy = (float)(ty * TILE + p / TILE) + 0.5f;
+        const float dx = mx - qx, dy = my - qy;
+        const float sigma = gauss_sigma(ca, cb, cc, dx, dy);
+        if (sigma >= 0.f) {
+          const float vis = expf(-sigma);
+          const float raw = op * vis;
+          const float alpha = fminf(MAX_ALPHA, raw);
+          if (alpha >= ALPHA_MIN) {
+            const float one_minus = 1.f - alpha;
+            const float t_before = t_state / one_minus;
+            const float w = alpha * t_before;
+            const float g0 = s_g[p], g1 = s_g[NPIX + p], g2 = s_g[2 * NPIX + p];
+            const float cdot = cr * g0 + cg * g1 + cbl * g2;
+            const float v_alpha = t_before * cdot - behind_state / one_minus;
+            v_r += w * g0;
+            v_g += w * g1;
+            v_bl += w * g2;
+            if (raw <= MAX_ALPHA) {
+              v_op += vis * v_alpha;
+              const float v_sigma = -raw * v_alpha;
+              v_a += 0.5f * v_sigma * dx * dx;
+              v_b += v_sigma * dx * dy;
+              v_c += 0.5f * v_sigma * dy * dy;
+              const float gx = v_sigma * (ca * dx + cb * dy);
+              const float gy = v_sigma * (cc * dy + cb * dx);
+              v_mx += gx;
+              v_my += gy;
+              abs_x += fabsf(gx);
+              abs_y += fabsf(gy);
+            }
+            touched = true;
+            behind_state += w * cdot;
+            t_state = t_before;
+          }
+        }
+      }
+    }
+    if (touched) {
+      atomicAdd(P.v_means2d + 2 * gid, v_mx);
+      atomicAdd(P.v_means2d + 2 * gid + 1, v_my);
+      atomicAdd(P.v_conics + 3 * gid, v_a);
+      atomicAdd(P.v_conics + 3 * gid + 1, v_b);
+      atomicAdd(P.v_conics + 3 * gid + 2, v_c);
+      atomicAdd(P.v_opacities + gid, v_op);
+      atomicAdd(P.v_colors + 3 * gid, v_r);
+      atomicAdd(P.v_colors + 3 * gid + 1, v_g);
+      atomicAdd(P.v_colors + 3 * gid + 2, v_bl);
+      if (P.absgrad != nullptr) {
+        atomicAdd(P.absgrad + 2 * gid, abs_x);
+        atomicAdd(P.absgrad + 2 * gid + 1, abs_y);
+      }
+    }
+  }
+}
+
+// Scratch floats the launch needs: (n_isects / 32 + number of tiles + 1) buckets of 256 pixels x 4.
+inline int64_t checkpoint_floats(int64_t n_isects, int64_t num_tiles_all) {
+  return (n_isects / CP_BUCKET_MIN + num_tiles_all + 1) * (int64_t)NPIX * 4;
+}
+
+#if !defined(ST_CPU_EMU)
+// Launches one block of 256 threads per (image, tile). Returns the launch error.
+inline cudaError_t launch_fused_raster_loss(const Params& p, cudaStream_t stream) {
+  const int blocks = p.num_images * p.num_tiles;
+  if (blocks == 0) return cudaSuccess;
+  fused_raster_loss_kernel<<<blocks, NPIX, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+#endif
+
+}  // namespace splat_fused
