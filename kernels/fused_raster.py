@@ -178,16 +178,17 @@ def reference_fused_loss(
     means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor,
     isect_offsets: Tensor, flatten_ids: Tensor, gts: Tensor, width: int, height: int,
     ssim_lambda: float = 0.2, backgrounds: Optional[Tensor] = None, packed: bool = False,
-    origin: Tuple[int, int] = (0, 0),
+    origin: Tuple[int, int] = (0, 0), absgrad: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """REFERENCE of the fused kernel: kernels.reference.rasterize_to_pixels + tile_local_loss.
 
     Same arguments as :func:`fused_raster_loss`. Returns (loss 0-dim, image [I, H, W, 3]);
-    differentiate the loss with autograd.
+    differentiate the loss with autograd. ``absgrad``: ``means2d.absgrad`` is set to a tensor that
+    the backward fills (kernels.reference.rasterize_to_pixels).
     """
     image, _ = ref.rasterize_to_pixels(
         means2d, conics, colors, opacities, width, height, TILE_SIZE, isect_offsets, flatten_ids,
-        backgrounds=backgrounds, packed=packed,
+        backgrounds=backgrounds, packed=packed, absgrad=absgrad,
     )  # fmt: skip
     return tile_local_loss(image, gts, ssim_lambda, origin), image
 
@@ -336,7 +337,7 @@ def _unfused(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts
     stats = {"fraction_fused": float(within.float().mean()), "num_tiles": counts.numel(),
              "fraction_isects_fused": _isect_share(counts, within), "fraction_resident": None,
              "image": image.detach() if return_image else None,
-             "absgrad": getattr(means2d, "absgrad", None) if absgrad else None}
+             "absgrad": means2d.absgrad.reshape(-1, 2) if absgrad else None}
     return loss, stats
 
 
@@ -377,13 +378,14 @@ def fused_raster_loss(
     (``--random_tile_shift``). The L1 and SSIM means are over the pixels with ground truth.
     absgrad: also return, in stats["absgrad"] [R, 2] (R = I*N or nnz), the sum over pixels of
     |d loss / d means2d| of each pixel's contribution (gsplat's absgrad; unscaled by the
-    incoming gradient).
+    incoming gradient). The kernel fills it in this call; on the CPU reference and the unfused
+    path it is filled during the backward (gsplat's and the reference's ``.absgrad``).
 
     Where it runs: CUDA / ROCm tensors run the native kernel (kernels/native.py builds it on first
     use). When it cannot be built here (no CUDA toolkit, a build error), kernels.native warns once,
     in one line, and this call computes the same function unfused: ``fallback.rasterize_to_pixels``
     (default gsplat's on a GPU, else kernels/reference.py) + the PyTorch tile-local loss + autograd.
-    CPU tensors run the REFERENCE (kernels/reference.py + autograd); no absgrad there.
+    CPU tensors run the REFERENCE (kernels/reference.py + autograd).
 
     budget: kept for callers of the earlier Triton kernel; the native kernel has no per-tile budget.
     stats["fraction_fused"] reports the fraction of tiles with at most ``budget`` Gaussians only
@@ -404,11 +406,12 @@ def fused_raster_loss(
         raise ValueError(f"budget must be >= 0, got {budget}")
     if means2d.device.type == "cpu":
         loss, image = reference_fused_loss(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts,
-                                           width, height, ssim_lambda, backgrounds, packed, origin)
+                                           width, height, ssim_lambda, backgrounds, packed, origin, absgrad)
         _, counts = _tile_counts(isect_offsets, flatten_ids.numel())
         stats = {"fraction_fused": float((counts <= budget).float().mean()), "num_tiles": counts.numel(),
                  "fraction_isects_fused": _isect_share(counts, counts <= budget), "fraction_resident": None,
-                 "image": image.detach() if return_image else None, "absgrad": None}
+                 "image": image.detach() if return_image else None,
+                 "absgrad": means2d.absgrad.reshape(-1, 2) if absgrad else None}
         return loss, stats
     ext = native.load()
     if ext is None:

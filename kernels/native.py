@@ -8,16 +8,16 @@ rebuilds only when a source changed, so the second start loads the cached module
 builds of PyTorch cpp_extension hipifies the same source (kernels/csrc/portability.h keeps
 the warp-level operations portable).
 
-:func:`load` returns the module, or None with one clear line (a warning) when it cannot be
-built here: a CPU-only torch, no CUDA toolkit (nvcc / hipcc), a compiler error. The reason is
-kept in :data:`LOAD_ERROR`; the caller then takes the unfused path.
+:func:`load` returns the module, or None with one clear line on stderr when it cannot be built
+here: a CPU-only torch, no CUDA toolkit (nvcc / hipcc), a compiler error. The reason is kept in
+:data:`LOAD_ERROR`; the caller then takes the unfused path.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -58,9 +58,10 @@ def _why_not() -> Optional[str]:
     return None
 
 
-def load(verbose: bool = False):
-    """The compiled extension module, or None (one warning line, :data:`LOAD_ERROR` set) when it
-    cannot be built on this machine. Builds once per process; cached on disk across processes."""
+def load(verbose: bool = False, quiet: bool = False):
+    """The compiled extension module, or None (:data:`LOAD_ERROR` set, and unless ``quiet`` one line
+    on stderr) when it cannot be built on this machine. Builds once per process; cached on disk
+    across processes (the first build takes a minute or so: nvcc)."""
     global _MODULE, LOAD_ERROR
     with _LOCK:
         if _MODULE is not None or LOAD_ERROR is not None:
@@ -80,8 +81,9 @@ def load(verbose: bool = False):
                 reason = f"build failed ({type(e).__name__}: {first[:200]})"
         if _MODULE is None:
             LOAD_ERROR = reason
-            warnings.warn(f"fused rasterizer: the native kernel is unavailable ({reason}); "
-                          "using the unfused path", RuntimeWarning, stacklevel=2)
+            if not quiet:
+                print(f"warning: --raster fused: the native kernel is unavailable ({reason}); "
+                      "using the unfused path", file=sys.stderr, flush=True)
         return _MODULE
 
 

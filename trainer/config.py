@@ -393,9 +393,6 @@ def _gsplat_flag_checks(cfg: Config) -> list[tuple[bool, str]]:
          "with no embedding (trainer/aux_modules.py), so it is not supported: drop it"),
         (not (cfg.densify.absgrad and cfg.densify.strategy == "mcmc"),
          "--absgrad (--strategy.absgrad) is DefaultStrategy's; the mcmc strategy has none: drop one"),
-        (not (cfg.densify.absgrad and fused),
-         "--absgrad needs the unfused rasterizer's per-pixel gradients; --raster fused differentiates inside its "
-         "kernel: drop one"),
         (not (cfg.densify.absgrad and cfg.pipeline == "gsplat-dist"),
          "--absgrad with --pipeline gsplat-dist: gsplat's distributed rasterization refuses absgrad (use "
          "--pipeline ours, which routes it to the owners)"),
