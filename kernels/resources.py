@@ -1,5 +1,5 @@
-"""Registers, spills and shared memory of the fused rasterization kernel for a GPU target, from an
-ahead-of-time compile (no GPU needed).
+"""Registers, spills and shared memory of the package's Triton kernels for a GPU target, from an
+ahead-of-time compile (no GPU needed); the per-tile Gaussian budget pruning stage 3 targets.
 
 Triton compiles the kernel for the target exactly as it would at the first launch on that GPU; the
 counts are read from the compiled code object: for CUDA, ``cuobjdump --dump-resource-usage`` of
@@ -7,10 +7,9 @@ the cubin (the tool ships with Triton's NVIDIA backend), for HIP the ``.vgpr_cou
 ``.vgpr_spill_count`` metadata of the AMDGCN assembly. A configuration that spills keeps part of
 its per-pixel state in local (off-chip, cached) memory.
 
-The kernel's pixels x Gaussians blocks ([256, K] fp32, one value per thread per Gaussian of the
-chunk) live in registers, so the chunk length K decides whether a tile's state stays on chip:
-kernels/fused_raster.py uses :func:`largest_spill_free` to pick its chunk lengths per device.
-scripts/kernel_resources.py prints the table for any target.
+The SSIM kernels take the fewest warps that compile without spilling (:func:`spill_free_warps`);
+scripts/kernel_resources.py prints the table for any target. The fused rasterization kernel is
+native code (kernels/csrc; ``nvcc -Xptxas -v`` reports its registers), not in this table.
 """
 
 from __future__ import annotations
@@ -82,14 +81,9 @@ def kernel_specs() -> dict:
     name -> (jit function, constexpr values, pointer element types, scalar types, num_warps)."""
     from . import adam
     from . import densify_stats as ds
-    from . import fused_raster as fr
     from . import fused_ssim as fs
     from . import sparse_comm as sc
 
-    raster = dict(HAS_BG=True, RETURN_IMAGE=False, ABSGRAD=False, TUPLE_REDUCE=True, LOSS_ONLY=False,
-                  TS=fr.TILE_SIZE, WIN=fr.SSIM_WINDOW)
-    raster_ptrs = {n: "*i32" for n in ("offsets_ptr", "flatten_ptr", "tile_ids_ptr")}
-    raster_scalars = {"l1_scale": "fp32", "ssim_scale": "fp32"}
     ints = {n: "*i32" for n in ("bits_ptr", "bitmap_ptr", "counts_ptr", "offsets_ptr", "packed_ptr")}
     rows = dict(BLOCK_R=sc.BLOCK_ROWS, BLOCK_D=16)
     ssim_fwd = dict(C1=fs.C1, C2=fs.C2, WINDOW=fs.WINDOW, BLOCK=fs.BLOCK, SAVE=True)
@@ -100,10 +94,6 @@ def kernel_specs() -> dict:
                      **{f"{k}{i}": "fp32" for k in "sc" for i in range(adam.MAX_TENSORS)},
                      beta1="fp32", beta2="fp32", eps="fp32", vis="*u8")
     return {
-        "fused_raster_resident": (fr._fused_raster_loss_kernel, dict(raster, RESIDENT=True, K=8), raster_ptrs,
-                                  raster_scalars, fr.NUM_WARPS),
-        "fused_raster_streaming": (fr._fused_raster_loss_kernel, dict(raster, RESIDENT=False, K=8), raster_ptrs,
-                                   raster_scalars, fr.NUM_WARPS),
         "ssim_forward": (fs._ssim_fwd_kernel, dict(ssim_fwd, L1=False), {}, ssim_scalars, 4),
         "ssim_backward": (fs._ssim_bwd_kernel, dict(ssim_bwd, L1=False), {}, ssim_scalars, 4),
         # the training loss: L1 + D-SSIM against uint8 ground truth (fused_l1_ssim_loss)
@@ -197,14 +187,6 @@ def compile_kernel(name: str, target: Union[str, object], num_warps: Optional[in
     usage["shared_bytes"] = max(int(compiled.metadata.shared), usage.pop("static_shared_bytes"))
     return dict(kernel=name, target=target_name(gpu), num_warps=num_warps, threads=num_warps * gpu.warp_size,
                 compile_s=round(seconds, 1), **usage)
-
-
-def compile_config(target: Union[str, object], resident: bool, K: int, num_warps: int) -> dict:
-    """One configuration of the fused rasterization kernel (:func:`compile_kernel`), with
-    ``variant`` ("resident" / "streaming") and ``K`` (Gaussians per chunk) in the result."""
-    name = "fused_raster_resident" if resident else "fused_raster_streaming"
-    row = compile_kernel(name, target, num_warps, RESIDENT=resident, K=K)
-    return dict(row, variant="resident" if resident else "streaming", K=K)
 
 
 def largest_spill_free(usage: Callable[[int], dict], candidates: Iterable[int]) -> int:
