@@ -104,9 +104,10 @@ ST_DEVICE float block_reduce(float v, float* s_red, int tid, bool max_op) {
 
 // Horizontal then vertical 11-tap pass of ``count`` maps (m_in -> m_out via m_tmp), window w,
 // zero outside the tile. Thread (r, c) returns its outputs in out[]. Callers synchronize before.
-ST_DEVICE void blur_maps(const float* m_in, float* m_tmp, const float* w, int count, int r, int c, int tid,
-                         float* out) {
-  for (int k = 0; k < count; ++k) {
+template <int COUNT>
+ST_DEVICE void blur_maps(const float* m_in, float* m_tmp, const float* w, int r, int c, int tid, float* out) {
+#pragma unroll
+  for (int k = 0; k < COUNT; ++k) {
     float h = 0.f;
     for (int d = -WIN_HALF; d <= WIN_HALF; ++d) {
       const int cc = c + d;
@@ -115,7 +116,8 @@ ST_DEVICE void blur_maps(const float* m_in, float* m_tmp, const float* w, int co
     m_tmp[k * NPIX + tid] = h;
   }
   __syncthreads();
-  for (int k = 0; k < count; ++k) {
+#pragma unroll
+  for (int k = 0; k < COUNT; ++k) {
     float v = 0.f;
     for (int d = -WIN_HALF; d <= WIN_HALF; ++d) {
       const int rr = r + d;
@@ -125,7 +127,7 @@ ST_DEVICE void blur_maps(const float* m_in, float* m_tmp, const float* w, int co
   }
 }
 
-ST_GLOBAL void ST_LAUNCH_BOUNDS(256) fused_raster_loss_kernel(const Params P) {
+ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P) {
   __shared__ float s_buf[10 * NPIX];  // the staged records (forward), then SSIM maps
   __shared__ float s_g[3 * NPIX];     // dL/dpixel
   __shared__ int s_stop[NPIX];        // list position each pixel stopped before (start: no gradient)
@@ -251,6 +253,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(256) fused_raster_loss_kernel(const Params P) {
   float* m_in = s_buf;
   float* m_tmp = s_buf + 5 * NPIX;
   float ssim_sum = 0.f, abs_sum = 0.f, g[3];
+#pragma unroll
   for (int ch = 0; ch < 3; ++ch) {
     const float xa = xv[ch], ya = yv[ch];
     __syncthreads();
@@ -261,7 +264,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(256) fused_raster_loss_kernel(const Params P) {
     m_in[4 * NPIX + tid] = xa * ya;
     __syncthreads();
     float f[5];
-    blur_maps(m_in, m_tmp, P.window, 5, r, c, tid, f);
+    blur_maps<5>(m_in, m_tmp, P.window, r, c, tid, f);
     const float mu_x = f[0] * inv_n, mu_y = f[1] * inv_n;
     const float var_x = f[2] * inv_n - mu_x * mu_x;
     const float var_y = f[3] * inv_n - mu_y * mu_y;
@@ -281,7 +284,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(256) fused_raster_loss_kernel(const Params P) {
     m_in[2 * NPIX + tid] = d_xy;
     __syncthreads();
     float bw[3];
-    blur_maps(m_in, m_tmp, P.window, 3, r, c, tid, bw);  // the window is symmetric: its transpose
+    blur_maps<3>(m_in, m_tmp, P.window, r, c, tid, bw);  // the window is symmetric: its transpose
     const float ds = bw[0] + 2.f * xa * bw[1] + ya * bw[2];
     const float e = xa - ya;
     abs_sum += fabsf(e);
@@ -295,6 +298,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(256) fused_raster_loss_kernel(const Params P) {
     P.partial[2 * (int64_t)tile + 1] = tile_ssim;
   }
   if (P.v_backgrounds != nullptr) {
+#pragma unroll
     for (int ch = 0; ch < 3; ++ch) {
       const float t = block_reduce(T * g[ch], s_red, tid, false);
       if (tid == 0) atomicAdd(P.v_backgrounds + 3 * img + ch, t);

@@ -1,6 +1,6 @@
 // Python binding of the fused rasterization kernel (fused_raster.cuh) for CUDA, and for ROCm
 // through PyTorch's hipify. Built on first use by kernels/native.py (torch.utils.cpp_extension).
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "fused_raster.cuh"
@@ -11,7 +11,7 @@ void fused_raster_loss(SPLAT_FUSED_ARGS) {
   TORCH_CHECK(means2d.is_cuda(), "fused_raster_loss: CUDA tensors expected");
   const c10::cuda::CUDAGuard guard(means2d.device());
   const splat_fused::Params p = splat_fused::make_params(SPLAT_FUSED_CALL);
-  const cudaError_t err = splat_fused::launch_fused_raster_loss(p, at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = splat_fused::launch_fused_raster_loss(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "fused_raster_loss launch failed: ", cudaGetErrorString(err));
 }
 

@@ -12,16 +12,16 @@
 // cpu_emu.h (included before this header) defines the builtins and st_emu_shfl.
 #define ST_DEVICE inline
 #define ST_GLOBAL
-#define ST_LAUNCH_BOUNDS(n)
+#define ST_LAUNCH_BOUNDS(n, m)
 #elif defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__) || defined(USE_ROCM)
 #define ST_HIP 1
 #define ST_DEVICE __device__ __forceinline__
 #define ST_GLOBAL __global__
-#define ST_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+#define ST_LAUNCH_BOUNDS(n, m) __launch_bounds__(n, m)
 #else
 #define ST_DEVICE __device__ __forceinline__
 #define ST_GLOBAL __global__
-#define ST_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+#define ST_LAUNCH_BOUNDS(n, m) __launch_bounds__(n, m)
 #endif
 
 namespace st {
