@@ -25,7 +25,7 @@ TILE_SIZE = 16  # pixels per tile side (the fused kernel's pixel block is TILE_S
 RECORD_BYTES = 9 * 4  # a resident record: means2d (2), conic (3), opacity (1), colour (3) fp32
 # On chip per resident Gaussian: its record plus its column of the [256, budget] alpha state.
 RESIDENT_BYTES_PER_GAUSSIAN = RECORD_BYTES + TILE_SIZE * TILE_SIZE * 4
-CPU_TILE_BUDGET = 64  # budget on CPU / the interpreter: small, so tests exercise both variants
+CPU_TILE_BUDGET = 64  # budget on CPU: small, so pruning tests have tiles over it
 
 
 def require_triton(what: str, hint: str = "") -> None:
@@ -40,9 +40,8 @@ def require_triton(what: str, hint: str = "") -> None:
 
 def tile_budget(device) -> int:
     """ByteSplat's per-tile Gaussian budget on ``device`` (§5): what fits in on-chip shared memory.
-    Pruning stage 3 trims tiles to it and the stats report the fraction of tiles within it; which
-    tiles run the fused kernel's resident variant also depends on its chunk limits (registers).
-    Lives here, free of Triton, so pruning computes the same figure where Triton is missing.
+    Pruning stage 3 trims tiles towards it and its reports give the fraction of tiles within it.
+    The native fused kernel (kernels/csrc) runs tiles of any length: the figure steers pruning only.
 
     CUDA / ROCm: the per-block shared memory the device offers (``shared_memory_per_block_optin``
     when torch exposes it (ROCm's properties lack it), else ``shared_memory_per_block``, bytes)
