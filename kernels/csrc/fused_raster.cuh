@@ -85,6 +85,11 @@ ST_DEVICE float gauss_sigma(float a, float b, float c, float dx, float dy) {
   return fmaf(b, dxy, 0.5f * fmaf(a, dxx, c * dyy));
 }
 
+// Conservative skip bound of a Gaussian: alpha = min(0.999, o exp(-sigma)) >= 1/255 needs
+// sigma <= ln(255 o); pairs with sigma above this bound (a margin over it) skip the exponential.
+// The exact test follows for the others, so forward and backward take the same decisions.
+ST_DEVICE float sigma_bound(float opacity) { return logf(255.f * opacity) + 1e-3f; }
+
 // Block-wide sum (op 0) or max (op 1) over the 256 threads; every thread gets the result.
 ST_DEVICE float block_reduce(float v, float* s_red, int tid, bool max_op) {
   __syncthreads();
@@ -128,9 +133,11 @@ ST_DEVICE void blur_maps(const float* m_in, float* m_tmp, const float* w, int r,
 }
 
 ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P) {
-  __shared__ float s_buf[10 * NPIX];  // the staged records (forward), then SSIM maps
-  __shared__ float s_g[3 * NPIX];     // dL/dpixel
-  __shared__ int s_stop[NPIX];        // list position each pixel stopped before (start: no gradient)
+  // the staged records (forward: mean x, y, opacity, sigma bound | conic a, b, c | colour), then SSIM maps
+  __shared__ float4 s_rec[3 * NPIX];
+  __shared__ float s_g[3 * NPIX];  // dL/dpixel, pixels sorted by stop (below)
+  __shared__ int s_stop[NPIX];     // list position (from start) each pixel stopped before; 0: no gradient
+  __shared__ int s_perm[NPIX];     // pixels by decreasing stop
   __shared__ float s_red[NPIX];
 
   const int tile = blockIdx.x;
@@ -150,15 +157,9 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   float* cp = P.checkpoints + bucket_base(start, tile) * (NPIX * 4);
 
   // ---------------------------------------------------------------- 1. forward
-  float* s_mx = s_buf;
-  float* s_my = s_buf + NPIX;
-  float* s_ca = s_buf + 2 * NPIX;
-  float* s_cb = s_buf + 3 * NPIX;
-  float* s_cc = s_buf + 4 * NPIX;
-  float* s_op = s_buf + 5 * NPIX;
-  float* s_cr = s_buf + 6 * NPIX;
-  float* s_cg = s_buf + 7 * NPIX;
-  float* s_cbl = s_buf + 8 * NPIX;
+  float4* s_geo = s_rec;
+  float4* s_con = s_rec + NPIX;
+  float4* s_col = s_rec + 2 * NPIX;
   float T = 1.f, col_r = 0.f, col_g = 0.f, col_b = 0.f;
   int64_t stop = in_img ? end : start;
   bool done = !in_img;
@@ -168,26 +169,24 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
     __syncthreads();  // the previous batch is consumed
     if (tid < n) {
       const int64_t g = P.flatten_ids[b0 + tid];
-      s_mx[tid] = P.means2d[2 * g];
-      s_my[tid] = P.means2d[2 * g + 1];
-      s_ca[tid] = P.conics[3 * g];
-      s_cb[tid] = P.conics[3 * g + 1];
-      s_cc[tid] = P.conics[3 * g + 2];
-      s_op[tid] = P.opacities[g];
-      s_cr[tid] = P.colors[3 * g];
-      s_cg[tid] = P.colors[3 * g + 1];
-      s_cbl[tid] = P.colors[3 * g + 2];
+      const float op = P.opacities[g];
+      s_geo[tid] = make_float4(P.means2d[2 * g], P.means2d[2 * g + 1], op, sigma_bound(op));
+      s_con[tid] = make_float4(P.conics[3 * g], P.conics[3 * g + 1], P.conics[3 * g + 2], 0.f);
+      s_col[tid] = make_float4(P.colors[3 * g], P.colors[3 * g + 1], P.colors[3 * g + 2], 0.f);
     }
     __syncthreads();
     for (int j0 = 0; j0 < n; j0 += B) {
       const int j1 = j0 + B < n ? j0 + B : n;
+      const bool active = !done;  // the backward reads this bucket's checkpoint only for such pixels
       float d_r = 0.f, d_g = 0.f, d_b = 0.f;  // the colour this bucket adds
-      if (!done) {
+      if (active) {
         for (int j = j0; j < j1; ++j) {
-          const float dx = s_mx[j] - px, dy = s_my[j] - py;
-          const float sigma = gauss_sigma(s_ca[j], s_cb[j], s_cc[j], dx, dy);
-          if (sigma < 0.f) continue;
-          const float alpha = fminf(MAX_ALPHA, s_op[j] * expf(-sigma));
+          const float4 geo = s_geo[j];
+          const float dx = geo.x - px, dy = geo.y - py;
+          const float4 con = s_con[j];
+          const float sigma = gauss_sigma(con.x, con.y, con.z, dx, dy);
+          if (sigma < 0.f || sigma > geo.w) continue;
+          const float alpha = fminf(MAX_ALPHA, geo.z * __expf(-sigma));
           if (alpha < ALPHA_MIN) continue;
           const float next_T = T * (1.f - alpha);
           if (next_T <= T_MIN) {
@@ -196,20 +195,18 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
             break;
           }
           const float w = alpha * T;
-          d_r += w * s_cr[j];
-          d_g += w * s_cg[j];
-          d_b += w * s_cbl[j];
+          const float4 cl = s_col[j];
+          d_r += w * cl.x;
+          d_g += w * cl.y;
+          d_b += w * cl.z;
           T = next_T;
         }
         col_r += d_r;
         col_g += d_g;
         col_b += d_b;
+        if (has_gt)
+          reinterpret_cast<float4*>(cp)[(int64_t)bucket * NPIX + tid] = make_float4(T, d_r, d_g, d_b);
       }
-      float* q = cp + ((int64_t)bucket * NPIX + tid) * 4;
-      q[0] = T;
-      q[1] = d_r;
-      q[2] = d_g;
-      q[3] = d_b;
       ++bucket;
     }
     if (__syncthreads_count(done ? 0 : 1) == 0) break;
@@ -250,8 +247,8 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
     if (rr >= 0 && rr < TILE && gy >= P.oy && gy < P.height) ny += P.window[d + WIN_HALF];
   }
   const float inv_n = has_gt ? 1.f / (nx * ny) : 0.f;
-  float* m_in = s_buf;
-  float* m_tmp = s_buf + 5 * NPIX;
+  float* m_in = reinterpret_cast<float*>(s_rec);
+  float* m_tmp = m_in + 5 * NPIX;
   float ssim_sum = 0.f, abs_sum = 0.f, g[3];
 #pragma unroll
   for (int ch = 0; ch < 3; ++ch) {
@@ -304,14 +301,10 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
       if (tid == 0) atomicAdd(P.v_backgrounds + 3 * img + ch, t);
     }
   }
-  s_g[tid] = g[0];
-  s_g[NPIX + tid] = g[1];
-  s_g[2 * NPIX + tid] = g[2];
-  const int64_t my_stop = has_gt ? stop : start;  // the other pixels have no gradient
-  s_stop[tid] = (int)(my_stop - start);
+  const int my_stop = has_gt ? (int)(stop - start) : 0;  // the other pixels have no gradient
   // Checkpoint colour -> what lies behind the bucket's end, dotted with g (back to front).
   if (has_gt) {
-    const int nb = (int)((my_stop - start + B - 1) / B);
+    const int nb = (my_stop + B - 1) / B;
     float behind = T * (bg_r * g[0] + bg_g * g[1] + bg_b * g[2]);
     for (int b = nb - 1; b >= 0; --b) {
       float* q = cp + ((int64_t)b * NPIX + tid) * 4;
@@ -320,9 +313,23 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
       behind += add;
     }
   }
-  const float last = block_reduce((float)(my_stop - start), s_red, tid, true);  // exact below 2^24
-  const int num_buckets = ((int)last + B - 1) / B;
-  // block_reduce ended on __syncthreads: s_g, s_stop and the rewritten checkpoints are visible
+  // Pixels by decreasing stop: bucket b's pixels with something to do (stop > b * warpSize) are then
+  // the first n of this order, and the backward's pipeline runs over those only.
+  s_stop[tid] = my_stop;
+  __syncthreads();
+  int rank = 0;
+  for (int q = 0; q < NPIX; ++q) {
+    const int kq = s_stop[q];
+    rank += (kq > my_stop || (kq == my_stop && q < tid)) ? 1 : 0;
+  }
+  __syncthreads();
+  s_stop[rank] = my_stop;
+  s_perm[rank] = tid;
+  s_g[rank] = g[0];
+  s_g[NPIX + rank] = g[1];
+  s_g[2 * NPIX + rank] = g[2];
+  __syncthreads();  // also orders the scan's checkpoint writes before the backward's reads
+  const int num_buckets = (s_stop[0] + B - 1) / B;
 
   // ---------------------------------------------------------------- 3. backward, per bucket
   const int lane = tid % B, warp = tid / B, num_warps = NPIX / B;
@@ -343,16 +350,24 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
       cg = P.colors[3 * gid + 1];
       cbl = P.colors[3 * gid + 2];
     }
+    const float bound = sigma_bound(op);
+    // pixels whose stop lies past the bucket's start: a prefix of the sorted order
+    int lo = 0, hi = NPIX;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (s_stop[mid] > b * B) lo = mid + 1; else hi = mid;
+    }
+    const int n_act = lo;
     float v_mx = 0.f, v_my = 0.f, v_a = 0.f, v_b = 0.f, v_c = 0.f, v_op = 0.f, v_r = 0.f, v_g = 0.f, v_bl = 0.f;
     float abs_x = 0.f, abs_y = 0.f;
     bool touched = false;
     float t_state = 0.f, behind_state = 0.f, anchor_t = 0.f, anchor_behind = 0.f;
-    const float* cpb = cp + (int64_t)b * NPIX * 4;
-    for (int s = 0; s < NPIX + B - 1; ++s) {
-      if (s % B == 0 && s < NPIX) {  // the next warpSize pixels' anchors, one per lane
-        const float* q = cpb + (int64_t)(s + lane) * 4;
-        anchor_t = q[0];
-        anchor_behind = q[1];
+    const float2* cpb = reinterpret_cast<const float2*>(cp + (int64_t)b * NPIX * 4);
+    for (int s = 0; s < n_act + B - 1; ++s) {
+      if (s % B == 0 && s + lane < n_act) {  // the next warpSize pixels' anchors, one per lane
+        const float2 a = cpb[2 * s_perm[s + lane]];  // (T, behind) of the float4 checkpoint
+        anchor_t = a.x;
+        anchor_behind = a.y;
       }
       float t_in = st::shfl_up(t_state, 1);
       float behind_in = st::shfl_up(behind_state, 1);
@@ -364,22 +379,23 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
       }
       t_state = t_in;
       behind_state = behind_in;
-      const int p = s - lane;
-      if (mine && p >= 0 && p < NPIX && k < s_stop[p]) {
+      const int i = s - lane;  // this lane's pixel, in the sorted order
+      if (mine && i >= 0 && i < n_act && k < s_stop[i]) {
+        const int p = s_perm[i];
         const float qx = (float)(tx * TILE + p % TILE) + 0.5f, qy = (float)(ty * TILE + p / TILE) + 0.5f;
         const float dx = mx - qx, dy = my - qy;
         const float sigma = gauss_sigma(ca, cb, cc, dx, dy);
-        if (sigma >= 0.f) {
-          const float vis = expf(-sigma);
+        if (sigma >= 0.f && sigma <= bound) {
+          const float vis = __expf(-sigma);
           const float raw = op * vis;
           const float alpha = fminf(MAX_ALPHA, raw);
           if (alpha >= ALPHA_MIN) {
-            const float one_minus = 1.f - alpha;
-            const float t_before = t_state / one_minus;
+            const float inv_one_minus = __fdividef(1.f, 1.f - alpha);
+            const float t_before = t_state * inv_one_minus;
             const float w = alpha * t_before;
-            const float g0 = s_g[p], g1 = s_g[NPIX + p], g2 = s_g[2 * NPIX + p];
+            const float g0 = s_g[i], g1 = s_g[NPIX + i], g2 = s_g[2 * NPIX + i];
             const float cdot = cr * g0 + cg * g1 + cbl * g2;
-            const float v_alpha = t_before * cdot - behind_state / one_minus;
+            const float v_alpha = t_before * cdot - behind_state * inv_one_minus;
             v_r += w * g0;
             v_g += w * g1;
             v_bl += w * g2;

@@ -23,6 +23,13 @@ inline int warpSize = 32;
 struct float4 {
   float x, y, z, w;
 };
+struct float2 {
+  float x, y;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+// the fast intrinsics, exact here (the GPU tests hold the compiled kernel to the same tolerances)
+inline float __expf(float x) { return expf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
 
 struct st_emu_block {
   std::unique_ptr<std::barrier<>> block;
