@@ -64,6 +64,7 @@ Kerbl et al. 2023 eq. 7 ((1 - lambda) L1 + lambda D-SSIM).
 """
 
 import math
+import os
 from types import ModuleType
 from typing import Dict, Optional, Tuple
 
@@ -242,6 +243,15 @@ def _isect_share(counts: Tensor, within: Tensor) -> float:
 # ------------------------------------------------------------------------------------------------
 
 
+def _phases() -> int:
+    """SPLAT_TRAIN_FUSED_PHASES (timing only): 3 (default) the whole kernel; 1 the forward alone,
+    2 the forward and the loss (both leave the gradients zero), to time the kernel's parts."""
+    value = os.environ.get("SPLAT_TRAIN_FUSED_PHASES", "3")
+    if value not in ("1", "2", "3"):
+        raise ValueError(f"SPLAT_TRAIN_FUSED_PHASES must be 1, 2 or 3, got {value!r}")
+    return int(value)
+
+
 def _launch(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width, height,
             ssim_lambda, return_image, absgrad, origin=(0, 0), warp_size=None):
     """Runs the native kernel (``ext``: kernels.native.load(), or the CPU emulation with
@@ -274,7 +284,7 @@ def _launch(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_off
     denom = float(I * 3 * num_pixels)
     args = (m2d, con, col, opa, bg, gt, offsets, fids, I, width, height, ox, oy, (1.0 - ssim_lambda) / denom,
             ssim_lambda / denom, window_taps(), grads["means2d"], grads["conics"], grads["colors"],
-            grads["opacities"], grads["backgrounds"], abs_buf, image, partial, scratch)
+            grads["opacities"], grads["backgrounds"], abs_buf, image, partial, scratch, _phases())
     if warp_size is None:
         ext.fused_raster_loss(*args)
     else:

@@ -353,6 +353,7 @@ def test_autograd_function_scales_the_saved_gradients():
             for i, t in enumerate(args[16:21]):  # the gradient buffers
                 t.fill_(i + 1.0)
             args[23].fill_(0.5)  # partial sums
+            assert args[25] == 3  # every phase
 
     names, leaves = _leaves(scene)
     meta = dict(ext=FakeExt(), width=24, height=20, ssim_lambda=0.2, return_image=False, absgrad=False,

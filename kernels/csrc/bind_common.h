@@ -25,7 +25,7 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
                           const torch::Tensor& v_conics, const torch::Tensor& v_colors,
                           const torch::Tensor& v_opacities, const torch::Tensor& v_backgrounds,
                           const torch::Tensor& absgrad, const torch::Tensor& image, const torch::Tensor& partial,
-                          const torch::Tensor& checkpoints) {
+                          const torch::Tensor& checkpoints, int64_t phases) {
   const auto dev = means2d.device();
   const std::pair<const torch::Tensor*, const char*> fs[] = {
       {&means2d, "means2d"}, {&conics, "conics"}, {&colors, "colors"}, {&opacities, "opacities"},
@@ -72,6 +72,8 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
   p.image = opt_ptr(image);
   p.partial = partial.data_ptr<float>();
   p.checkpoints = checkpoints.data_ptr<float>();
+  TORCH_CHECK(phases >= 1 && phases <= 3, "phases must be 1, 2 or 3");
+  p.phases = (int)phases;
   return p;
 }
 
@@ -84,8 +86,8 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
       int64_t height, int64_t ox, int64_t oy, double l1_scale, double ssim_scale, std::vector<double> window,      \
       const torch::Tensor &v_means2d, const torch::Tensor &v_conics, const torch::Tensor &v_colors,                \
       const torch::Tensor &v_opacities, const torch::Tensor &v_backgrounds, const torch::Tensor &absgrad,          \
-      const torch::Tensor &image, const torch::Tensor &partial, const torch::Tensor &checkpoints
+      const torch::Tensor &image, const torch::Tensor &partial, const torch::Tensor &checkpoints, int64_t phases
 #define SPLAT_FUSED_CALL                                                                                          \
   means2d, conics, colors, opacities, backgrounds, gts, offsets, flatten_ids, num_images, width, height, ox, oy,   \
       l1_scale, ssim_scale, window, v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, absgrad, image,     \
-      partial, checkpoints
+      partial, checkpoints, phases

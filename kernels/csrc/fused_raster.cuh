@@ -71,6 +71,7 @@ struct Params {
   float* image;        // [I, height, width, 3] or null
   float* partial;      // [I * num_tiles, 2]: sum |x - y|, sum SSIM map, over the tile's pixels with ground truth
   float* checkpoints;  // (n_isects / 32 + I * num_tiles + 1) * 256 * 4 floats, scratch
+  int phases;          // 3: all; for timing only, 1: forward only, 2: forward and loss (no gradients)
 };
 
 // Scratch position of a tile's first bucket, in buckets: floor(start / 32) + tile. A tile needs at
@@ -138,6 +139,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   __shared__ float s_g[3 * NPIX];  // dL/dpixel, pixels sorted by stop (below)
   __shared__ int s_stop[NPIX];     // list position (from start) each pixel stopped before; 0: no gradient
   __shared__ int s_perm[NPIX];     // pixels by decreasing stop
+  __shared__ float2 s_anchor[NPIX * NPIX / CP_BUCKET_MIN];  // per warp: its bucket's (T, behind), sorted
   __shared__ float s_red[NPIX];
 
   const int tile = blockIdx.x;
@@ -225,6 +227,8 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
     o[1] = xv[1];
     o[2] = xv[2];
   }
+
+  if (P.phases < 2) return;  // timing variant (uniform over the block)
 
   // ---------------------------------------------------------------- 2. tile-local loss
   float yv[3] = {0.f, 0.f, 0.f};
@@ -331,6 +335,8 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   __syncthreads();  // also orders the scan's checkpoint writes before the backward's reads
   const int num_buckets = (s_stop[0] + B - 1) / B;
 
+  if (P.phases < 3) return;
+
   // ---------------------------------------------------------------- 3. backward, per bucket
   const int lane = tid % B, warp = tid / B, num_warps = NPIX / B;
   for (int b = warp; b < num_buckets; b += num_warps) {
@@ -361,21 +367,20 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
     float v_mx = 0.f, v_my = 0.f, v_a = 0.f, v_b = 0.f, v_c = 0.f, v_op = 0.f, v_r = 0.f, v_g = 0.f, v_bl = 0.f;
     float abs_x = 0.f, abs_y = 0.f;
     bool touched = false;
-    float t_state = 0.f, behind_state = 0.f, anchor_t = 0.f, anchor_behind = 0.f;
+    float t_state = 0.f, behind_state = 0.f;
+    // the anchors (T, behind) of the bucket's end, of its active pixels in sorted order
     const float2* cpb = reinterpret_cast<const float2*>(cp + (int64_t)b * NPIX * 4);
+    float2* anchors = s_anchor + warp * NPIX;
+    st::warp_sync();  // the previous bucket's reads are done
+    for (int i = lane; i < n_act; i += B) anchors[i] = cpb[2 * s_perm[i]];  // .xy of the float4 checkpoint
+    st::warp_sync();
     for (int s = 0; s < n_act + B - 1; ++s) {
-      if (s % B == 0 && s + lane < n_act) {  // the next warpSize pixels' anchors, one per lane
-        const float2 a = cpb[2 * s_perm[s + lane]];  // (T, behind) of the float4 checkpoint
-        anchor_t = a.x;
-        anchor_behind = a.y;
-      }
       float t_in = st::shfl_up(t_state, 1);
       float behind_in = st::shfl_up(behind_state, 1);
-      const float a_t = st::shfl(anchor_t, s % B);
-      const float a_behind = st::shfl(anchor_behind, s % B);
-      if (lane == 0) {
-        t_in = a_t;
-        behind_in = a_behind;
+      if (lane == 0 && s < n_act) {
+        const float2 a = anchors[s];
+        t_in = a.x;
+        behind_in = a.y;
       }
       t_state = t_in;
       behind_state = behind_in;

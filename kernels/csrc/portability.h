@@ -48,4 +48,18 @@ ST_DEVICE float shfl(float v, int src) {
 #endif
 }
 
+// Orders the shared-memory writes of a warp's lanes before its lanes' later reads (the warp's lanes
+// only; warps of a block may be at different points).
+ST_DEVICE void warp_sync() {
+#if defined(ST_CPU_EMU)
+  st_emu_warp_sync();
+#elif defined(ST_HIP)
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+#else
+  __syncwarp();
+#endif
+}
+
 }  // namespace st

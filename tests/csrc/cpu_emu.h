@@ -68,6 +68,7 @@ inline float st_emu_shfl(float v, int arg, bool up) {
   bar.arrive_and_wait();
   return out;
 }
+inline void st_emu_warp_sync() { st_emu_current->warps[threadIdx.x / warpSize]->arrive_and_wait(); }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 
 // Runs kernel(args...) on a grid of ``blocks`` blocks of ``threads`` threads.
