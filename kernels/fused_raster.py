@@ -252,6 +252,44 @@ def _phases() -> int:
     return int(value)
 
 
+CP_BUCKET_MIN = 32  # the kernel's checkpoint scratch is sized in buckets of 32 list positions
+CP_BUCKET_FLOATS = 256 * 4  # one bucket's checkpoints: 256 pixels x (T, colour)
+DEFAULT_SCRATCH_MB = 2048
+
+
+def _scratch_cap_floats() -> int:
+    """The checkpoint scratch one call may allocate, in floats: SPLAT_TRAIN_FUSED_SCRATCH_MB MiB
+    (default 2048); the tiles run in several launches that reuse one buffer when they need more."""
+    mb = float(os.environ.get("SPLAT_TRAIN_FUSED_SCRATCH_MB", DEFAULT_SCRATCH_MB))
+    if not mb > 0:
+        raise ValueError(f"SPLAT_TRAIN_FUSED_SCRATCH_MB must be > 0, got {mb}")
+    return int(mb * 2**20) // 4
+
+
+def tile_chunks(offsets: Tensor, num_isects: int, cap_floats: int) -> list:
+    """Launches of the kernel over the flat (image, tile) ids, each within ``cap_floats`` of
+    checkpoint scratch (a tile that alone needs more gets a launch of its own): a list of
+    (first tile, tile count, first bucket, buckets). Tile t's checkpoints start at bucket
+    ``offsets[t] // 32 + t`` and take ``ceil(n_t / 32)`` buckets (kernels/csrc/fused_raster.cuh,
+    bucket_base). When everything fits, one launch and no device -> host copy; else one copy of the
+    tile offsets."""
+    T = offsets.numel()
+    total = num_isects // CP_BUCKET_MIN + T + 1
+    if T == 0 or total * CP_BUCKET_FLOATS <= cap_floats:
+        return [(0, T, 0, total)]
+    starts = offsets.reshape(-1).to("cpu", torch.int64)
+    counts = torch.cat([starts[1:], starts.new_full((1,), num_isects)]) - starts
+    base = starts // CP_BUCKET_MIN + torch.arange(T)
+    stop = base + (counts + CP_BUCKET_MIN - 1) // CP_BUCKET_MIN  # exclusive; nondecreasing in t
+    cap = max(1, cap_floats // CP_BUCKET_FLOATS)
+    chunks, t0 = [], 0
+    while t0 < T:
+        t1 = max(int(torch.searchsorted(stop, base[t0] + cap, right=True)), t0 + 1)
+        chunks.append((t0, t1 - t0, int(base[t0]), max(1, int(stop[t1 - 1] - base[t0]))))
+        t0 = t1
+    return chunks
+
+
 def _launch(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width, height,
             ssim_lambda, return_image, absgrad, origin=(0, 0), warp_size=None):
     """Runs the native kernel (``ext``: kernels.native.load(), or the CPU emulation with
@@ -278,17 +316,19 @@ def _launch(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_off
     abs_buf = torch.zeros(R, 2, **f32) if absgrad else none
     image = torch.full((I, height, width, 3), math.nan, **f32) if return_image else none
     partial = torch.full((I * num_tiles, 2), math.nan, **f32)
-    scratch = torch.empty(int(ext.checkpoint_floats(fids.numel(), I * num_tiles)), **f32)
+    chunks = tile_chunks(offsets, fids.numel(), _scratch_cap_floats())
+    scratch = torch.empty(max(c[3] for c in chunks) * CP_BUCKET_FLOATS, **f32)
     ox, oy = origin
     num_pixels = (height - oy) * (width - ox)  # the pixels with ground truth, per image
     denom = float(I * 3 * num_pixels)
     args = (m2d, con, col, opa, bg, gt, offsets, fids, I, width, height, ox, oy, (1.0 - ssim_lambda) / denom,
             ssim_lambda / denom, window_taps(), grads["means2d"], grads["conics"], grads["colors"],
             grads["opacities"], grads["backgrounds"], abs_buf, image, partial, scratch, _phases())
-    if warp_size is None:
-        ext.fused_raster_loss(*args)
-    else:
-        ext.fused_raster_loss(int(warp_size), *args)
+    for chunk in chunks:
+        if warp_size is None:
+            ext.fused_raster_loss(*args, *chunk)
+        else:
+            ext.fused_raster_loss(int(warp_size), *args, *chunk)
     del scratch
     sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * num_pixels)  # [I, 2]: L1_i, SSIM_i
     loss = ((1.0 - ssim_lambda) * sums[:, 0] + ssim_lambda * (1.0 - sums[:, 1])).mean()

@@ -13,6 +13,7 @@ reorder sums); NaN never passes. The image and per-tile partial sums start NaN-f
 or tile the kernel fails to write fails; records in no tile must keep an exactly zero gradient.
 """
 
+import itertools
 import math
 import shutil
 
@@ -345,15 +346,11 @@ def test_autograd_function_scales_the_saved_gradients():
 
     class FakeExt:
         @staticmethod
-        def checkpoint_floats(n, tiles):
-            return 4
-
-        @staticmethod
         def fused_raster_loss(*args):
             for i, t in enumerate(args[16:21]):  # the gradient buffers
                 t.fill_(i + 1.0)
             args[23].fill_(0.5)  # partial sums
-            assert args[25] == 3  # every phase
+            assert args[25] == 3 and args[26:29] == (0, 8, 0)  # every phase; one launch over the 2 x 4 tiles
 
     names, leaves = _leaves(scene)
     meta = dict(ext=FakeExt(), width=24, height=20, ssim_lambda=0.2, return_image=False, absgrad=False,
@@ -365,6 +362,40 @@ def test_autograd_function_scales_the_saved_gradients():
     grads = torch.autograd.grad(3.0 * loss, leaves)
     for i, (g, leaf) in enumerate(zip(grads, leaves)):
         assert g.shape == leaf.shape and g.dtype == leaf.dtype and torch.all(g == 3.0 * (i + 1))
+
+
+def test_tile_chunks_partition_the_tiles_within_the_scratch():
+    """Launches in chunks of tiles: they cover every tile once, in order, and each one's buckets
+    (tile t from bucket offsets[t] // 32 + t, ceil(n_t / 32) of them) fit the cap unless one tile
+    alone needs more."""
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.randint(0, 3000, (200,), generator=gen) * (torch.rand(200, generator=gen) > 0.2)
+    offsets = (torch.cumsum(counts, 0) - counts).to(torch.int32)
+    n = int(counts.sum())
+    assert fr.tile_chunks(offsets, n, 10**12) == [(0, 200, 0, n // 32 + 201)]  # fits: one launch, no copy
+    for cap_buckets in (1, 7, 40, 500):
+        chunks = fr.tile_chunks(offsets, n, cap_buckets * fr.CP_BUCKET_FLOATS)
+        assert [c[0] for c in chunks] == list(itertools.accumulate([0] + [c[1] for c in chunks[:-1]]))
+        assert sum(c[1] for c in chunks) == 200
+        for t0, count, origin, buckets in chunks:
+            ts = torch.arange(t0, t0 + count)
+            base = offsets[ts].long() // 32 + ts
+            need = base + (counts[ts] + 31) // 32
+            assert int(base[0]) == origin and int(need.max()) - origin <= buckets
+            assert buckets <= cap_buckets or count == 1
+
+
+@pytest.mark.parametrize("case", ["dense_bg_border", "list_lengths"])
+def test_kernel_source_in_chunks_of_tiles(emulation, monkeypatch, case):
+    """A scratch cap small enough for a few tiles per launch: the kernel runs in several launches
+    over one reused scratch buffer and still matches the reference."""
+    monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", "0.02")  # 5 buckets of checkpoints
+    params = CASES[case]
+    scene = scene_of(params)
+    chunks = fr.tile_chunks(scene["isect_offsets"].reshape(-1), scene["flatten_ids"].numel(),
+                            fr._scratch_cap_floats())
+    assert len(chunks) > 2
+    assert_matches(compare(params, fr.emulated_fused_raster_loss, warp_size=32), params, case)
 
 
 def test_tile_budget(monkeypatch):

@@ -115,7 +115,7 @@ class Trainer:
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
-        # --raster fused, last step: fractions of tiles within the on-chip budget and run resident
+        # --raster fused, last step: the fused call's tile statistics (kernels/fused_raster.py)
         self.last_fused_stats: dict = {}
         self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
 

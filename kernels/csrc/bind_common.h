@@ -25,7 +25,8 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
                           const torch::Tensor& v_conics, const torch::Tensor& v_colors,
                           const torch::Tensor& v_opacities, const torch::Tensor& v_backgrounds,
                           const torch::Tensor& absgrad, const torch::Tensor& image, const torch::Tensor& partial,
-                          const torch::Tensor& checkpoints, int64_t phases) {
+                          const torch::Tensor& checkpoints, int64_t phases, int64_t tile_begin,
+                          int64_t tile_count, int64_t cp_origin, int64_t cp_buckets) {
   const auto dev = means2d.device();
   const std::pair<const torch::Tensor*, const char*> fs[] = {
       {&means2d, "means2d"}, {&conics, "conics"}, {&colors, "colors"}, {&opacities, "opacities"},
@@ -40,8 +41,10 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
   TORCH_CHECK(window.size() == 2 * WIN_HALF + 1, "window must have 11 taps");
   const int64_t tiles_x = (width + TILE - 1) / TILE, tiles_y = (height + TILE - 1) / TILE;
   TORCH_CHECK(offsets.numel() == num_images * tiles_x * tiles_y, "offsets do not match the image size");
-  TORCH_CHECK(checkpoints.numel() >= checkpoint_floats(flatten_ids.numel(), offsets.numel()),
-              "checkpoint scratch too small");
+  TORCH_CHECK(tile_begin >= 0 && tile_count >= 0 && tile_begin + tile_count <= offsets.numel(),
+              "tiles ", tile_begin, "+", tile_count, " out of range");
+  TORCH_CHECK(cp_buckets >= 0 && checkpoints.numel() >= cp_buckets * NPIX * 4,
+              "checkpoint scratch smaller than the buckets the caller computed");
   TORCH_CHECK(partial.numel() == 2 * offsets.numel(), "partial must hold 2 floats per tile");
   Params p{};
   p.means2d = means2d.data_ptr<float>();
@@ -74,6 +77,9 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
   p.checkpoints = checkpoints.data_ptr<float>();
   TORCH_CHECK(phases >= 1 && phases <= 3, "phases must be 1, 2 or 3");
   p.phases = (int)phases;
+  p.tile_begin = (int)tile_begin;
+  p.tile_count = (int)tile_count;
+  p.cp_origin = cp_origin;
   return p;
 }
 
@@ -86,8 +92,9 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
       int64_t height, int64_t ox, int64_t oy, double l1_scale, double ssim_scale, std::vector<double> window,      \
       const torch::Tensor &v_means2d, const torch::Tensor &v_conics, const torch::Tensor &v_colors,                \
       const torch::Tensor &v_opacities, const torch::Tensor &v_backgrounds, const torch::Tensor &absgrad,          \
-      const torch::Tensor &image, const torch::Tensor &partial, const torch::Tensor &checkpoints, int64_t phases
+      const torch::Tensor &image, const torch::Tensor &partial, const torch::Tensor &checkpoints, int64_t phases,      \
+      int64_t tile_begin, int64_t tile_count, int64_t cp_origin, int64_t cp_buckets
 #define SPLAT_FUSED_CALL                                                                                          \
   means2d, conics, colors, opacities, backgrounds, gts, offsets, flatten_ids, num_images, width, height, ox, oy,   \
       l1_scale, ssim_scale, window, v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, absgrad, image,     \
-      partial, checkpoints, phases
+      partial, checkpoints, phases, tile_begin, tile_count, cp_origin, cp_buckets

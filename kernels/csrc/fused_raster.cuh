@@ -72,6 +72,11 @@ struct Params {
   float* partial;      // [I * num_tiles, 2]: sum |x - y|, sum SSIM map, over the tile's pixels with ground truth
   float* checkpoints;  // (n_isects / 32 + I * num_tiles + 1) * 256 * 4 floats, scratch
   int phases;          // 3: all; for timing only, 1: forward only, 2: forward and loss (no gradients)
+  // This launch's tiles: flat (image, tile) ids tile_begin ... tile_begin + tile_count - 1; their
+  // checkpoints start at bucket bucket_base(start, tile) - cp_origin of ``checkpoints`` (launches in
+  // chunks of tiles reuse one scratch buffer; one launch: 0, every tile, 0).
+  int tile_begin, tile_count;
+  int64_t cp_origin;
 };
 
 // Scratch position of a tile's first bucket, in buckets: floor(start / 32) + tile. A tile needs at
@@ -142,7 +147,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   __shared__ float2 s_anchor[NPIX * NPIX / CP_BUCKET_MIN];  // per warp: its bucket's (T, behind), sorted
   __shared__ float s_red[NPIX];
 
-  const int tile = blockIdx.x;
+  const int tile = P.tile_begin + (int)blockIdx.x;
   const int img = tile / P.num_tiles;
   const int tile_in_img = tile % P.num_tiles;
   const int tx = tile_in_img % P.tiles_x, ty = tile_in_img / P.tiles_x;
@@ -156,7 +161,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   const int64_t start = P.offsets[tile];
   const int64_t end = tile + 1 < num_all ? (int64_t)P.offsets[tile + 1] : P.n_isects;
   const int B = warpSize;  // bucket length = lanes per warp
-  float* cp = P.checkpoints + bucket_base(start, tile) * (NPIX * 4);
+  float* cp = P.checkpoints + (bucket_base(start, tile) - P.cp_origin) * (NPIX * 4);
 
   // ---------------------------------------------------------------- 1. forward
   float4* s_geo = s_rec;
@@ -442,7 +447,9 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   }
 }
 
-// Scratch floats the launch needs: (n_isects / 32 + number of tiles + 1) buckets of 256 pixels x 4.
+// Scratch floats one launch over every tile needs: (n_isects / 32 + number of tiles + 1) buckets of
+// 256 pixels x 4 (a launch over tiles t0..t1 needs from bucket_base of t0 to that of t1 plus its
+// buckets; kernels/fused_raster.py sizes chunks of tiles from the tile lists).
 inline int64_t checkpoint_floats(int64_t n_isects, int64_t num_tiles_all) {
   return (n_isects / CP_BUCKET_MIN + num_tiles_all + 1) * (int64_t)NPIX * 4;
 }
@@ -450,7 +457,7 @@ inline int64_t checkpoint_floats(int64_t n_isects, int64_t num_tiles_all) {
 #if !defined(ST_CPU_EMU)
 // Launches one block of 256 threads per (image, tile). Returns the launch error.
 inline cudaError_t launch_fused_raster_loss(const Params& p, cudaStream_t stream) {
-  const int blocks = p.num_images * p.num_tiles;
+  const int blocks = p.tile_count;
   if (blocks == 0) return cudaSuccess;
   fused_raster_loss_kernel<<<blocks, NPIX, 0, stream>>>(p);
   return cudaGetLastError();
