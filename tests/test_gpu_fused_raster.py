@@ -67,3 +67,12 @@ def test_native_kernel_is_repeatable_up_to_atomics(native_module):
     assert outs[0][0] == outs[1][0]
     for a, b in zip(outs[0][1], outs[1][1]):
         assert float((a - b).norm() / b.norm()) <= 1e-6
+
+
+@pytest.mark.parametrize("case", ["long_lists", "origin_packed"])
+def test_native_kernel_in_chunks_of_tiles(native_module, monkeypatch, case):
+    """A scratch cap of a few buckets: several launches over one reused checkpoint buffer."""
+    monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", "0.05")
+    params = dict(GPU_CASES[case], seed=SEED + GPU_CASES[case]["seed"])
+    _poison()
+    assert_matches(compare(params, fr.fused_raster_loss, device="cuda"), params, f"{case} (seed {params['seed']})")
