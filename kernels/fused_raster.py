@@ -49,7 +49,10 @@ each pixel turns its checkpoints into "what lies behind the bucket's end, dotted
 holds one Gaussian in registers and the pixels flow through the lanes (warp shuffles), each lane
 recovering T before its Gaussian by one division from the anchor at the bucket's end; gradient
 terms are summed in registers and added with one atomic per Gaussian per bucket and field. There
-is no per-tile Gaussian budget and no fallback. Loss and gradients equal the reference's up to
+is no per-tile Gaussian budget and no fallback. The checkpoints take 16 bytes per pixel and bucket
+(about 128 bytes per tile-Gaussian intersection); a call that would need more than
+SPLAT_TRAIN_FUSED_SCRATCH_MB (default 2048) runs in launches over chunks of tiles that reuse one
+buffer (:func:`tile_chunks`). Loss and gradients equal the reference's up to
 float32 rounding and a pixel's stop decision at T <= 1e-4 (float32 running product vs. the
 reference's float64 sums of logs). The same source runs on the CPU under an emulation of the few
 CUDA builtins it uses (tests/csrc/cpu_emu.h; tests only) at warp sizes 32 and 64.
