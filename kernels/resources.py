@@ -1,5 +1,5 @@
-"""Registers, spills and shared memory of the fused rasterization kernel for a GPU target, from an
-ahead-of-time compile (no GPU needed).
+"""Registers, spills and shared memory of the package's Triton kernels for a GPU target, from an
+ahead-of-time compile (no GPU needed); the per-tile Gaussian budget pruning stage 3 targets.
 
 Triton compiles the kernel for the target exactly as it would at the first launch on that GPU; the
 counts are read from the compiled code object: for CUDA, ``cuobjdump --dump-resource-usage`` of
@@ -7,10 +7,9 @@ the cubin (the tool ships with Triton's NVIDIA backend), for HIP the ``.vgpr_cou
 ``.vgpr_spill_count`` metadata of the AMDGCN assembly. A configuration that spills keeps part of
 its per-pixel state in local (off-chip, cached) memory.
 
-The kernel's pixels x Gaussians blocks ([256, K] fp32, one value per thread per Gaussian of the
-chunk) live in registers, so the chunk length K decides whether a tile's state stays on chip:
-kernels/fused_raster.py uses :func:`largest_spill_free` to pick its chunk lengths per device.
-scripts/kernel_resources.py prints the table for any target.
+The SSIM kernels take the fewest warps that compile without spilling (:func:`spill_free_warps`);
+scripts/kernel_resources.py prints the table for any target. The fused rasterization kernel is
+native code (kernels/csrc; ``nvcc -Xptxas -v`` reports its registers), not in this table.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ TILE_SIZE = 16  # pixels per tile side (the fused kernel's pixel block is TILE_S
 RECORD_BYTES = 9 * 4  # a resident record: means2d (2), conic (3), opacity (1), colour (3) fp32
 # On chip per resident Gaussian: its record plus its column of the [256, budget] alpha state.
 RESIDENT_BYTES_PER_GAUSSIAN = RECORD_BYTES + TILE_SIZE * TILE_SIZE * 4
-CPU_TILE_BUDGET = 64  # budget on CPU / the interpreter: small, so tests exercise both variants
+CPU_TILE_BUDGET = 64  # budget on CPU: small, so pruning tests have tiles over it
 
 
 def require_triton(what: str, hint: str = "") -> None:
@@ -41,9 +40,8 @@ def require_triton(what: str, hint: str = "") -> None:
 
 def tile_budget(device) -> int:
     """ByteSplat's per-tile Gaussian budget on ``device`` (§5): what fits in on-chip shared memory.
-    Pruning stage 3 trims tiles to it and the stats report the fraction of tiles within it; which
-    tiles run the fused kernel's resident variant also depends on its chunk limits (registers).
-    Lives here, free of Triton, so pruning computes the same figure where Triton is missing.
+    Pruning stage 3 trims tiles towards it and its reports give the fraction of tiles within it.
+    The native fused kernel (kernels/csrc) runs tiles of any length: the figure steers pruning only.
 
     CUDA / ROCm: the per-block shared memory the device offers (``shared_memory_per_block_optin``
     when torch exposes it (ROCm's properties lack it), else ``shared_memory_per_block``, bytes)
@@ -82,14 +80,9 @@ def kernel_specs() -> dict:
     name -> (jit function, constexpr values, pointer element types, scalar types, num_warps)."""
     from . import adam
     from . import densify_stats as ds
-    from . import fused_raster as fr
     from . import fused_ssim as fs
     from . import sparse_comm as sc
 
-    raster = dict(HAS_BG=True, RETURN_IMAGE=False, ABSGRAD=False, TUPLE_REDUCE=True, LOSS_ONLY=False,
-                  TS=fr.TILE_SIZE, WIN=fr.SSIM_WINDOW)
-    raster_ptrs = {n: "*i32" for n in ("offsets_ptr", "flatten_ptr", "tile_ids_ptr")}
-    raster_scalars = {"l1_scale": "fp32", "ssim_scale": "fp32"}
     ints = {n: "*i32" for n in ("bits_ptr", "bitmap_ptr", "counts_ptr", "offsets_ptr", "packed_ptr")}
     rows = dict(BLOCK_R=sc.BLOCK_ROWS, BLOCK_D=16)
     ssim_fwd = dict(C1=fs.C1, C2=fs.C2, WINDOW=fs.WINDOW, BLOCK=fs.BLOCK, SAVE=True)
@@ -100,10 +93,6 @@ def kernel_specs() -> dict:
                      **{f"{k}{i}": "fp32" for k in "sc" for i in range(adam.MAX_TENSORS)},
                      beta1="fp32", beta2="fp32", eps="fp32", vis="*u8")
     return {
-        "fused_raster_resident": (fr._fused_raster_loss_kernel, dict(raster, RESIDENT=True, K=8), raster_ptrs,
-                                  raster_scalars, fr.NUM_WARPS),
-        "fused_raster_streaming": (fr._fused_raster_loss_kernel, dict(raster, RESIDENT=False, K=8), raster_ptrs,
-                                   raster_scalars, fr.NUM_WARPS),
         "ssim_forward": (fs._ssim_fwd_kernel, dict(ssim_fwd, L1=False), {}, ssim_scalars, 4),
         "ssim_backward": (fs._ssim_bwd_kernel, dict(ssim_bwd, L1=False), {}, ssim_scalars, 4),
         # the training loss: L1 + D-SSIM against uint8 ground truth (fused_l1_ssim_loss)
@@ -197,14 +186,6 @@ def compile_kernel(name: str, target: Union[str, object], num_warps: Optional[in
     usage["shared_bytes"] = max(int(compiled.metadata.shared), usage.pop("static_shared_bytes"))
     return dict(kernel=name, target=target_name(gpu), num_warps=num_warps, threads=num_warps * gpu.warp_size,
                 compile_s=round(seconds, 1), **usage)
-
-
-def compile_config(target: Union[str, object], resident: bool, K: int, num_warps: int) -> dict:
-    """One configuration of the fused rasterization kernel (:func:`compile_kernel`), with
-    ``variant`` ("resident" / "streaming") and ``K`` (Gaussians per chunk) in the result."""
-    name = "fused_raster_resident" if resident else "fused_raster_streaming"
-    row = compile_kernel(name, target, num_warps, RESIDENT=resident, K=K)
-    return dict(row, variant="resident" if resident else "streaming", K=K)
 
 
 def largest_spill_free(usage: Callable[[int], dict], candidates: Iterable[int]) -> int:

@@ -1,26 +1,25 @@
 """Rasterization + loss + backward on the same inputs: gsplat's rasterizer, the SSIM + L1 loss and
-gsplat's backward (the unfused step) against the fused kernel (kernels/fused_raster.py), at one
-or more kernel configurations.
+gsplat's backward (the unfused step) against the fused native kernel (kernels/fused_raster.py).
 
     splat-train bench-raster [--data_dir DIR --data_factor 4 | --synthetic_gaussians N --resolution WxH]
         [--ckpt RUN/ckpts/ckpt_<step>_rank*.pt] [--batch_size C] [--packed]
-        [--fused default STREAM_CHUNK:NUM_WARPS[:BUDGET] ...] [--repeats 30] [--warmup 5] [--profile CALLS]
-        [--out DIR]
+        [--fused [default ...]] [--repeats 30] [--warmup 5] [--profile CALLS] [--out DIR]
 
 The inputs are one training batch of the trainer (W = 1): the model is the initial one, or the
 checkpoint's (its shards merged); the cameras are the first ``--batch_size`` training views
 (``--views`` picks others); projection and SH run once and their records, tile lists and
 ground truth are reused by every timed call. Each call is timed alone, forward and backward to
 the records' gradients (CUDA events on a GPU; wall clock on the CPU, where the fused path is the
-PyTorch reference unless TRITON_INTERPRET=1), ``--warmup`` untimed calls first, then the median
-and 90th percentile of ``--repeats``.
+PyTorch reference), ``--warmup`` untimed calls first, then the median and 90th percentile of
+``--repeats``.
 
 The unfused loss is the trainer's (full-image SSIM, valid padding; ``losses.photometric_loss``),
 timed with every SSIM implementation available (``--unfused_ssim``); the fastest unfused row is the
 baseline of the "vs fastest unfused" column, so no speedup comes from a slow convolution SSIM. The
-fused loss is the kernel's tile-local SSIM, so the two losses differ by design. The fused
-configurations compute the same function; the table reports each one's largest relative difference
-from the first in loss and record gradients, and its caption says what ran the fused rows.
+fused loss is the kernel's tile-local SSIM, so the two losses differ by design. Repeated fused rows
+(``--fused default default``) compute the same function; the table reports each one's largest
+relative difference from the first in loss and record gradients (atomics reorder sums), and its
+caption says what ran the fused rows.
 
 ``--profile CALLS`` runs each step CALLS more times under ``torch.profiler`` and adds, per row, the
 time of its GPU kernels (on the CPU: of its operators) per call, the launches, and the largest
@@ -32,7 +31,6 @@ Writes ``bench_raster.json`` and ``bench_raster.md`` into ``--out`` (atomically)
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -54,9 +52,7 @@ def parse(argv):
     p.add_argument("--views", type=int, nargs="*", help="training views to render (default: the first batch_size)")
     p.add_argument("--packed", action="store_true", help="packed records (as --packed training)")
     p.add_argument("--fused", nargs="*", default=["default"],
-                   help="fused configurations STREAM_CHUNK:NUM_WARPS[:BUDGET] (powers of two; BUDGET: Gaussians "
-                   "per tile above which a tile falls back to the unfused rasterizer), or 'default' (the "
-                   "device's chunk lengths at the kernel's NUM_WARPS and its budget); none: skip")
+                   help="fused rows: 'default' once per row (the native kernel has no tuning knobs); none: skip")
     p.add_argument("--ssim_lambda", type=float, default=0.2)
     p.add_argument("--unfused_ssim", nargs="+", choices=["pytorch", "triton", "fused_ssim"],
                    help="SSIM implementations of the unfused rows (default: every one available on the device); "
@@ -72,30 +68,14 @@ def parse(argv):
 
 
 def _fused_configs(specs) -> list:
-    """'default' -> {}; 'K:W[:B]' -> dict(stream_chunk=K, num_warps=W[, budget=B]). Raises ValueError."""
+    """'default' -> ("fused (default)", {}) per spec. Raises ValueError on anything else (the Triton
+    kernel's STREAM_CHUNK:NUM_WARPS[:BUDGET] tuning configurations are gone with it)."""
     out = []
     for spec in specs:
-        if spec == "default":
-            out.append(("fused (default)", {}))
-            continue
-        try:
-            values = [int(v) for v in spec.split(":")]
-            if len(values) not in (2, 3):
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"--fused {spec!r}: expected STREAM_CHUNK:NUM_WARPS[:BUDGET], e.g. 8:8 or 8:8:64, "
-                             "or 'default'")
-        for name, v in (("STREAM_CHUNK", values[0]), ("NUM_WARPS", values[1])):
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"--fused {spec!r}: {name} must be a positive power of two")
-        config = dict(stream_chunk=values[0], num_warps=values[1])
-        name = f"fused K={values[0]} warps={values[1]}"
-        if len(values) == 3:
-            if values[2] < 0:
-                raise ValueError(f"--fused {spec!r}: BUDGET must be >= 0")
-            config["budget"] = values[2]
-            name += f" budget={values[2]}"
-        out.append((name, config))
+        if spec != "default":
+            raise ValueError(f"--fused {spec!r}: the native fused kernel has no tuning configurations; "
+                             "use 'default'")
+        out.append(("fused (default)", {}))
     return out
 
 
@@ -202,12 +182,9 @@ def _rel(a, b) -> float:
 
 
 def run(args) -> dict:
-    from splat_train.kernels.resources import require_triton
     from splat_train.trainer.profiling import profile_calls
 
     configs = _fused_configs(args.fused)
-    if configs:
-        require_triton("--fused (the fused kernel)", hint="; --fused with no value skips it")
     if not 0.0 <= args.ssim_lambda <= 1.0:
         raise ValueError(f"--ssim_lambda must be in [0, 1], got {args.ssim_lambda}")
     want_cuda = args.device != "cpu" and torch.cuda.is_available()
@@ -252,10 +229,11 @@ def run(args) -> dict:
                  packed=inputs["packed"], num_gaussians=inputs["num_gaussians"], num_isects=inputs["num_isects"],
                  model_step=inputs["step"], ckpt=args.ckpt)
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    fused_by = ("the Triton kernel" if device.type == "cuda" else
-                "the Triton kernel in Triton's interpreter" if interpreted else
-                "the PyTorch reference of the fused function (CPU; TRITON_INTERPRET=1 runs the kernel)")
+    from splat_train.kernels import native
+
+    fused_by = ("the PyTorch reference of the fused function (CPU)" if device.type != "cuda" else
+                "the native CUDA kernel" if native.load() is not None else
+                f"the unfused path of the fused function (native kernel unavailable: {native.LOAD_ERROR})")
     return dict(device=dev, scene=scene, repeats=args.repeats, warmup=args.warmup, rows=rows, fused_by=fused_by)
 
 

@@ -167,26 +167,26 @@ RASTER_TINY = ["--device", "cpu", "--synthetic_gaussians", "300", "--resolution"
 
 
 def test_bench_raster_times_unfused_and_fused_on_the_same_inputs(tmp_path):
-    """On the CPU the fused rows run the PyTorch reference (no TRITON_INTERPRET), so the fused
-    configurations compute identical results; the report has every row and writes both files."""
+    """On the CPU the fused rows run the PyTorch reference, so repeated fused rows compute identical
+    results; the report has every row and writes both files."""
     from splat_train.scripts import bench_raster
 
     out = tmp_path / "br"
-    rc = bench_raster.main([*RASTER_TINY, "--batch_size", "2", "--packed", "--fused", "default", "8:4", "4:8:0",
+    rc = bench_raster.main([*RASTER_TINY, "--batch_size", "2", "--packed", "--fused", "default", "default",
                             "--out", str(out)])
     assert rc == 0
     rep = json.loads((out / "bench_raster.json").read_text())
     names = [r["name"] for r in rep["rows"]]
-    assert names[0].startswith("unfused (reference raster + pytorch SSIM") and len(names) == 4
-    assert names[3] == "fused K=4 warps=8 budget=0" and rep["rows"][3]["config"]["budget"] == 0
+    assert names[0].startswith("unfused (reference raster + pytorch SSIM") and len(names) == 3
+    assert names[1] == names[2] == "fused (default)"
     assert rep["scene"]["batch_size"] == 2 and rep["scene"]["packed"] and rep["scene"]["num_isects"] > 0
     for r in rep["rows"]:
         assert r["ms_median"] > 0 and r["ms_p90"] >= r["ms_median"] and r["loss"] > 0
     assert rep["rows"][0]["speedup_vs_unfused"] == 1.0
-    assert rep["rows"][2]["max_rel_diff_vs_first"] == 0.0 and rep["rows"][3]["max_rel_diff_vs_first"] == 0.0
-    assert rep["rows"][3]["fraction_fused"] < 1.0  # budget 0: every tile with a Gaussian is over it
-    assert rep["rows"][3]["fraction_isects_fused"] == 0.0 and rep["rows"][1]["fraction_isects_fused"] > 0.0
-    assert (out / "bench_raster.md").read_text().count("\n| fused") == 3
+    assert rep["rows"][2]["max_rel_diff_vs_first"] == 0.0
+    assert 0.0 < rep["rows"][1]["fraction_isects_fused"] <= 1.0
+    assert "PyTorch reference" in rep["fused_by"]
+    assert (out / "bench_raster.md").read_text().count("\n| fused") == 2
     assert "profile" not in rep["rows"][0]  # --profile off by default
 
 
@@ -207,7 +207,7 @@ def test_bench_raster_profile_reports_where_the_time_goes(tmp_path):
     assert "Where the time goes" in md and md.count("| CPU operators |") == 1
 
 
-@pytest.mark.parametrize("bad", [["--fused", "8"], ["--fused", "3:8"], ["--fused", "8:8:-1"], ["--repeats", "0"],
+@pytest.mark.parametrize("bad", [["--fused", "8"], ["--fused", "8:8"], ["--fused", "8:8:64"], ["--repeats", "0"],
                                  ["--views", "0", "99"], ["--unfused_ssim", "triton"], ["--ssim_lambda", "2"],
                                  ["--profile", "-1"]])
 def test_bench_raster_rejects_bad_arguments(tmp_path, bad, capsys):
@@ -225,14 +225,12 @@ def test_bench_raster_names_the_flag_of_a_bad_resolution(tmp_path, capsys):
     assert e.value.code == 2 and "--resolution: expected WxH" in capsys.readouterr().err
 
 
-def test_bench_raster_without_triton_is_one_clear_error(tmp_path, capsys, no_triton):
-    """A CPU-only torch wheel has no Triton: fused rows are refused up front (exit 2), and
-    --fused with no value still times the unfused step."""
+def test_bench_raster_needs_no_triton(tmp_path, no_triton):
+    """A CPU-only torch wheel has no Triton: the fused rows (native kernel / reference) still run,
+    and --fused with no value times the unfused step alone."""
     from splat_train.scripts import bench_raster
 
-    assert bench_raster.main([*RASTER_TINY, "--out", str(tmp_path / "x")]) == 2
-    err = capsys.readouterr().err
-    assert "needs Triton" in err and "pip install triton" in err and not (tmp_path / "x").exists()
+    assert bench_raster.main([*RASTER_TINY, "--out", str(tmp_path / "x")]) == 0
     assert bench_raster.main([*RASTER_TINY, "--fused", "--out", str(tmp_path / "y")]) == 0
     rows = json.loads((tmp_path / "y" / "bench_raster.json").read_text())["rows"]
     assert len(rows) == 1 and rows[0]["unfused"]

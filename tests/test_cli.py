@@ -124,11 +124,11 @@ def test_missing_data_dir_is_one_clear_error(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
-def test_fused_raster_without_triton_is_one_clear_error_before_any_output(tmp_path, capsys, no_triton):
-    assert main(["bytesplat", "--device", "cpu", "--result_dir", str(tmp_path / "r")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--raster fused" in err[0] and "pip install triton" in err[0]
-    assert not (tmp_path / "r").exists()
+def test_fused_raster_needs_no_triton(tmp_path, no_triton):
+    """The fused rasterizer is native code (its CPU path the PyTorch reference): Triton missing is no
+    reason to refuse --raster fused."""
+    out = tmp_path / "fused"
+    assert run("--max_steps", "2", "--raster", "fused", "--test_every", "0", "--result_dir", str(out)) == 0
 
 
 def test_colmap_without_points_suggests_random_init(tmp_path, capsys):
@@ -183,9 +183,10 @@ def test_gsplat_dist_with_uneven_batches_on_two_ranks_is_one_clear_error(tmp_pat
     assert "--pipeline gsplat-dist with 2 ranks" in err and "--batch_size 3" in err
 
 
-def test_fused_raster_trains_end_to_end(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--absgrad", "--grow_grad2d", "0.0002", *DENSIFY]])
+def test_fused_raster_trains_end_to_end(tmp_path, extra):
     out = tmp_path / "fused"
-    assert run("--max_steps", "6", "--raster", "fused", "--packed", "--result_dir", str(out)) == 0
+    assert run("--max_steps", "6", "--raster", "fused", "--packed", *extra, "--result_dir", str(out)) == 0
     assert (out / "ply/point_cloud_6.ply").is_file()
     val = json.loads((out / "stats/val_step6.json").read_text())
     assert np.isfinite(val["psnr"])

@@ -91,7 +91,6 @@ def test_config_file_round_trip(tmp_path):
     (["default", "--compression", "png"], "--compression"),
     (["default", "--app_embed_dim", "32"], "--app_embed_dim"),
     (["mcmc", "--strategy.absgrad"], "--absgrad"),
-    (["default", "--absgrad", "--raster", "fused"], "--absgrad"),
     (["default", "--absgrad", "--pipeline", "gsplat-dist"], "--absgrad"),
     (["default", "--depth_loss", "--raster", "fused"], "--depth_loss"),
     (["default", "--use_bilateral_grid", "--raster", "fused"], "--use_bilateral_grid"),

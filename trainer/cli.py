@@ -22,7 +22,6 @@ from typing import Optional, Sequence
 import tyro
 
 from ..configs import preset_names, preset_path
-from ..kernels.resources import require_triton
 from .config import Config, load_yaml, resolve, validate
 from .launch import DistContext, Interrupted, LaunchError, detect_external, interruptible, launch
 
@@ -205,8 +204,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not Path(f).is_file():
                 raise ValueError(f"--ckpt: no such file: {f}")
             check_readable(f)
-        if cfg.raster == "fused":  # before any output
-            require_triton("--raster fused (the bytesplat preset)")
         external = detect_external()  # under torchrun / mpirun / srun every process gets here
         resume = prepare_result_dir(Path(cfg.result_dir), cfg.resume, cfg.overwrite, evaluating=bool(cfg.ckpt),
                                     auto_resume=cfg.auto_resume, mutate=external is None or external["rank"] == 0,

@@ -135,7 +135,7 @@ class PruneConfig:
     prune_fraction: float = 0.1
     """Stage 3: fraction of the candidates (Gaussians in over-budget tiles) removed per round, highest score first (fewer when the estimated removals still needed are fewer)."""
     tile_budget: int = 0
-    """Gaussians per tile that fit the fused kernel's on-chip memory (0: from the device; see prune.tile_budget); with --raster fused, tiles over it fall back to the unfused rasterizer."""
+    """Pruning stage 3's target of Gaussians per tile (0: ByteSplat's on-chip figure of the device; see prune.tile_budget). The native fused kernel runs tiles of any length; the budget only steers pruning."""
 
 
 @dataclass
@@ -215,7 +215,7 @@ class Config:
     """Processes to start on this node: 0 = one per visible GPU (1 without GPUs); N > 1 without GPUs runs N CPU ranks over gloo."""
 
     raster: Literal["unfused", "fused"] = "unfused"
-    """Training rasterization: unfused (rasterize, full-image L1 + D-SSIM, backward) or fused (ByteSplat: one Triton kernel per tile for forward, tile-local loss and backward; kernels/fused_raster.py)."""
+    """Training rasterization: unfused (rasterize, full-image L1 + D-SSIM, backward) or fused (ByteSplat: one native CUDA/HIP kernel for forward, tile-local loss and backward of every tile, built on first use; kernels/fused_raster.py; on a GPU where it cannot be built, one line and the unfused step)."""
     random_tile_shift: bool = False
     """With --raster fused: each step, shift the images by a random 0-15 pixels right and down against the 16-pixel tile grid (the principal point moves, the render is padded by as much at the top and left, and those pixels stay out of the loss), so that the tile-local SSIM's tile borders fall elsewhere every step. The same shift on every rank. Off by default: on juicebox (7 seeds, 7,000 steps) it changed test PSNR by +0.03 dB, within seed noise (docs/MEASURED_H200.md)."""
     ssim_backend: Literal["auto", "pytorch", "triton", "fused_ssim"] = "auto"
@@ -393,9 +393,6 @@ def _gsplat_flag_checks(cfg: Config) -> list[tuple[bool, str]]:
          "with no embedding (trainer/aux_modules.py), so it is not supported: drop it"),
         (not (cfg.densify.absgrad and cfg.densify.strategy == "mcmc"),
          "--absgrad (--strategy.absgrad) is DefaultStrategy's; the mcmc strategy has none: drop one"),
-        (not (cfg.densify.absgrad and fused),
-         "--absgrad needs the unfused rasterizer's per-pixel gradients; --raster fused differentiates inside its "
-         "kernel: drop one"),
         (not (cfg.densify.absgrad and cfg.pipeline == "gsplat-dist"),
          "--absgrad with --pipeline gsplat-dist: gsplat's distributed rasterization refuses absgrad (use "
          "--pipeline ours, which routes it to the owners)"),

@@ -64,6 +64,7 @@ class Trainer:
         self.result_dir = Path(cfg.result_dir)
         self.backend = resolve_backend(cfg.backend, self.device)
         self.ops = ops_for(cfg.backend, self.device)
+        self.raster = self._raster_mode(cfg)
         self.scene = scene
         self.scene_scale = scene.scene_scale * 1.1 * cfg.global_scale
         ctx.sparse_grad_comm = cfg.sparse_grad_comm
@@ -123,7 +124,7 @@ class Trainer:
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
-        # --raster fused, last step: fractions of tiles within the on-chip budget and run resident
+        # --raster fused, last step: the fused call's tile statistics (kernels/fused_raster.py)
         self.last_fused_stats: dict = {}
         self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
 
@@ -268,7 +269,7 @@ class Trainer:
         backgrounds = torch.rand(C, 3, device=self.device) if cfg.random_bkgd else None
         self.ctx.stats.phase = "forward"
         timer = self.timer
-        fused = cfg.raster == "fused"
+        fused = self.raster == "fused"
         if cfg.pipeline == "gsplat-dist":
             result = self._render_gsplat_dist(cams, self.sh_degree_at(step), backgrounds)
         else:
@@ -357,34 +358,52 @@ class Trainer:
             weights = ((pixels[:, 0] >= 0) & (pixels[:, 0] < w) & (pixels[:, 1] >= 0) & (pixels[:, 1] < h)).float()
         return depth_loss(rendered, pixels, depths, image, self.scene_scale, weights)
 
+    def _raster_mode(self, cfg) -> str:
+        """cfg.raster, except "unfused" when --raster fused asks for the native kernel on a GPU
+        where it cannot be built (kernels/native.py prints the one line saying why; rank 0 adds
+        that training goes on unfused, full-image SSIM, without --random_tile_shift)."""
+        if cfg.raster != "fused" or self.device.type != "cuda":
+            return cfg.raster
+        from ..kernels import native
+
+        if native.load(quiet=not self.ctx.is_main) is not None:
+            return "fused"
+        return "unfused"
+
     def tile_shift(self, step: int) -> tuple[int, int]:
         """(ox, oy) pixels the images of step ``step`` move against the tile grid: uniform in
         [0, 16)^2 with --random_tile_shift (a function of --seed and the step, so every rank and a
         resumed run draw the same), else (0, 0)."""
-        if not self.cfg.random_tile_shift:
+        if not self.cfg.random_tile_shift or self.raster != "fused":
             return (0, 0)
         rng = random.Random(f"tile-shift/{self.cfg.seed}/{step}")
         return (rng.randrange(TILE_SIZE), rng.randrange(TILE_SIZE))
 
     def _fused_loss(self, result, gts, backgrounds, origin=(0, 0)):
         """ByteSplat's fused step: forward compositing, the tile-local loss and the backward
-        compositing in one kernel per tile (kernels/fused_raster.py); its autograd node hands the
-        saved record gradients to the exchange's backward. Tiles over the budget fall back to
-        this trainer's rasterizer (gsplat's on a GPU) inside the same call. The timer's
-        "rasterization" phase covers all of it."""
-        try:
-            from ..kernels.fused_raster import fused_raster_loss
-        except ImportError as e:  # CPU torch wheels ship without Triton
-            raise ValueError(f"--raster fused needs Triton (pip install triton): {e}") from e
+        compositing in one native kernel per tile (kernels/fused_raster.py); its autograd node
+        hands the record gradients to the exchange's backward. With --absgrad the kernel's
+        absolute 2D-mean gradients ride back through the same relay as the unfused
+        rasterizer's. The timer's "rasterization" phase covers all of it."""
+        from ..kernels.fused_raster import fused_raster_loss
+        from .render import relay_absgrad
+
         info, rec = result.info, result.info["records"]
+        absgrad = self.cfg.densify.absgrad
+        means2d = rec["means2d"]
+        if absgrad:
+            means2d = relay_absgrad(means2d, rec["absgrad_lanes"])
+            info["raster_means2d"] = means2d  # the relay finds its output here until backward
         loss, stats = fused_raster_loss(
-            rec["means2d"], rec["conics"], rec["colors"], rec["opacities"], info["tile_offsets"],
+            means2d, rec["conics"], rec["colors"], rec["opacities"], info["tile_offsets"],
             info["flatten_ids"], gts, info["width"], info["height"], self.cfg.ssim_lambda,
             backgrounds=backgrounds, packed=self.cfg.packed, budget=self.cfg.prune.tile_budget or None,
-            fallback=self.ops, origin=origin)
+            fallback=self.ops, origin=origin, absgrad=absgrad)
+        if absgrad and stats["absgrad"] is not None:
+            means2d.absgrad = stats["absgrad"].view(means2d.shape)
         self.timer.begin("loss")
         self.last_fused_stats = {k: v for k, v in stats.items()
-                                 if k in ("fraction_fused", "fraction_isects_fused", "fraction_resident", "num_tiles")}
+                                 if k in ("fraction_fused", "fraction_isects_fused", "num_tiles")}
         nan = torch.full((), float("nan"))
         return loss, {"l1": nan, "ssim": nan}  # the fused kernel returns the combined loss only
 

@@ -7,8 +7,13 @@
    (:func:`limit_densification`). Hardware-independent.
 3. Hardware-aware pruning, after ``--prune_stage3_step``: each tile of each training view should
    hold at most ``B`` Gaussians (:func:`tile_budget`: the GPU's shared memory over a record plus its
-   column of per-pixel state, what ByteSplat's design keeps on chip; this project's kernel keeps
-   its chunks in registers and runs only lists up to ``chunk_limits`` (8 on sm_90) resident). In rounds,
+   column of per-pixel state, what ByteSplat's design keeps on chip). This project's fused kernel
+   (kernels/csrc, native) has no such cliff: it runs every tile, whatever its length, at a cost
+   that grows with the tile's Gaussians (a 32-Gaussian bucket per warp task in the backward), so
+   ``B`` is a work target, not a limit: stage 3 removes the Gaussians that crowd the heaviest
+   tiles, which shortens the longest per-tile lists (the blocks that finish last) and the total
+   work; whether that buys speed on a given scene is measured with ``splat-train bench-raster
+   --ckpt`` before and after the stage (docs/MEASURED_H200.md). In rounds,
    re-measuring after each, the Gaussians of over-budget tiles are ranked by
 
        score = (overload / B) / (importance + EPS)
@@ -75,10 +80,10 @@ table) are not per-Gaussian and must not be sliced."""
 
 
 def tile_budget(device: torch.device, override: int = 0) -> int:
-    """Gaussians per 16x16 tile that the fused kernel keeps on chip: ``override`` > 0
-    (``--tile_budget``), else ``kernels.resources.tile_budget(device)`` (the fused kernel's own
-    figure; computed without Triton). Raises ValueError (naming ``--tile_budget``) when the
-    device's figure is below 1.
+    """Stage 3's target of Gaussians per 16x16 tile: ``override`` > 0 (``--tile_budget``), else
+    ``kernels.resources.tile_budget(device)`` (ByteSplat's on-chip figure: shared memory over a
+    resident Gaussian's bytes; the native fused kernel runs longer tiles too, module docstring).
+    Raises ValueError (naming ``--tile_budget``) when the device's figure is below 1.
     """
     if override > 0:
         return int(override)

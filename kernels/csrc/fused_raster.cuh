@@ -1,0 +1,467 @@
+// Fused rasterization + tile-local L1 / D-SSIM loss + backward rasterization, one block per
+// (image, 16x16 tile). Device code and a plain C++ launcher; no torch include, so the same file
+// is compiled by nvcc, by hipcc after torch.utils.hipify, and by a C++ compiler under the CPU
+// emulation of tests/csrc (ST_CPU_EMU). The definitions (loss, compositing rules) are those of
+// kernels/fused_raster.py's module docstring; kernels/fused_raster.py's REFERENCE functions are
+// the test oracle.
+//
+// One block of 256 threads per tile, one thread per pixel, in three phases:
+//  1. Forward (as gsplat's forward): the tile's depth-sorted records are staged through shared
+//     memory 256 at a time; each thread composites its pixel front to back (T a running product)
+//     and stops before the first Gaussian that takes T to <= 1e-4. Every ``warpSize`` list
+//     positions (a *bucket*) each thread writes a checkpoint to global scratch: T at the end of
+//     the bucket and the colour the bucket added (4 floats). The tile's loop ends once every
+//     pixel has stopped.
+//  2. Loss (on chip): the tile-local SSIM with the window renormalized to the tile's pixels with
+//     ground truth, as separable 11-tap passes over shared memory, the L1 term, the tile's two
+//     partial sums (to ``partial``) and dL/dpixel (to shared memory only). Each thread then turns
+//     its checkpoints' colour into "what lies behind the bucket's end, dotted with dL/dpixel", a
+//     back-to-front sum over its buckets (no cancellation: the same summands gsplat's backward
+//     accumulates).
+//  3. Backward (per bucket, Taming-3DGS's scheme): each warp takes buckets of the tile in turn;
+//     lane l owns the bucket's Gaussian warpSize - 1 - l in registers. The pixels flow through
+//     the lanes: at step s lane l handles pixel s - l, receiving (T after this Gaussian, what
+//     lies behind it) from lane l - 1 (lane 0 from the checkpoint), recovering T before it by
+//     one division (re-anchored every bucket) and adding its gradient terms in registers. One
+//     set of atomics per Gaussian per bucket. A tile of n Gaussians is ceil(n / warpSize)
+//     independent warp tasks, shared by the block's warps; no per-Gaussian block reduction.
+// Nothing is written per pixel but the checkpoints (and the image when asked): dL/dpixel stays
+// in shared memory.
+#pragma once
+
+#if !defined(ST_CPU_EMU)
+#include <cuda_runtime.h>
+#endif
+#include <stdint.h>
+
+#include "portability.h"
+
+namespace splat_fused {
+
+constexpr int TILE = 16;                     // tile side, pixels
+constexpr int NPIX = TILE * TILE;            // threads per block, one per pixel
+constexpr int WIN_HALF = 5;                  // the SSIM window is 11 taps
+constexpr int CP_BUCKET_MIN = 32;            // smallest warp size: the host sizes the scratch by it
+constexpr float MAX_ALPHA = 0.999f;
+constexpr float ALPHA_MIN = 1.0f / 255.0f;
+constexpr float T_MIN = 1e-4f;
+constexpr float SSIM_C1 = 0.01f * 0.01f;
+constexpr float SSIM_C2 = 0.03f * 0.03f;
+
+struct Params {
+  // records, flattened over images (dense [I * N]) or packed [nnz]; flatten_ids index them
+  const float* means2d;      // [R, 2]
+  const float* conics;       // [R, 3]
+  const float* colors;       // [R, 3]
+  const float* opacities;    // [R]
+  const float* backgrounds;  // [I, 3] or null
+  const float* gts;          // [I, height - oy, width - ox, 3]
+  const int32_t* offsets;    // [I * tiles_y * tiles_x] start of each tile's list
+  const int32_t* flatten_ids;
+  int64_t n_isects;
+  int num_images, width, height, ox, oy, tiles_x, num_tiles;  // num_tiles per image
+  float l1_scale, ssim_scale;  // dL/dpixel = l1_scale sign(x - y) - ssim_scale d SSIM_sum / dx
+  float window[2 * WIN_HALF + 1];
+  float* v_means2d;    // [R, 2], zeroed
+  float* v_conics;     // [R, 3]
+  float* v_colors;     // [R, 3]
+  float* v_opacities;  // [R]
+  float* v_backgrounds;  // [I, 3] or null
+  float* absgrad;      // [R, 2] or null
+  float* image;        // [I, height, width, 3] or null
+  float* partial;      // [I * num_tiles, 2]: sum |x - y|, sum SSIM map, over the tile's pixels with ground truth
+  float* checkpoints;  // (n_isects / 32 + I * num_tiles + 1) * 256 * 4 floats, scratch
+  int phases;          // 3: all; for timing only, 1: forward only, 2: forward and loss (no gradients)
+  // This launch's tiles: flat (image, tile) ids tile_begin ... tile_begin + tile_count - 1; their
+  // checkpoints start at bucket bucket_base(start, tile) - cp_origin of ``checkpoints`` (launches in
+  // chunks of tiles reuse one scratch buffer; one launch: 0, every tile, 0).
+  int tile_begin, tile_count;
+  int64_t cp_origin;
+};
+
+// Scratch position of a tile's first bucket, in buckets: floor(start / 32) + tile. A tile needs at
+// most ceil(n / 32) buckets, so consecutive tiles never overlap, for any warpSize >= 32.
+ST_DEVICE int64_t bucket_base(int64_t start, int tile) { return start / CP_BUCKET_MIN + tile; }
+
+// sigma = 0.5 (a dx^2 + c dy^2) + b dx dy, with every rounding explicit, so that the forward and
+// the backward (different code, different compiler contraction choices otherwise) compute the
+// same bits and take the same skip decisions.
+ST_DEVICE float gauss_sigma(float a, float b, float c, float dx, float dy) {
+  const float dxx = dx * dx, dyy = dy * dy, dxy = dx * dy;
+  return fmaf(b, dxy, 0.5f * fmaf(a, dxx, c * dyy));
+}
+
+// Conservative skip bound of a Gaussian: alpha = min(0.999, o exp(-sigma)) >= 1/255 needs
+// sigma <= ln(255 o); pairs with sigma above this bound (a margin over it) skip the exponential.
+// The exact test follows for the others, so forward and backward take the same decisions.
+ST_DEVICE float sigma_bound(float opacity) { return logf(255.f * opacity) + 1e-3f; }
+
+// Block-wide sum (op 0) or max (op 1) over the 256 threads; every thread gets the result.
+ST_DEVICE float block_reduce(float v, float* s_red, int tid, bool max_op) {
+  __syncthreads();
+  s_red[tid] = v;
+  __syncthreads();
+  for (int stride = NPIX / 2; stride > 0; stride >>= 1) {
+    if (tid < stride) {
+      const float o = s_red[tid + stride];
+      s_red[tid] = max_op ? fmaxf(s_red[tid], o) : s_red[tid] + o;
+    }
+    __syncthreads();
+  }
+  const float out = s_red[0];
+  __syncthreads();
+  return out;
+}
+
+// Horizontal then vertical 11-tap pass of ``count`` maps (m_in -> m_out via m_tmp), window w,
+// zero outside the tile. Thread (r, c) returns its outputs in out[]. Callers synchronize before.
+template <int COUNT>
+ST_DEVICE void blur_maps(const float* m_in, float* m_tmp, const float* w, int r, int c, int tid, float* out) {
+#pragma unroll
+  for (int k = 0; k < COUNT; ++k) {
+    float h = 0.f;
+    for (int d = -WIN_HALF; d <= WIN_HALF; ++d) {
+      const int cc = c + d;
+      if (cc >= 0 && cc < TILE) h += w[d + WIN_HALF] * m_in[k * NPIX + r * TILE + cc];
+    }
+    m_tmp[k * NPIX + tid] = h;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < COUNT; ++k) {
+    float v = 0.f;
+    for (int d = -WIN_HALF; d <= WIN_HALF; ++d) {
+      const int rr = r + d;
+      if (rr >= 0 && rr < TILE) v += w[d + WIN_HALF] * m_tmp[k * NPIX + rr * TILE + c];
+    }
+    out[k] = v;
+  }
+}
+
+ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P) {
+  // the staged records (forward: mean x, y, opacity, sigma bound | conic a, b, c | colour), then SSIM maps
+  __shared__ float4 s_rec[3 * NPIX];
+  __shared__ float s_g[3 * NPIX];  // dL/dpixel, pixels sorted by stop (below)
+  __shared__ int s_stop[NPIX];     // list position (from start) each pixel stopped before; 0: no gradient
+  __shared__ int s_perm[NPIX];     // pixels by decreasing stop
+  __shared__ float2 s_anchor[NPIX * NPIX / CP_BUCKET_MIN];  // per warp: its bucket's (T, behind), sorted
+  __shared__ float s_red[NPIX];
+
+  const int tile = P.tile_begin + (int)blockIdx.x;
+  const int img = tile / P.num_tiles;
+  const int tile_in_img = tile % P.num_tiles;
+  const int tx = tile_in_img % P.tiles_x, ty = tile_in_img / P.tiles_x;
+  const int tid = threadIdx.x;
+  const int r = tid / TILE, c = tid % TILE;
+  const int x = tx * TILE + c, y = ty * TILE + r;
+  const bool in_img = x < P.width && y < P.height;
+  const bool has_gt = in_img && x >= P.ox && y >= P.oy;
+  const float px = (float)x + 0.5f, py = (float)y + 0.5f;
+  const int num_all = P.num_images * P.num_tiles;
+  const int64_t start = P.offsets[tile];
+  const int64_t end = tile + 1 < num_all ? (int64_t)P.offsets[tile + 1] : P.n_isects;
+  const int B = warpSize;  // bucket length = lanes per warp
+  float* cp = P.checkpoints + (bucket_base(start, tile) - P.cp_origin) * (NPIX * 4);
+
+  // ---------------------------------------------------------------- 1. forward
+  float4* s_geo = s_rec;
+  float4* s_con = s_rec + NPIX;
+  float4* s_col = s_rec + 2 * NPIX;
+  float T = 1.f, col_r = 0.f, col_g = 0.f, col_b = 0.f;
+  int64_t stop = in_img ? end : start;
+  bool done = !in_img;
+  int bucket = 0;
+  for (int64_t b0 = start; b0 < end; b0 += NPIX) {
+    const int n = (int)((end - b0) < NPIX ? (end - b0) : NPIX);
+    __syncthreads();  // the previous batch is consumed
+    if (tid < n) {
+      const int64_t g = P.flatten_ids[b0 + tid];
+      const float op = P.opacities[g];
+      s_geo[tid] = make_float4(P.means2d[2 * g], P.means2d[2 * g + 1], op, sigma_bound(op));
+      s_con[tid] = make_float4(P.conics[3 * g], P.conics[3 * g + 1], P.conics[3 * g + 2], 0.f);
+      s_col[tid] = make_float4(P.colors[3 * g], P.colors[3 * g + 1], P.colors[3 * g + 2], 0.f);
+    }
+    __syncthreads();
+    for (int j0 = 0; j0 < n; j0 += B) {
+      const int j1 = j0 + B < n ? j0 + B : n;
+      const bool active = !done;  // the backward reads this bucket's checkpoint only for such pixels
+      float d_r = 0.f, d_g = 0.f, d_b = 0.f;  // the colour this bucket adds
+      if (active) {
+        for (int j = j0; j < j1; ++j) {
+          const float4 geo = s_geo[j];
+          const float dx = geo.x - px, dy = geo.y - py;
+          const float4 con = s_con[j];
+          const float sigma = gauss_sigma(con.x, con.y, con.z, dx, dy);
+          if (sigma < 0.f || sigma > geo.w) continue;
+          const float alpha = fminf(MAX_ALPHA, geo.z * __expf(-sigma));
+          if (alpha < ALPHA_MIN) continue;
+          const float next_T = T * (1.f - alpha);
+          if (next_T <= T_MIN) {
+            done = true;
+            stop = b0 + j;
+            break;
+          }
+          const float w = alpha * T;
+          const float4 cl = s_col[j];
+          d_r += w * cl.x;
+          d_g += w * cl.y;
+          d_b += w * cl.z;
+          T = next_T;
+        }
+        col_r += d_r;
+        col_g += d_g;
+        col_b += d_b;
+        if (has_gt)
+          reinterpret_cast<float4*>(cp)[(int64_t)bucket * NPIX + tid] = make_float4(T, d_r, d_g, d_b);
+      }
+      ++bucket;
+    }
+    if (__syncthreads_count(done ? 0 : 1) == 0) break;
+  }
+
+  float bg_r = 0.f, bg_g = 0.f, bg_b = 0.f;
+  if (P.backgrounds != nullptr) {
+    bg_r = P.backgrounds[3 * img];
+    bg_g = P.backgrounds[3 * img + 1];
+    bg_b = P.backgrounds[3 * img + 2];
+  }
+  float xv[3] = {col_r + T * bg_r, col_g + T * bg_g, col_b + T * bg_b};
+  if (P.image != nullptr && in_img) {
+    float* o = P.image + (((int64_t)img * P.height + y) * P.width + x) * 3;
+    o[0] = xv[0];
+    o[1] = xv[1];
+    o[2] = xv[2];
+  }
+
+  if (P.phases < 2) return;  // timing variant (uniform over the block)
+
+  // ---------------------------------------------------------------- 2. tile-local loss
+  float yv[3] = {0.f, 0.f, 0.f};
+  if (has_gt) {
+    const int gw = P.width - P.ox, gh = P.height - P.oy;
+    const float* q = P.gts + (((int64_t)img * gh + (y - P.oy)) * gw + (x - P.ox)) * 3;
+    yv[0] = q[0];
+    yv[1] = q[1];
+    yv[2] = q[2];
+  } else {
+    xv[0] = xv[1] = xv[2] = 0.f;
+  }
+  // The renormalized window's in-tile weight of this pixel: the 1D sums over the tile's columns
+  // and rows with ground truth (a rectangle, so the 2D weight is their product).
+  float nx = 0.f, ny = 0.f;
+  for (int d = -WIN_HALF; d <= WIN_HALF; ++d) {
+    const int cc = c + d, rr = r + d;
+    const int gx = tx * TILE + cc, gy = ty * TILE + rr;
+    if (cc >= 0 && cc < TILE && gx >= P.ox && gx < P.width) nx += P.window[d + WIN_HALF];
+    if (rr >= 0 && rr < TILE && gy >= P.oy && gy < P.height) ny += P.window[d + WIN_HALF];
+  }
+  const float inv_n = has_gt ? 1.f / (nx * ny) : 0.f;
+  float* m_in = reinterpret_cast<float*>(s_rec);
+  float* m_tmp = m_in + 5 * NPIX;
+  float ssim_sum = 0.f, abs_sum = 0.f, g[3];
+#pragma unroll
+  for (int ch = 0; ch < 3; ++ch) {
+    const float xa = xv[ch], ya = yv[ch];
+    __syncthreads();
+    m_in[tid] = xa;
+    m_in[NPIX + tid] = ya;
+    m_in[2 * NPIX + tid] = xa * xa;
+    m_in[3 * NPIX + tid] = ya * ya;
+    m_in[4 * NPIX + tid] = xa * ya;
+    __syncthreads();
+    float f[5];
+    blur_maps<5>(m_in, m_tmp, P.window, r, c, tid, f);
+    const float mu_x = f[0] * inv_n, mu_y = f[1] * inv_n;
+    const float var_x = f[2] * inv_n - mu_x * mu_x;
+    const float var_y = f[3] * inv_n - mu_y * mu_y;
+    const float cov = f[4] * inv_n - mu_x * mu_y;
+    const float a1 = 2.f * mu_x * mu_y + SSIM_C1, a2 = 2.f * cov + SSIM_C2;
+    const float b1 = mu_x * mu_x + mu_y * mu_y + SSIM_C1, b2 = var_x + var_y + SSIM_C2;
+    const float den = b1 * b2;
+    const float s = a1 * a2 / den;
+    // d s / d mu_x, d s / d E[x^2], d s / d E[xy], through the window's normalization
+    const float d_mu = has_gt ? (2.f * mu_y * (a2 - a1) - 2.f * mu_x * s * (b2 - b1)) / den * inv_n : 0.f;
+    const float d_xx = has_gt ? -s / b2 * inv_n : 0.f;
+    const float d_xy = has_gt ? 2.f * a1 / den * inv_n : 0.f;
+    if (has_gt) ssim_sum += s;
+    __syncthreads();  // every thread has read the blur passes' maps
+    m_in[tid] = d_mu;
+    m_in[NPIX + tid] = d_xx;
+    m_in[2 * NPIX + tid] = d_xy;
+    __syncthreads();
+    float bw[3];
+    blur_maps<3>(m_in, m_tmp, P.window, r, c, tid, bw);  // the window is symmetric: its transpose
+    const float ds = bw[0] + 2.f * xa * bw[1] + ya * bw[2];
+    const float e = xa - ya;
+    abs_sum += fabsf(e);
+    const float sgn = e > 0.f ? 1.f : (e < 0.f ? -1.f : 0.f);
+    g[ch] = has_gt ? P.l1_scale * sgn - P.ssim_scale * ds : 0.f;
+  }
+  const float tile_abs = block_reduce(abs_sum, s_red, tid, false);
+  const float tile_ssim = block_reduce(ssim_sum, s_red, tid, false);
+  if (tid == 0) {
+    P.partial[2 * (int64_t)tile] = tile_abs;
+    P.partial[2 * (int64_t)tile + 1] = tile_ssim;
+  }
+  if (P.v_backgrounds != nullptr) {
+#pragma unroll
+    for (int ch = 0; ch < 3; ++ch) {
+      const float t = block_reduce(T * g[ch], s_red, tid, false);
+      if (tid == 0) atomicAdd(P.v_backgrounds + 3 * img + ch, t);
+    }
+  }
+  const int my_stop = has_gt ? (int)(stop - start) : 0;  // the other pixels have no gradient
+  // Checkpoint colour -> what lies behind the bucket's end, dotted with g (back to front).
+  if (has_gt) {
+    const int nb = (my_stop + B - 1) / B;
+    float behind = T * (bg_r * g[0] + bg_g * g[1] + bg_b * g[2]);
+    for (int b = nb - 1; b >= 0; --b) {
+      float* q = cp + ((int64_t)b * NPIX + tid) * 4;
+      const float add = q[1] * g[0] + q[2] * g[1] + q[3] * g[2];
+      q[1] = behind;
+      behind += add;
+    }
+  }
+  // Pixels by decreasing stop: bucket b's pixels with something to do (stop > b * warpSize) are then
+  // the first n of this order, and the backward's pipeline runs over those only.
+  s_stop[tid] = my_stop;
+  __syncthreads();
+  int rank = 0;
+  for (int q = 0; q < NPIX; ++q) {
+    const int kq = s_stop[q];
+    rank += (kq > my_stop || (kq == my_stop && q < tid)) ? 1 : 0;
+  }
+  __syncthreads();
+  s_stop[rank] = my_stop;
+  s_perm[rank] = tid;
+  s_g[rank] = g[0];
+  s_g[NPIX + rank] = g[1];
+  s_g[2 * NPIX + rank] = g[2];
+  __syncthreads();  // also orders the scan's checkpoint writes before the backward's reads
+  const int num_buckets = (s_stop[0] + B - 1) / B;
+
+  if (P.phases < 3) return;
+
+  // ---------------------------------------------------------------- 3. backward, per bucket
+  const int lane = tid % B, warp = tid / B, num_warps = NPIX / B;
+  for (int b = warp; b < num_buckets; b += num_warps) {
+    const int k = b * B + (B - 1 - lane);  // list position (from start) of this lane's Gaussian
+    const bool mine = start + k < end;
+    int64_t gid = 0;
+    float mx = 0.f, my = 0.f, ca = 0.f, cb = 0.f, cc = 0.f, op = 0.f, cr = 0.f, cg = 0.f, cbl = 0.f;
+    if (mine) {
+      gid = P.flatten_ids[start + k];
+      mx = P.means2d[2 * gid];
+      my = P.means2d[2 * gid + 1];
+      ca = P.conics[3 * gid];
+      cb = P.conics[3 * gid + 1];
+      cc = P.conics[3 * gid + 2];
+      op = P.opacities[gid];
+      cr = P.colors[3 * gid];
+      cg = P.colors[3 * gid + 1];
+      cbl = P.colors[3 * gid + 2];
+    }
+    const float bound = sigma_bound(op);
+    // pixels whose stop lies past the bucket's start: a prefix of the sorted order
+    int lo = 0, hi = NPIX;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (s_stop[mid] > b * B) lo = mid + 1; else hi = mid;
+    }
+    const int n_act = lo;
+    float v_mx = 0.f, v_my = 0.f, v_a = 0.f, v_b = 0.f, v_c = 0.f, v_op = 0.f, v_r = 0.f, v_g = 0.f, v_bl = 0.f;
+    float abs_x = 0.f, abs_y = 0.f;
+    bool touched = false;
+    float t_state = 0.f, behind_state = 0.f;
+    // the anchors (T, behind) of the bucket's end, of its active pixels in sorted order
+    const float2* cpb = reinterpret_cast<const float2*>(cp + (int64_t)b * NPIX * 4);
+    float2* anchors = s_anchor + warp * NPIX;
+    st::warp_sync();  // the previous bucket's reads are done
+    for (int i = lane; i < n_act; i += B) anchors[i] = cpb[2 * s_perm[i]];  // .xy of the float4 checkpoint
+    st::warp_sync();
+    for (int s = 0; s < n_act + B - 1; ++s) {
+      float t_in = st::shfl_up(t_state, 1);
+      float behind_in = st::shfl_up(behind_state, 1);
+      if (lane == 0 && s < n_act) {
+        const float2 a = anchors[s];
+        t_in = a.x;
+        behind_in = a.y;
+      }
+      t_state = t_in;
+      behind_state = behind_in;
+      const int i = s - lane;  // this lane's pixel, in the sorted order
+      if (mine && i >= 0 && i < n_act && k < s_stop[i]) {
+        const int p = s_perm[i];
+        const float qx = (float)(tx * TILE + p % TILE) + 0.5f, qy = (float)(ty * TILE + p / TILE) + 0.5f;
+        const float dx = mx - qx, dy = my - qy;
+        const float sigma = gauss_sigma(ca, cb, cc, dx, dy);
+        if (sigma >= 0.f && sigma <= bound) {
+          const float vis = __expf(-sigma);
+          const float raw = op * vis;
+          const float alpha = fminf(MAX_ALPHA, raw);
+          if (alpha >= ALPHA_MIN) {
+            const float inv_one_minus = __fdividef(1.f, 1.f - alpha);
+            const float t_before = t_state * inv_one_minus;
+            const float w = alpha * t_before;
+            const float g0 = s_g[i], g1 = s_g[NPIX + i], g2 = s_g[2 * NPIX + i];
+            const float cdot = cr * g0 + cg * g1 + cbl * g2;
+            const float v_alpha = t_before * cdot - behind_state * inv_one_minus;
+            v_r += w * g0;
+            v_g += w * g1;
+            v_bl += w * g2;
+            if (raw <= MAX_ALPHA) {
+              v_op += vis * v_alpha;
+              const float v_sigma = -raw * v_alpha;
+              v_a += 0.5f * v_sigma * dx * dx;
+              v_b += v_sigma * dx * dy;
+              v_c += 0.5f * v_sigma * dy * dy;
+              const float gx = v_sigma * (ca * dx + cb * dy);
+              const float gy = v_sigma * (cc * dy + cb * dx);
+              v_mx += gx;
+              v_my += gy;
+              abs_x += fabsf(gx);
+              abs_y += fabsf(gy);
+            }
+            touched = true;
+            behind_state += w * cdot;
+            t_state = t_before;
+          }
+        }
+      }
+    }
+    if (touched) {
+      atomicAdd(P.v_means2d + 2 * gid, v_mx);
+      atomicAdd(P.v_means2d + 2 * gid + 1, v_my);
+      atomicAdd(P.v_conics + 3 * gid, v_a);
+      atomicAdd(P.v_conics + 3 * gid + 1, v_b);
+      atomicAdd(P.v_conics + 3 * gid + 2, v_c);
+      atomicAdd(P.v_opacities + gid, v_op);
+      atomicAdd(P.v_colors + 3 * gid, v_r);
+      atomicAdd(P.v_colors + 3 * gid + 1, v_g);
+      atomicAdd(P.v_colors + 3 * gid + 2, v_bl);
+      if (P.absgrad != nullptr) {
+        atomicAdd(P.absgrad + 2 * gid, abs_x);
+        atomicAdd(P.absgrad + 2 * gid + 1, abs_y);
+      }
+    }
+  }
+}
+
+// Scratch floats one launch over every tile needs: (n_isects / 32 + number of tiles + 1) buckets of
+// 256 pixels x 4 (a launch over tiles t0..t1 needs from bucket_base of t0 to that of t1 plus its
+// buckets; kernels/fused_raster.py sizes chunks of tiles from the tile lists).
+inline int64_t checkpoint_floats(int64_t n_isects, int64_t num_tiles_all) {
+  return (n_isects / CP_BUCKET_MIN + num_tiles_all + 1) * (int64_t)NPIX * 4;
+}
+
+#if !defined(ST_CPU_EMU)
+// Launches one block of 256 threads per (image, tile). Returns the launch error.
+inline cudaError_t launch_fused_raster_loss(const Params& p, cudaStream_t stream) {
+  const int blocks = p.tile_count;
+  if (blocks == 0) return cudaSuccess;
+  fused_raster_loss_kernel<<<blocks, NPIX, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+#endif
+
+}  // namespace splat_fused

@@ -1,0 +1,25 @@
+// Python binding of the fused rasterization kernel (fused_raster.cuh) for CUDA, and for ROCm
+// through PyTorch's hipify. Built on first use by kernels/native.py (torch.utils.cpp_extension).
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "fused_raster.cuh"
+#include "bind_common.h"
+
+// Forward, tile-local loss and backward of every (image, tile); see fused_raster.cuh.
+void fused_raster_loss(SPLAT_FUSED_ARGS) {
+  TORCH_CHECK(means2d.is_cuda(), "fused_raster_loss: CUDA tensors expected");
+  const c10::cuda::CUDAGuard guard(means2d.device());
+  const splat_fused::Params p = splat_fused::make_params(SPLAT_FUSED_CALL);
+  const cudaError_t err = splat_fused::launch_fused_raster_loss(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "fused_raster_loss launch failed: ", cudaGetErrorString(err));
+}
+
+int64_t checkpoint_floats(int64_t n_isects, int64_t num_tiles_all) {
+  return splat_fused::checkpoint_floats(n_isects, num_tiles_all);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("fused_raster_loss", &fused_raster_loss, "fused rasterization + tile-local loss + backward");
+  m.def("checkpoint_floats", &checkpoint_floats, "scratch floats of one launch");
+}
