@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from . import exchange, metrics
 from .fileio import atomic_write
@@ -38,14 +37,6 @@ def make_writer(result_dir: Path):
     from torch.utils.tensorboard import SummaryWriter
 
     return SummaryWriter(log_dir=str(Path(result_dir) / "tb"))
-
-
-def _gather_to_main(ctx, obj):
-    if ctx.world_size == 1:
-        return [obj]
-    out = [None] * ctx.world_size if ctx.is_main else None
-    dist.gather_object(obj, out, dst=0, group=ctx.group)
-    return out
 
 
 @torch.no_grad()
@@ -147,7 +138,7 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
                 _write_some(folder, step, pngs)
     if pngs:
         _write_some(folder, step, pngs)
-    gathered = _gather_to_main(ctx, (int(trainer.params["means"].shape[0]), rows, elapsed, len(mine)))
+    gathered = exchange.gather_to_main(ctx, (int(trainer.params["means"].shape[0]), rows, elapsed, len(mine)))
     if not ctx.is_main:
         return None
     num_gaussians = sum(n for n, _, _, _ in gathered)
@@ -291,7 +282,7 @@ def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
     cams = [CameraBatch(rigid_inverse(poses[i : i + 1]), first["K"][None].to(trainer.device),
                         int(first["width"]), int(first["height"])) for i in picks]
     frames = render_views(trainer, cams)[: len(mine)]
-    gathered = _gather_to_main(ctx, list(zip(mine, frames)))
+    gathered = exchange.gather_to_main(ctx, list(zip(mine, frames)))
     if not ctx.is_main:
         return None
     ordered = [f for _, f in sorted((x for part in gathered for x in part), key=lambda x: x[0])]

@@ -18,6 +18,13 @@ Gaussian Splatting Training"): ranks own disjoint shards of the Gaussians and th
 No collective here reduces a Gaussian gradient: a Gaussian's partial gradients reach its owner
 through the reverse exchange and are summed there by autograd. At world size 1 every function is
 the identity and issues no collective.
+
+Besides the step's pairs, this module is the one home of every other collective of a run (with
+sparse_exchange.py for the zero-eliding backward and launch.py for the process group itself):
+control values (:func:`any_rank`, :func:`from_main`, :func:`gather_metadata`), results to rank 0
+(:func:`gather_to_main`), rows on every rank (:func:`all_gather_rows`, :func:`sum_over_ranks`),
+point-to-point rows for exports (:func:`send_rows`, :func:`recv_rows`) and the DDP wrapping of
+the replicated auxiliary modules (:func:`replicate`). No other module imports torch.distributed.
 """
 
 from __future__ import annotations
@@ -74,6 +81,56 @@ def from_main(ctx: DistContext, obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0, group=ctx.group, device=ctx.comm_device)
     return box[0]
+
+def gather_to_main(ctx: DistContext, obj) -> "list | None":
+    """Every rank's ``obj`` on rank 0, as a list in rank order (None on the other ranks; a pickled
+    gather through the host: small results such as scores, or a shard for an export). ``[obj]``
+    at world size 1."""
+    if ctx.world_size == 1:
+        return [obj]
+    out = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object(obj, out, dst=0, group=ctx.group)
+    return out
+
+
+def all_gather_rows(ctx: DistContext, rows: torch.Tensor) -> torch.Tensor:
+    """[n_r, D] on each rank -> [sum n_r, D] in rank order on every rank, on ``rows``'s device
+    (identity at world size 1): the row counts first (:func:`gather_metadata`), then one
+    all_gather of rows padded to the largest count."""
+    if ctx.world_size == 1:
+        return rows
+    counts = gather_metadata(ctx, [rows.shape[0]])[:, 0].tolist()
+    out = _padded_all_gather(ctx, rows.to(ctx.comm_device), counts)
+    return out.to(rows.device)
+
+
+def sum_over_ranks(ctx: DistContext, values: torch.Tensor) -> torch.Tensor:
+    """The sum over ranks of ``values`` [D] (or [1, D]), on every rank, as :func:`all_gather_rows`
+    followed by a sum in rank order (so every rank, and every world size, adds in one order)."""
+    return all_gather_rows(ctx, values.reshape(1, -1)).sum(0)
+
+
+def _sum_allreduce_hook(group, bucket):
+    """DDP communication hook: all_reduce SUM (DDP's default divides by W). Each rank's loss is
+    already its share of the global batch mean, so the global gradient is the sum over ranks."""
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def replicate(module: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
+    """Move a replicated module (aux_modules.py, bilagrid.py) to the rank's device and, with
+    W > 1, wrap it in DistributedDataParallel whose gradient all_reduce sums over ranks (every rank
+    then applies the same Adam step, so the replicas stay identical)."""
+    module = module.to(ctx.device)
+    if ctx.world_size == 1:
+        return module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    ddp = DDP(module, device_ids=device_ids)
+    ddp.register_comm_hook(ctx.group, _sum_allreduce_hook)
+    return ddp
+
 
 def send_rows(ctx: DistContext, rows: torch.Tensor, dst: int) -> None:
     """Point-to-point: float32 rows [n, D] of this rank to rank ``dst`` (:func:`recv_rows` there),

@@ -182,11 +182,10 @@ def gather_params(ctx, params) -> "dict[str, torch.Tensor] | None":
     local = {k: v.detach().cpu() for k, v in params.items()}
     if ctx.world_size == 1:
         return local
-    import torch.distributed as dist
+    from . import exchange
 
-    shards = [None] * ctx.world_size if ctx.is_main else None
-    dist.gather_object(local, shards, dst=0, group=ctx.group)
-    return merge_shards(shards) if ctx.is_main else None
+    shards = exchange.gather_to_main(ctx, local)
+    return merge_shards(shards) if shards is not None else None
 
 
 def ply_name(step: int, world_size: int) -> str:

@@ -130,7 +130,8 @@ class Trainer:
     def _make_aux_modules(self):
         """--pose_opt / --app_opt / --use_bilateral_grid modules (DDP-wrapped when W > 1), their
         Adams, and the grids' learning-rate schedule (trainer/bilagrid.py)."""
-        from .aux_modules import AppearanceModule, PoseOptModule, replicate
+        from .aux_modules import AppearanceModule, PoseOptModule
+        from .exchange import replicate
         from .model import batch_rule
 
         cfg, aux, opts, schedulers = self.cfg, {}, {}, {}

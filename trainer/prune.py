@@ -209,15 +209,6 @@ class Measurement:
                     mean_per_tile=self.mean_per_tile, max_per_tile=self.max_per_tile, num_tiles=self.num_tiles)
 
 
-def _all_gather_rows(ctx, rows: torch.Tensor) -> torch.Tensor:
-    """[n_r, D] on each rank -> [sum n_r, D] in rank order (identity at W = 1)."""
-    if ctx.world_size == 1:
-        return rows
-    counts = exchange.gather_metadata(ctx, [rows.shape[0]])[:, 0].tolist()
-    out = exchange._padded_all_gather(ctx, rows.to(ctx.comm_device), counts)
-    return out.to(rows.device)
-
-
 @torch.no_grad()
 def measure(trainer: "Trainer", budget: int, composite: bool = True) -> Measurement:
     """Render every training view (collectively; view i on rank i mod W, a rank out of views
@@ -243,7 +234,7 @@ def measure(trainer: "Trainer", budget: int, composite: bool = True) -> Measurem
         else:
             values = torch.zeros_like(values)
         acc += route_to_owners(ctx, res.info, values)
-    tiles = _all_gather_rows(ctx, tiles)
+    tiles = exchange.all_gather_rows(ctx, tiles)
     num_tiles, num_within, total = (int(v) for v in tiles[:, :3].sum(0))
     excess, over_isects = (int(v) for v in tiles[:, 4:].sum(0))
     return Measurement(acc[:, 0], acc[:, 1], acc[:, 2], num_tiles, num_within,
@@ -271,7 +262,7 @@ def select_top(trainer: "Trainer", scores: torch.Tensor, candidates: torch.Tenso
     offset, _ = global_offset(trainer)
     local = candidates.nonzero().squeeze(1)
     rows = torch.stack([scores[local], (local + offset).double()], dim=1).cpu()  # indices exact < 2^53
-    everyone = _all_gather_rows(trainer.ctx, rows)
+    everyone = exchange.all_gather_rows(trainer.ctx, rows)
     by_index = everyone[torch.argsort(everyone[:, 1], stable=True)]
     order = torch.argsort(-by_index[:, 0], stable=True)
     chosen = by_index[order[:k], 1].long() - offset
@@ -341,7 +332,7 @@ def heldout_psnr(trainer: "Trainer") -> Optional[float]:
     renders = evaluate.render_views(trainer, cams)[: len(mine)]
     total = sum(float(metrics.psnr(torch.from_numpy(r)[None], testset[i]["image"][None]).mean())
                 for i, r in zip(mine, renders))
-    sums = _all_gather_rows(ctx, torch.tensor([[total, len(mine)]], dtype=torch.float64)).sum(0)
+    sums = exchange.sum_over_ranks(ctx, torch.tensor([total, len(mine)], dtype=torch.float64))
     return float(sums[0] / sums[1])
 
 
