@@ -13,8 +13,7 @@ from typing import Callable, Optional
 import numpy as np
 import pycolmap
 
-from .fisheye import make_fisheye_undistortion
-from .images import Camera, DataError, Scene, locate_images, make_undistortion
+from .images import Camera, DataError, Scene, locate_images, make_fisheye_undistortion, make_undistortion
 from .masks import MASKS_FOLDER, alpha_sources, find_mask_names
 from .normalize import normalize_world, scene_scale
 

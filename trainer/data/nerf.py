@@ -18,8 +18,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .fisheye import make_fisheye_undistortion
-from .images import Camera, DataError, Scene, image_size, locate_images, make_undistortion
+from .images import (Camera, DataError, Scene, image_size, locate_images, make_fisheye_undistortion,
+                     make_undistortion)
 from .masks import alpha_sources
 from .normalize import normalize_world, scene_scale
 

@@ -1,0 +1,40 @@
+"""The package's structure, read from its source (scripts/import_graph.py): which modules may talk
+to other ranks, and that no two modules depend on each other (imports inside functions and under
+TYPE_CHECKING count)."""
+
+from splat_train.scripts import import_graph
+
+# Cycles that wait for other work; the test fails when one disappears (delete it here) or a new
+# one appears. kernels: the native fused kernel replaces fused_raster.py and resources.py (issue 18,
+# item 5).
+KNOWN_CYCLES = [
+    ["kernels.fused_raster", "kernels.fused_ssim", "kernels.resources"],
+    ["scripts.bench", "scripts.bench_raster", "trainer.cli"],
+    ["trainer.evaluate", "trainer.export", "trainer.loop", "trainer.prune", "trainer.viewer"],
+]
+
+
+def test_only_exchange_and_launch_import_torch_distributed():
+    _, external = import_graph.graph()
+    assert import_graph.distributed_importers(external) == sorted(import_graph.DISTRIBUTED_HOMES)
+
+
+def test_no_new_dependency_cycle():
+    edges, _ = import_graph.graph()
+    assert import_graph.cycles(edges) == KNOWN_CYCLES
+
+
+def test_the_graph_sees_lazy_and_type_checking_imports(tmp_path):
+    for pkg in import_graph.PACKAGES:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "trainer" / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n")
+    (tmp_path / "trainer" / "b.py").write_text("def f():\n    from . import c\n")
+    (tmp_path / "trainer" / "c.py").write_text("def g():\n    import splat_train.trainer.a\n"
+                                               "    import torch.distributed as dist\n")
+    edges, external = import_graph.graph(tmp_path)
+    assert edges["trainer.a"] == {"trainer.b"} and edges["trainer.b"] == {"trainer.c"}
+    assert edges["trainer.c"] == {"trainer.a"}
+    assert import_graph.cycles(edges) == [["trainer.a", "trainer.b", "trainer.c"]]
+    assert import_graph.distributed_importers(external) == ["trainer.c"]
