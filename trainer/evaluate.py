@@ -15,7 +15,6 @@ never the end of a run that has its model.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
@@ -31,12 +30,6 @@ from .trajectory import trajectory
 
 if TYPE_CHECKING:  # pragma: no cover
     from .loop import Trainer
-
-
-def make_writer(result_dir: Path):
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(log_dir=str(Path(result_dir) / "tb"))
 
 
 @torch.no_grad()
@@ -75,10 +68,8 @@ def _lpips(trainer: "Trainer") -> metrics.LPIPSMetric:
     metric = getattr(trainer, "lpips_metric", None)
     if metric is None:
         metric = trainer.lpips_metric = metrics.LPIPSMetric(trainer.cfg.lpips_net, weights=trainer.cfg.lpips_weights)
-        if not metric.available and trainer.ctx.is_main:
-            from tqdm import tqdm
-
-            tqdm.write(f"note: {metric.reason}; test metrics are PSNR and SSIM")
+        if not metric.available:
+            trainer.report.line(f"note: {metric.reason}; test metrics are PSNR and SSIM")
     return metric
 
 
@@ -139,7 +130,7 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
     if pngs:
         _write_some(folder, step, pngs)
     gathered = exchange.gather_to_main(ctx, (int(trainer.params["means"].shape[0]), rows, elapsed, len(mine)))
-    if not ctx.is_main:
+    if gathered is None:  # rank 0 scores
         return None
     num_gaussians = sum(n for n, _, _, _ in gathered)
     per_view = [{k: v for k, v in row.items() if k != "index"}
@@ -161,16 +152,10 @@ def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
         num_views=len(per_view),
         per_view=per_view,
     )
-    path = trainer.result_dir / "stats" / f"val_step{step}.json"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
-    if trainer.writer is not None:
-        for k in ("psnr", "ssim", "lpips"):
-            if summary[k] is not None:
-                trainer.writer.add_scalar(f"val/{k}", summary[k], step)
-    from tqdm import tqdm
-
+    trainer.report.write_json(f"stats/val_step{step}.json", summary)
+    trainer.report.scalars({k: summary[k] for k in ("psnr", "ssim", "lpips")}, step, prefix="val/")
     lpips_text = f" LPIPS({lpips.net}) {summary['lpips']:.4f}" if scored else ""
-    tqdm.write(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f}{lpips_text} "
+    trainer.report.line(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f}{lpips_text} "
                f"({len(per_view)} views)")
     return summary
 
@@ -263,17 +248,12 @@ def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
         return None
     ctx = trainer.ctx
     if not _can_write_mp4():
-        if ctx.is_main:
-            print("warning: video not written: imageio-ffmpeg is not installed (pip install imageio-ffmpeg)",
-                  flush=True)
+        trainer.report.print("warning: video not written: imageio-ffmpeg is not installed (pip install imageio-ffmpeg)")
         return None
     first = trainer.trainset.camera(0)
     path = trainer.result_dir / "videos" / f"traj_{step}.mp4"
-    if ctx.is_main:
-        from tqdm import tqdm
-
-        tqdm.write(f"video: rendering {n} frames at {first['width']}x{first['height']} along the "
-                   f"{trainer.cfg.render_traj_path} path for {path} (--disable_video skips it)")
+    trainer.report.line(f"video: rendering {n} frames at {first['width']}x{first['height']} along the "
+                        f"{trainer.cfg.render_traj_path} path for {path} (--disable_video skips it)")
     c2ws = np.stack([trainer.scene.cameras[i].camtoworld for i in trainer.trainset.indices])
     bounds = scene_depth_bounds(trainer) if trainer.cfg.render_traj_path == "spiral" else (0.0, 0.0)
     poses = torch.from_numpy(trajectory(trainer.cfg.render_traj_path, c2ws, n, bounds)).to(trainer.device)
@@ -283,7 +263,7 @@ def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
                         int(first["width"]), int(first["height"])) for i in picks]
     frames = render_views(trainer, cams)[: len(mine)]
     gathered = exchange.gather_to_main(ctx, list(zip(mine, frames)))
-    if not ctx.is_main:
+    if gathered is None:  # rank 0 writes the video
         return None
     ordered = [f for _, f in sorted((x for part in gathered for x in part), key=lambda x: x[0])]
     return optional(f"video {path}", lambda: write_video(path, ordered))

@@ -132,6 +132,12 @@ def replicate(module: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
     return ddp
 
 
+def main_decides(ctx: DistContext, decide):
+    """``decide()`` run on rank 0 only, its result on every rank (:func:`from_main`): a decision
+    that must not depend on what each rank sees (e.g. which checkpoint set to resume from)."""
+    return from_main(ctx, decide() if ctx.is_main else None)
+
+
 def send_rows(ctx: DistContext, rows: torch.Tensor, dst: int) -> None:
     """Point-to-point: float32 rows [n, D] of this rank to rank ``dst`` (:func:`recv_rows` there),
     through the communication device (the GPU for nccl). Non-differentiable (exports)."""

@@ -35,6 +35,7 @@ from .aux_modules import pose_perturbation
 from .model import (activated, create_optimizers, create_shard, initial_points, means_lr_scheduler,
                     optimizer_step)
 from .profiling import PhaseTimer
+from .report import Reporter
 from .render import (TILE_SIZE, CameraBatch, PassLayout, check_camera_model, ops_for, padding_only_radii, render,
                      resolve_backend, rigid_inverse, shift_cameras, shift_intrinsics, visible_gaussians)
 from .viewer import start_training_viewer
@@ -119,7 +120,7 @@ class Trainer:
         self.step = 0  # completed steps
         self._n_world: Optional[list[int]] = None  # Gaussians per rank; None: gather before the next step
         self._stats_step = 0  # step of the previous train stats file
-        self.writer = None
+        self.report = Reporter(self.result_dir, ctx.rank)  # rank 0 writes; a no-op elsewhere
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
@@ -304,7 +305,7 @@ class Trainer:
             if cfg.depth_loss:
                 parts["depth"] = self._depth_loss(result.depths, items, windows)
                 loss = loss + cfg.depth_lambda * parts["depth"]
-            if cfg.tb_save_image and self.ctx.is_main and (step + 1) % cfg.schedule.log_every == 0:
+            if cfg.tb_save_image and self.report.active and (step + 1) % cfg.schedule.log_every == 0:
                 self._tb_image = torch.cat([uint8_to_unit(gts), colors.detach().clamp(0, 1)], dim=2)
         # The loss of the global batch is the mean over every rank's images, and a regularizer is
         # a mean over every rank's Gaussians; this rank contributes its share of each, so that the
@@ -419,15 +420,9 @@ class Trainer:
     def train(self) -> dict:
         """Train from ``self.step`` to ``max_steps``; evaluate, save and export on schedule."""
         cfg, s = self.cfg, self.cfg.schedule
-        if self.ctx.is_main:
-            self.result_dir.mkdir(parents=True, exist_ok=True)
-            (self.result_dir / "cfg.yml").write_text(dump_yaml(cfg))
-            self.writer = evaluate.make_writer(self.result_dir)
-            self._print_memory_model()
-        from tqdm import tqdm
-
-        bar = tqdm(range(self.step, s.max_steps), initial=self.step, total=s.max_steps,
-                   disable=not self.ctx.is_main, dynamic_ncols=True)
+        self.report.start_run(dump_yaml(cfg))  # the folder, cfg.yml, TensorBoard
+        self._print_memory_model()
+        bar = self.report.progress(range(self.step, s.max_steps), initial=self.step, total=s.max_steps)
         out, written = {}, []
         if self.step == 0 and 0 in s.eval_steps:
             evaluate.run_eval(self, 0)  # the initial model, before any step
@@ -443,18 +438,17 @@ class Trainer:
                 viewer.stop()
             self.views.close()
         bar.close()
-        if self.ctx.is_main and s.max_steps > first_step:
+        if s.max_steps > first_step:
             steps = s.max_steps - first_step
             peak = (f", peak memory {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f} GiB on rank 0"
                     if self.device.type == "cuda" else "")
-            print(f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
-                  f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}", flush=True)
+            self.report.print(f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
+                  f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}")
         if profiler is not None:
             profiler.stop()
             self._phase_log += self.timer.collect()
             self._write_phase_table()
-        if self.writer is not None:
-            self.writer.close()
+        self.report.close()
         if s.max_steps > first_step:
             self.print_outputs(written)
         return out
@@ -493,17 +487,14 @@ class Trainer:
                 out["ms_per_step"] = ms
                 self.last_stats = out
                 bar.set_postfix(loss=f"{out['loss']:.4f}", gs=out["num_gaussians"], its=f"{1000.0 / ms:.1f}")
-                if self.writer is not None:
-                    for k in ("loss", "l1", "ssim", "depth", "num_gaussians", "ms_per_step"):
-                        if k in out:
-                            self.writer.add_scalar(f"train/{k}", out[k], done)
-                    if self._tb_image is not None:  # --tb_save_image: ground truth | render, one row per image
-                        self.writer.add_image("train/render", self._tb_image.reshape(-1, *self._tb_image.shape[2:])
-                                              .float().cpu(), done, dataformats="HWC")
-                        self._tb_image = None
-                    for k, v in self.last_fused_stats.items():
-                        if k.startswith("fraction") and v is not None:
-                            self.writer.add_scalar(f"fused/{k}", v, done)
+                self.report.scalars({k: out[k] for k in ("loss", "l1", "ssim", "depth", "num_gaussians",
+                                                         "ms_per_step") if k in out}, done, prefix="train/")
+                if self._tb_image is not None:  # --tb_save_image: ground truth | render, one row per image
+                    self.report.image("train/render", self._tb_image.reshape(-1, *self._tb_image.shape[2:])
+                                      .float().cpu(), done)
+                    self._tb_image = None
+                self.report.scalars({k: v for k, v in self.last_fused_stats.items() if k.startswith("fraction")},
+                                    done, prefix="fused/")
             if done == s.max_steps:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
@@ -533,8 +524,7 @@ class Trainer:
             self.save_checkpoint()
             self._last_save = time.monotonic()
         if stop:
-            if self.writer is not None:
-                self.writer.close()
+            self.report.close()
             raise Interrupted(self.ctx.stop.signum or int(signal.SIGTERM))
 
     def write_outputs(self, step: int, save: bool, ply: bool, evaluation: bool) -> list[Path]:
@@ -551,8 +541,8 @@ class Trainer:
             if evaluate.run_eval(self, step) is not None:
                 written.append(self.result_dir / "stats" / f"val_step{step}.json")
                 written.append(self.result_dir / "renders" / f"val_step{step}_*.png")
-        if ply and self.ctx.is_main:
-            written += export.export_formats(self)  # Inria layout, web formats
+        if ply:
+            written += export.export_formats(self)  # Inria layout, web formats (rank 0 holds the export)
         if evaluation:
             written.append(evaluate.render_trajectory(self, step))
         return [p for p in written if p is not None and any(p.parent.glob(p.name))]
@@ -560,17 +550,7 @@ class Trainer:
     def print_outputs(self, written: list[Path]) -> None:
         """Rank 0: the last line of a run, ``outputs: ...``, naming the files of the final step (a
         checkpoint of every rank, the PLY, metrics, renders, video) and the TensorBoard folder."""
-        if not self.ctx.is_main:
-            return
-        names = []
-        for path in written:
-            if path.parent.name == "ckpts" and self.ctx.world_size > 1:
-                path = path.with_name(path.name.replace("_rank0.pt", f"_rank{{0..{self.ctx.world_size - 1}}}.pt"))
-            matches = len(list(path.parent.glob(path.name))) if "*" in path.name else 0
-            names.append(f"{path} ({matches} files)" if matches else str(path))
-        if (self.result_dir / "tb").is_dir():
-            names.append(f"{self.result_dir / 'tb'}/ (TensorBoard)")
-        print("outputs: " + ", ".join(names), flush=True)
+        self.report.outputs(written, self.ctx.world_size)
 
     def _start_profiler(self):
         """torch profiler over the --profile window; the trace goes to profile/trace_rank<r>.json."""
@@ -591,8 +571,7 @@ class Trainer:
             summary = summarize_trace(json.loads(trace_path.read_text()), s.profile_num_steps)
             checkpoint.atomic_write(out_dir / f"summary_rank{rank}.json",
                                     lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
-            if self.ctx.is_main:
-                print(format_trace_summary(summary), flush=True)
+            self.report.print(format_trace_summary(summary))
 
         wait = max(s.profile_start_step - self.step - 1, 0)
         prof = torch.profiler.profile(
@@ -613,12 +592,11 @@ class Trainer:
         path = self.result_dir / "profile" / f"phases_rank{self.ctx.rank}.json"
         checkpoint.atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(
             dict(steps=len(log), median_ms=table, per_step=log), indent=2)))
-        if self.ctx.is_main:
-            total = table["total"] or 1.0
-            lines = [f"{'phase':<22}{'ms':>9}{'share':>8}"]
-            lines += [f"{p:<22}{table[p]:>9.3f}{100 * table[p] / total:>7.1f}%" for p in PHASES]
-            lines.append(f"{'total':<22}{table['total']:>9.3f}")
-            print("\n".join(lines), flush=True)
+        total = table["total"] or 1.0
+        lines = [f"{'phase':<22}{'ms':>9}{'share':>8}"]
+        lines += [f"{p:<22}{table[p]:>9.3f}{100 * table[p] / total:>7.1f}%" for p in PHASES]
+        lines.append(f"{'total':<22}{table['total']:>9.3f}")
+        self.report.print("\n".join(lines))
 
     def save_checkpoint(self) -> Path:
         path = checkpoint.save(self.result_dir / "ckpts", self.step, self.ctx.rank, self.ctx.world_size,
@@ -654,7 +632,7 @@ class Trainer:
         if m["predicted_capacity_per_gpu"]:
             line += (f"; predicted capacity {m['predicted_capacity_per_gpu'] / 1e6:.0f} M per GPU, "
                      f"{m['predicted_capacity_per_job'] / 1e6:.0f} M per job (before per-step buffers)")
-        print(line, flush=True)
+        self.report.print(line)
 
 
 def _plain(obj):
@@ -669,12 +647,9 @@ def evaluate_only(trainer: Trainer, files: list[Path]) -> list[Path]:
     state = checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size)
     trainer.load_state_dict(state, restore_rng=False)
     _say_loaded("loaded", trainer, files)
-    if trainer.ctx.is_main:
-        trainer.result_dir.mkdir(parents=True, exist_ok=True)
-        trainer.writer = evaluate.make_writer(trainer.result_dir)
+    trainer.report.open_tensorboard()
     written = trainer.write_outputs(trainer.step, save=False, ply=True, evaluation=True)
-    if trainer.writer is not None:
-        trainer.writer.close()
+    trainer.report.close()
     trainer.print_outputs(written)
     return written
 
@@ -682,7 +657,7 @@ def evaluate_only(trainer: Trainer, files: list[Path]) -> list[Path]:
 def resume_from(trainer: Trainer, ckpt_dir: Path) -> Optional[int]:
     # rank 0 picks the set (main() checked it exists and named skipped sets): on nodes that see the
     # folder at different moments of a concurrent write, every rank still loads the same step
-    found = exchange.from_main(trainer.ctx, checkpoint.latest_complete(ckpt_dir) if trainer.ctx.is_main else None)
+    found = exchange.main_decides(trainer.ctx, lambda: checkpoint.latest_complete(ckpt_dir))
     if found is None:
         raise ValueError(f"--resume: no complete set of checkpoints in {ckpt_dir}")
     step, files = found
@@ -693,7 +668,6 @@ def resume_from(trainer: Trainer, ckpt_dir: Path) -> Optional[int]:
 
 def _say_loaded(verb: str, trainer: Trainer, files: list[Path]) -> None:
     """Rank 0: '<verb> step N (world size W -> W', Gaussians re-sharded) from <folder>'."""
-    if trainer.ctx.is_main:
-        old, new = len(files), trainer.ctx.world_size
-        world = f"world size {old}" if old == new else f"world size {old} -> {new}, Gaussians re-sharded"
-        print(f"{verb} step {trainer.step} ({world}) from {Path(files[0]).parent}", flush=True)
+    old, new = len(files), trainer.ctx.world_size
+    world = f"world size {old}" if old == new else f"world size {old} -> {new}, Gaussians re-sharded"
+    trainer.report.print(f"{verb} step {trainer.step} ({world}) from {Path(files[0]).parent}")

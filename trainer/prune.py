@@ -44,11 +44,9 @@ Gaussians a rasterizer loads for the tile, which is what must fit on chip. Each 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -57,12 +55,12 @@ from gsplat.strategy.ops import remove
 from ..kernels import resources
 from ..kernels.reference import compositing_weights
 from . import evaluate, exchange, metrics
-from .fileio import atomic_write
 from .model import activated
 from .render import TILE_SIZE, render, route_to_owners
 
 if TYPE_CHECKING:  # pragma: no cover
     from .loop import Trainer
+    from .report import Reporter
 
 EPS = 1e-6
 """Added to the importance (pixels) in the stage-3 score so unseen Gaussians score finitely."""
@@ -351,31 +349,25 @@ def run_stages(trainer: "Trainer", done: int) -> Optional[dict]:
     stats.pop("num_pruned_local", None)
     stats.update(num_pruned=stats["num_before"] - stats["num_after"], seconds=time.perf_counter() - t0,
                  test_psnr_before=psnr_before, test_psnr_after=heldout_psnr(trainer))
-    report(trainer, stats)
+    report(trainer.report, stats)
     return stats
 
 
-def report(trainer: "Trainer", stats: dict) -> None:
-    """Rank 0: print a line, write stats/prune_stage<k>.json and TensorBoard scalars."""
-    if not trainer.ctx.is_main:
-        return
+def report(reporter: "Reporter", stats: dict) -> None:
+    """stats/prune_stage<k>.json, TensorBoard scalars and one line (rank 0's reporter; a no-op
+    elsewhere)."""
     k, step = stats["stage"], stats["step"]
-    path = Path(trainer.result_dir) / "stats" / f"prune_stage{k}.json"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
+    reporter.write_json(f"stats/prune_stage{k}.json", stats)
     before, after = stats["tiles_before"], stats["tiles_after"]
-    if trainer.writer is not None:
-        w, tag = trainer.writer, f"prune/stage{k}"
-        w.add_scalar(f"{tag}/num_pruned", stats["num_pruned"], step)
-        w.add_scalar(f"{tag}/num_gaussians", stats["num_after"], step)
-        for name in ("fraction_within_budget", "mean_per_tile", "max_per_tile"):
-            w.add_scalar(f"{tag}/{name}_before", before[name], step)
-            w.add_scalar(f"{tag}/{name}_after", after[name], step)
-        if stats["test_psnr_after"] is not None:
-            w.add_scalar(f"{tag}/test_psnr", stats["test_psnr_after"], step)
+    tag = f"prune/stage{k}"
+    reporter.scalar(f"{tag}/num_pruned", stats["num_pruned"], step)
+    reporter.scalar(f"{tag}/num_gaussians", stats["num_after"], step)
+    for name in ("fraction_within_budget", "mean_per_tile", "max_per_tile"):
+        reporter.scalar(f"{tag}/{name}_before", before[name], step)
+        reporter.scalar(f"{tag}/{name}_after", after[name], step)
+    reporter.scalars({f"{tag}/test_psnr": stats["test_psnr_after"]}, step)
     psnr = stats["test_psnr_after"]
-    from tqdm import tqdm
-
-    tqdm.write(f"prune stage {k} after step {step}: {stats['num_pruned']:,} of {stats['num_before']:,} Gaussians "
+    reporter.line(f"prune stage {k} after step {step}: {stats['num_pruned']:,} of {stats['num_before']:,} Gaussians "
                f"removed; tiles within budget {stats['tile_budget']}: {100 * before['fraction_within_budget']:.1f}% "
                f"-> {100 * after['fraction_within_budget']:.1f}% (mean {after['mean_per_tile']:.1f}, max "
                f"{after['max_per_tile']} per tile)" + (f"; test PSNR {psnr:.3f}" if psnr is not None else ""))
