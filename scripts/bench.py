@@ -59,7 +59,7 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
     ahead of the device), then ``phase_steps`` steps each closed by a synchronization with the
     per-phase timer on (ms_median / ms_p90 and the phase split: a step that cannot overlap the
     next)."""
-    from splat_train.trainer import checkpoint, evaluate
+    from splat_train.trainer import checkpoint
     from splat_train.trainer.cli import parse_args
     from splat_train.trainer.loop import Trainer
     from splat_train.trainer.profiling import memory_model
@@ -106,7 +106,7 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
     peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
     trainer.step = start + steps + phase_steps
     trainer.timer.enabled = False
-    metrics = evaluate.run_eval(trainer, trainer.step) if len(trainer.testset) else None
+    metrics = trainer.evaluation.run(trainer.shard, trainer.step) if len(trainer.testset) else None
     phases = {}
     for name in timed[0]["phases"]:
         phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in timed)

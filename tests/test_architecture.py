@@ -10,7 +10,6 @@ from splat_train.scripts import import_graph
 KNOWN_CYCLES = [
     ["kernels.fused_raster", "kernels.fused_ssim", "kernels.resources"],
     ["scripts.bench", "scripts.bench_raster", "trainer.cli"],
-    ["trainer.evaluate", "trainer.export", "trainer.loop", "trainer.prune", "trainer.viewer"],
 ]
 
 

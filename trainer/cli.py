@@ -154,7 +154,7 @@ def run(ctx: DistContext, cfg: Config) -> None:
             if camera_line:
                 _say(camera_line)
         trainer = Trainer(cfg, ctx, scene)
-        trainer.lpips_metric = lpips
+        trainer.evaluation.lpips_metric = lpips
         if cfg.ckpt:
             evaluate_only(trainer, list(cfg.ckpt))
             return

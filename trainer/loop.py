@@ -26,7 +26,8 @@ from .bilagrid import TV_WEIGHT, BilateralGrid
 from .bilagrid import lr_lambda as bilagrid_lr_lambda
 from .data.sampler import patch_window
 from .data.views import TrainViews, rows_of
-from .densify import initialize_state, make_strategy, strategy_info
+from . import densify
+from .densify import initialize_state, make_strategy
 from .depth import DepthTargets, depth_loss
 from .launch import DistContext, Interrupted
 from . import losses
@@ -36,8 +37,10 @@ from .model import (activated, create_optimizers, create_shard, initial_points, 
                     optimizer_step)
 from .profiling import PhaseTimer
 from .report import Reporter
-from .render import (TILE_SIZE, CameraBatch, PassLayout, check_camera_model, ops_for, padding_only_radii, render,
-                     resolve_backend, rigid_inverse, shift_cameras, shift_intrinsics, visible_gaussians)
+from .render import (TILE_SIZE, CameraBatch, PassLayout, RenderSetup, check_camera_model, ops_for,
+                     padding_only_radii, render, resolve_backend, rigid_inverse, shift_cameras, shift_intrinsics,
+                     visible_gaussians)
+from .shard import GaussianShard
 from .viewer import start_training_viewer
 
 
@@ -90,15 +93,17 @@ class Trainer:
                 self.views.camtoworlds, self.views.ids).detach()
         self.viewmats = rigid_inverse(self.views.camtoworlds)  # [V, 4, 4] world-to-camera, training views
         self.render_options = dict(camera_model=cfg.camera_model, antialiased=cfg.antialiased)  # every render's
+        self.setup = RenderSetup(ctx, self.ops, cfg.sh_degree, cfg.packed, cfg.near_plane, cfg.far_plane,
+                                 self.render_options)  # evaluation's and pruning's renders
         self.selective_adam = cfg.visible_adam or cfg.sparse_grad
         self._tb_image: Optional[torch.Tensor] = None  # --tb_save_image: the last logged training render
         self.loss_backend = losses.training_loss_backend(self.device, cfg.ssim_backend)
         torch.manual_seed(cfg.seed + ctx.rank)
         np.random.seed((cfg.seed + ctx.rank) % 2**32)
         points = initial_points(scene, cfg, self.scene_scale)
-        self.params = create_shard(points, cfg, ctx.rank, ctx.world_size, self.device)
-        self.optimizers = create_optimizers(self.params, cfg, ctx.world_size, self.scene_scale)
-        self.scheduler = means_lr_scheduler(self.optimizers["means"], cfg.schedule.max_steps)
+        params = create_shard(points, cfg, ctx.rank, ctx.world_size, self.device)
+        optimizers = create_optimizers(params, cfg, ctx.world_size, self.scene_scale)
+        scheduler = means_lr_scheduler(optimizers["means"], cfg.schedule.max_steps)
         if cfg.densify.strategy == "mcmc" and self.device.type != "cuda":
             raise ValueError("the mcmc preset relocates Gaussians with gsplat's CUDA op, which needs a GPU; "
                              "on the CPU use the default preset (or --device cuda on a GPU machine)")
@@ -112,15 +117,16 @@ class Trainer:
         if cfg.pipeline == "gsplat-dist" and self.device.type != "cuda":
             raise ValueError("--pipeline gsplat-dist is gsplat's CUDA rasterization(distributed=True), which needs "
                              "a GPU; on the CPU use --pipeline ours")
-        self.strategy = make_strategy(cfg)
-        prune.limit_densification(self.strategy, cfg)  # off from ByteSplat stage 2 on
-        self.strategy.check_sanity(self.params, self.optimizers)
-        self.strategy_state = initialize_state(self.strategy, self.scene_scale)
+        strategy = make_strategy(cfg)
+        prune.limit_densification(strategy, cfg)  # off from ByteSplat stage 2 on
+        strategy.check_sanity(params, optimizers)
+        self.shard = GaussianShard(params, optimizers, scheduler, strategy, initialize_state(strategy, self.scene_scale))
         self.aux, self.aux_optimizers = self._make_aux_modules()
         self.step = 0  # completed steps
-        self._n_world: Optional[list[int]] = None  # Gaussians per rank; None: gather before the next step
         self._stats_step = 0  # step of the previous train stats file
         self.report = Reporter(self.result_dir, ctx.rank)  # rank 0 writes; a no-op elsewhere
+        self.evaluation = evaluate.Evaluation(cfg, self.setup, scene, self.scene_scale, self.trainset, self.testset,
+                                              self.report)
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
@@ -151,13 +157,19 @@ class Trainer:
         self.aux_schedulers = schedulers
         return aux, opts
 
+    # ------------------------------------------------------------------ the shard's parts
+    # (read and replaced by tests and the benchmark; the stages take self.shard)
+    params = property(lambda self: self.shard.params, lambda self, v: setattr(self.shard, "params", v))
+    optimizers = property(lambda self: self.shard.optimizers, lambda self, v: setattr(self.shard, "optimizers", v))
+    scheduler = property(lambda self: self.shard.scheduler, lambda self, v: setattr(self.shard, "scheduler", v))
+    strategy = property(lambda self: self.shard.strategy, lambda self, v: setattr(self.shard, "strategy", v))
+    strategy_state = property(lambda self: self.shard.strategy_state,
+                              lambda self, v: setattr(self.shard, "strategy_state", v))
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
         return dict(
-            params={k: v.detach() for k, v in self.params.items()},
-            optimizers={k: o.state_dict() for k, o in self.optimizers.items()},
-            scheduler=self.scheduler.state_dict(),
-            strategy_state=self.strategy_state,
+            **self.shard.state_dict(),  # params, optimizers, scheduler, strategy_state
             aux={k: _unwrapped(m).state_dict() for k, m in self.aux.items()},  # the same keys at any W
             aux_optimizers={k: o.state_dict() for k, o in self.aux_optimizers.items()},
             aux_schedulers={k: o.state_dict() for k, o in self.aux_schedulers.items()},
@@ -167,17 +179,7 @@ class Trainer:
         )
 
     def load_state_dict(self, state: dict, restore_rng: bool = True) -> None:
-        for name, value in state["params"].items():
-            self.params[name] = torch.nn.Parameter(value.to(self.device).contiguous())
-        for name, opt in self.optimizers.items():
-            opt.param_groups[0]["params"] = [self.params[name]]
-            opt.state.clear()
-            opt.load_state_dict(state["optimizers"][name])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.strategy_state = {
-            k: (v.to(self.device) if isinstance(v, torch.Tensor) else v)
-            for k, v in state["strategy_state"].items()
-        }
+        self.shard.load_state_dict(state, self.device)
         for k, module in self.aux.items():
             if k in state.get("aux", {}):  # checkpoints before the fix keep DDP's "module." prefix
                 saved = {n.removeprefix("module."): v for n, v in state["aux"][k].items()}
@@ -192,9 +194,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def camera_batch(self, batch: dict) -> CameraBatch:
-        camtoworlds = batch["camtoworld"].to(self.device)
-        return CameraBatch(rigid_inverse(camtoworlds), batch["K"].to(self.device),
-                           int(batch["width"]), int(batch["height"]))
+        return self.setup.camera_batch(batch)
 
     def sh_degree_at(self, step: int) -> int:
         return min(step // self.cfg.schedule.sh_degree_interval, self.cfg.sh_degree)
@@ -203,7 +203,7 @@ class Trainer:
         """Say that the shards may have changed size on some rank (densification, pruning, a
         loaded checkpoint): the next step gathers every rank's Gaussian count again. Every rank
         calls it at the same points of the run."""
-        self._n_world = None
+        self.shard.sizes_changed()
 
     def windows(self, step: int, rank: int, items: list[int]) -> list[tuple[int, int, int, int]]:
         """The part (x0, y0, w, h) of each image of rank ``rank``'s batch ``items`` that step
@@ -219,14 +219,14 @@ class Trainer:
         that could change them."""
         n = int(self.params["means"].shape[0])
         if self.ctx.world_size == 1:
-            self._n_world = [n]
-        elif self._n_world is None:  # a host synchronization, only after a change
-            self._n_world = exchange.gather_metadata(self.ctx, [n])[:, 0].tolist()
+            self.shard.world_sizes = [n]
+        elif self.shard.world_sizes is None:  # a host synchronization, only after a change
+            self.shard.world_sizes = exchange.gather_metadata(self.ctx, [n])[:, 0].tolist()
         items = [items if r == self.ctx.rank else sampler.batch_at(step) for r, sampler in enumerate(self.samplers)]
         windows = [win for r, batch in enumerate(items) for win in self.windows(step, r, batch)]
         ox, oy = origin
         sizes = [(w + ox, h + oy) for _, _, w, h in windows]
-        layout = PassLayout(self._n_world, [len(b) for b in items], sizes)
+        layout = PassLayout(self.shard.world_sizes, [len(b) for b in items], sizes)
         if "pose" not in self.aux:  # cameras not learned: every rank has them all
             flat = [i for batch in items for i in batch]
             layout.viewmats = rows_of(self.viewmats, flat)
@@ -332,15 +332,7 @@ class Trainer:
             scheduler.step()
         self.scheduler.step()
         timer.begin("densification")
-        info = strategy_info(result.info)
-        if self.cfg.densify.strategy == "mcmc":
-            self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state, step, info,
-                                             lr=self.scheduler.get_last_lr()[0])
-        else:
-            self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state, step, info,
-                                             packed=cfg.packed)
-        if step % cfg.schedule.refine_every == 0:  # the strategies grow, prune or relocate only here
-            self.shard_sizes_changed()
+        densify.post_backward(self.shard, cfg, step, result.info)
         self.last_phases = timer.end_step()
         # tensors stay on the device: converting them here would synchronize every step
         return dict(loss=loss.detach(), l1=parts["l1"], ssim=parts["ssim"],
@@ -425,7 +417,7 @@ class Trainer:
         bar = self.report.progress(range(self.step, s.max_steps), initial=self.step, total=s.max_steps)
         out, written = {}, []
         if self.step == 0 and 0 in s.eval_steps:
-            evaluate.run_eval(self, 0)  # the initial model, before any step
+            self.evaluation.run(self.shard, 0)  # the initial model, before any step
         profiler = self._start_profiler() if cfg.profile else None
         viewer = start_training_viewer(self)  # --no_disable_viewer: rank 0 of a one-process run
         first_step = self.step
@@ -475,7 +467,8 @@ class Trainer:
                     self._phase_log.append(self.last_phases)
             self.step = done = step + 1
             window_steps += 1
-            prune.run_stages(self, done)  # ByteSplat pruning stages 2 and 3 at their steps (prune.py)
+            prune.run_stages(self.shard, self.setup, self.trainset, self.testset, self.cfg, self.report,
+                             done)  # ByteSplat pruning stages 2 and 3 at their steps (prune.py)
             if viewer is not None:
                 viewer.after_step(done, sum(w * h for w, h in map(self.trainset.size, self.sampler.batch_at(step))))
             if done % s.log_every == 0 or done == s.max_steps:
@@ -536,15 +529,19 @@ class Trainer:
         if save:
             written.append(self.save_checkpoint())
         if ply and self.cfg.save_ply:
-            written.append(export.export_merged(self, step))
+            self.last_export = export.export_merged(self.shard, self.ctx, self.cfg, self.scene.transform,
+                                                    self.result_dir, step)
+            written.append(self.last_export and self.last_export["path"])
         if evaluation:
-            if evaluate.run_eval(self, step) is not None:
+            if self.evaluation.run(self.shard, step) is not None:
                 written.append(self.result_dir / "stats" / f"val_step{step}.json")
                 written.append(self.result_dir / "renders" / f"val_step{step}_*.png")
-        if ply:
-            written += export.export_formats(self)  # Inria layout, web formats (rank 0 holds the export)
+        if ply:  # Inria layout, web formats (rank 0 holds the export)
+            made, self.last_export = self.last_export, None
+            written += export.export_formats(made, self.cfg, self.result_dir,
+                                             lambda: [self.scene.cameras[i] for i in self.trainset.indices])
         if evaluation:
-            written.append(evaluate.render_trajectory(self, step))
+            written.append(self.evaluation.render_trajectory(self.shard, step))
         return [p for p in written if p is not None and any(p.parent.glob(p.name))]
 
     def print_outputs(self, written: list[Path]) -> None:

@@ -343,6 +343,32 @@ def render(
     return RenderResult(render_colors, render_alphas, info, render_depths)
 
 
+@dataclass(frozen=True)
+class RenderSetup:
+    """What every render of a run shares besides the Gaussians and the cameras: the ranks
+    (``ctx``), the rasterizer ops, the full SH degree, packed mode, near/far planes and the
+    camera model options. Evaluation and pruning take one instead of the Trainer."""
+
+    ctx: DistContext
+    ops: ModuleType
+    sh_degree: int
+    packed: bool = False
+    near: float = 0.01
+    far: float = 1e10
+    options: dict = field(default_factory=dict)  # camera_model, antialiased
+
+    def __call__(self, gaussians: dict, cams: CameraBatch, sh_degree: Optional[int] = None, **kwargs) -> RenderResult:
+        """:func:`render` with this setup (SH degree ``sh_degree``, default the full one)."""
+        return render(gaussians, cams, self.ctx, self.ops, self.sh_degree if sh_degree is None else sh_degree,
+                      packed=self.packed, near=self.near, far=self.far, **self.options, **kwargs)
+
+    def camera_batch(self, batch: dict) -> CameraBatch:
+        """The CameraBatch of a dataset batch (data.Dataset.batch), on this rank's device."""
+        device = self.ctx.device
+        return CameraBatch(rigid_inverse(batch["camtoworld"].to(device)), batch["K"].to(device),
+                           int(batch["width"]), int(batch["height"]))
+
+
 def visible_gaussians(info: dict) -> torch.Tensor:
     """bool [N_local]: the local Gaussians that some camera of the pass sees (radii > 0 on both
     axes in a dense projection, or a packed record), gsplat simple_trainer's visibility mask for
