@@ -37,3 +37,18 @@ def test_the_graph_sees_lazy_and_type_checking_imports(tmp_path):
     assert edges["trainer.c"] == {"trainer.a"}
     assert import_graph.cycles(edges) == [["trainer.a", "trainer.b", "trainer.c"]]
     assert import_graph.distributed_importers(external) == ["trainer.c"]
+
+
+def test_dist_context_is_frozen():
+    """What a pass does differently (--sparse_grad_comm) is an argument of the pass, not a field
+    set on the context for a backward to read."""
+    import dataclasses
+
+    import pytest
+
+    from splat_train.trainer.launch import DistContext
+
+    ctx = DistContext()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.rank = 1  # type: ignore[misc]
+    assert not hasattr(ctx, "sparse_grad_comm")

@@ -12,7 +12,7 @@ Gaussian Splatting Training"): ranks own disjoint shards of the Gaussians and th
    concatenated buffer. Backward: the reverse all_to_all (gradient rows travel back to the rank
    that owns the Gaussian). Dense mode sends every (camera, local Gaussian) pair; packed mode
    sends only visible pairs, after exchanging per-destination counts with :func:`exchange_counts`.
-   With ``--sparse_grad_comm`` the reverse exchange elides rows whose gradient is exactly zero
+   With ``sparse=True`` (``--sparse_grad_comm``) the reverse exchange elides rows whose gradient is exactly zero
    (ByteSplat section 6; sparse_exchange.py): counts first, then bitmap + nonzero rows.
 
 No collective here reduces a Gaussian gradient: a Gaussian's partial gradients reach its owner
@@ -248,12 +248,12 @@ class AllToAll(torch.autograd.Function):
     it, concatenated in source-rank order. Backward: the reverse all_to_all (the gradient of a
     received row goes back to the rank and position it came from). Only the columns
     ``grad_cols = (start, stop)`` carry gradient (radii and index lanes have none), so only they
-    travel back; the others come back as zeros. With ``ctx.sparse_grad_comm`` rows whose
-    gradient is exactly zero are elided (sparse_exchange.py)."""
+    travel back; the others come back as zeros. With ``sparse`` rows whose gradient is exactly
+    zero are elided (sparse_exchange.py)."""
 
     @staticmethod
-    def forward(fctx, x, ctx: DistContext, send_rows: list[int], recv_rows: list[int], grad_cols):
-        fctx.dist_ctx, fctx.send_rows, fctx.recv_rows = ctx, send_rows, recv_rows
+    def forward(fctx, x, ctx: DistContext, send_rows: list[int], recv_rows: list[int], grad_cols, sparse: bool):
+        fctx.dist_ctx, fctx.send_rows, fctx.recv_rows, fctx.sparse = ctx, send_rows, recv_rows, sparse
         fctx.grad_cols, fctx.width = grad_cols, x.shape[1]
         return _all_to_all_rows(ctx, x, send_rows, recv_rows)
 
@@ -262,7 +262,7 @@ class AllToAll(torch.autograd.Function):
         ctx = fctx.dist_ctx
         start, stop = fctx.grad_cols or (0, fctx.width)
         grad = grad[:, start:stop].contiguous()
-        if ctx.sparse_grad_comm:
+        if fctx.sparse:
             # zero-eliding: only nonzero gradient rows travel, with a bitmap (sparse_exchange.py)
             from .sparse_exchange import sparse_all_to_all_rows
 
@@ -271,7 +271,7 @@ class AllToAll(torch.autograd.Function):
             back = _all_to_all_rows(ctx, grad, fctx.recv_rows, fctx.send_rows)
         if (start, stop) != (0, fctx.width):
             back = torch.nn.functional.pad(back, (start, fctx.width - stop))
-        return back, None, None, None, None
+        return back, None, None, None, None, None
 
 
 def all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int]) -> torch.Tensor:
@@ -282,11 +282,12 @@ def all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], rec
 
 
 def all_to_all(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int],
-               grad_cols: "tuple[int, int] | None" = None) -> torch.Tensor:
-    """Differentiable all_to_all of rows (identity at world size 1); see :class:`AllToAll`."""
+               grad_cols: "tuple[int, int] | None" = None, sparse: bool = False) -> torch.Tensor:
+    """Differentiable all_to_all of rows (identity at world size 1); see :class:`AllToAll`.
+    ``sparse``: the backward elides zero gradient rows (--sparse_grad_comm)."""
     if ctx.world_size == 1:
         return x
-    return AllToAll.apply(x, ctx, list(send_rows), list(recv_rows), grad_cols)
+    return AllToAll.apply(x, ctx, list(send_rows), list(recv_rows), grad_cols, sparse)
 
 
 def ids_to_float_lanes(ids: torch.Tensor) -> torch.Tensor:

@@ -64,9 +64,11 @@ class CommStats:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class DistContext:
-    """Who this process is in the job. Passed explicitly; there is no global state."""
+    """Who this process is in the job. Passed explicitly; there is no global state. Frozen: what
+    a pass does differently (e.g. --sparse_grad_comm) is an argument of that pass, not a field set
+    here; ``stats`` and ``stop`` are the rank's own mutable records."""
 
     rank: int = 0
     world_size: int = 1
@@ -75,7 +77,6 @@ class DistContext:
     backend: str = "none"  # "nccl", "gloo" or "none" (one process, no group)
     group: Any = None
     stats: CommStats = field(default_factory=CommStats)
-    sparse_grad_comm: bool = False  # zero-eliding backward exchange (ByteSplat section 6)
     stop: "StopRequest" = field(default_factory=lambda: StopRequest())
 
     @property

@@ -70,7 +70,6 @@ class Trainer:
         self.ops = ops_for(cfg.backend, self.device)
         self.scene = scene
         self.scene_scale = scene.scene_scale * 1.1 * cfg.global_scale
-        ctx.sparse_grad_comm = cfg.sparse_grad_comm
         check_camera_model(scene, cfg.camera_model)
         train_idx, test_idx = split_indices(len(scene.cameras), cfg.test_every)
         preload = cfg.image_cache_gb == 0  # with a bound, images are decoded as needed
@@ -278,6 +277,7 @@ class Trainer:
                             packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
                             backgrounds=backgrounds, keep_means2d_grad=True, timer=timer, rasterize=not fused,
                             layout=layout, absgrad=cfg.densify.absgrad, render_depth=cfg.depth_loss,
+                            sparse_grad_comm=cfg.sparse_grad_comm,
                             **self.render_options)
         if origin != (0, 0):  # densification sees the images, not the padded renders: their size
             # (NDC scaling of the 2D-mean gradients) and only the projections that reach them
