@@ -60,12 +60,12 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
     per-phase timer on (ms_median / ms_p90 and the phase split: a step that cannot overlap the
     next)."""
     from splat_train.trainer import checkpoint
-    from splat_train.trainer.cli import parse_args
+    from splat_train.trainer.config import from_argv
     from splat_train.trainer.loop import Trainer
     from splat_train.trainer.profiling import memory_model
 
     t_start = time.perf_counter()
-    cfg = parse_args(["default", *flags])
+    cfg = from_argv(["default", *flags])
     trainer = Trainer(cfg, ctx, scene)
     start = 0
     if ckpt:  # a trained model, re-sharded for this world size; steps continue from its step
@@ -152,12 +152,12 @@ def points_knn_rms(points: np.ndarray, device: str) -> np.ndarray:
 
 
 def build_scene(args):
-    from splat_train.trainer.cli import build_scene as from_cfg
     from splat_train.trainer.config import Config
+    from splat_train.trainer.data import scene_from_config
     from splat_train.trainer.data.synthetic import make_synthetic_scene
 
     if args.data_dir:
-        return from_cfg(Config(data_dir=Path(args.data_dir), data_factor=args.data_factor))
+        return scene_from_config(Config(data_dir=Path(args.data_dir), data_factor=args.data_factor))
     w, h = (int(v) for v in args.resolution.lower().split("x"))
     device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
     return make_synthetic_scene(args.synthetic_gaussians, args.num_cameras, w, seed=0, height=h, device=device)
@@ -251,13 +251,13 @@ def check_variants(variants: dict, flags_of) -> None:
     import contextlib
     import io
 
-    from splat_train.trainer.cli import parse_args
+    from splat_train.trainer.config import from_argv
 
     for name, extra in variants.items():
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):
-                parse_args(["default", *flags_of(extra)])
+                from_argv(["default", *flags_of(extra)])
         except ValueError as e:  # config validation (flags that parse but do not go together)
             raise ValueError(f"--variant {name}={extra!r}: {e}") from None
         except SystemExit:

@@ -97,3 +97,18 @@ def describe_views(scene: Scene, train: list[int], test: list[int], alpha_as_mas
         lines.append(f"distortion: {models} undone with OpenCV for {len(distorted)} of {len(cameras)} views, "
                      f"cropped to the valid region: {before} -> {after}")
     return lines + mask_lines(scene, alpha_as_mask)
+
+
+def scene_from_config(cfg, log: Optional[Callable[[str], None]] = None) -> Scene:
+    """The scene of ``cfg``: the data dir's, or the embedded synthetic one. ``log``: a callable
+    given one line before slow loading work (data.load_scene)."""
+    from .synthetic import make_synthetic_scene
+
+    if cfg.data_dir is None:
+        return make_synthetic_scene(cfg.synthetic_num_gaussians, cfg.synthetic_num_cameras,
+                                    cfg.synthetic_image_size, seed=0, camera_model=cfg.camera_model,
+                                    tracks=cfg.depth_loss)
+    if not Path(cfg.data_dir).is_dir():
+        raise DataError(f"--data_dir: no such folder: {cfg.data_dir}")
+    return load_scene(Path(cfg.data_dir), cfg.data_factor, normalize=cfg.normalize_world_space, log=log,
+                      tracks=cfg.depth_loss)

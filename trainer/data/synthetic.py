@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import Camera, Scene
+from .images import Camera, Scene
 
 
 def look_at(eye: np.ndarray, target: np.ndarray, up: np.ndarray) -> np.ndarray:
