@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -94,11 +95,11 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
     window = rows[warmup:]
     trainer.timer.enabled = True
     trainer.timer.cuda = ctx.device.type == "cuda"
-    timed = []
+    timed: list[dict[str, Any]] = []
     for step in range(start + steps, start + steps + phase_steps):
         _sync(ctx.device)
         t1 = time.perf_counter()
-        out = trainer.train_step(step)
+        trainer.train_step(step)
         _sync(ctx.device)
         timed.append(dict(ms=(time.perf_counter() - t1) * 1000.0, phases=trainer.last_phases))
         ctx.stats.reset()
@@ -181,7 +182,7 @@ def run(args, on_result=None) -> dict:
     scene = build_scene(args)
     if not args.ckpt and scene.points is not None:  # every variant's initial scales, computed once
         scene.points_knn_rms = points_knn_rms(scene.points, args.device)
-    results = []
+    results: list[dict] = []
     baseline = next(iter(variants), None)
 
     def report() -> dict:
@@ -192,6 +193,7 @@ def run(args, on_result=None) -> dict:
                 flags = variant_flags(args, start, extra, f"{tmp}/{name}_{world_size}")
                 files = [f"{tmp}/{name}_{world_size}_rank{r}.json" for r in range(world_size)]
                 t0 = time.perf_counter()
+                rc: "int | str"
                 try:
                     rc = launch(_worker_entry, (scene, flags, args.steps, args.warmup, f"{tmp}/{name}_{world_size}",
                                                 args.ckpt, args.phase_steps), nproc_per_node=world_size, device=args.device,
@@ -204,8 +206,7 @@ def run(args, on_result=None) -> dict:
                     error = f"exit code {rc}" if isinstance(rc, int) else rc
                     if rc == TIMED_OUT and args.variant_timeout:
                         error = f"timed out after {args.variant_timeout:g} s (ranks' stacks on stderr)"
-                    reasons = [Path(f[:-len(".json")] + ".error") for f in files]
-                    reasons = [r.read_text() for r in reasons if r.exists()]
+                    reasons = [p.read_text() for p in (Path(f[:-len(".json")] + ".error") for f in files) if p.exists()]
                     if isinstance(rc, int) and reasons:
                         error += f": {reasons[0]}"
                     results.append(dict(variant=name, world_size=world_size, flags=extra, error=error))
@@ -352,8 +353,8 @@ def _fused_cell(ranks) -> str:
     if not fused:
         return "-"
     resident = [f.get("fraction_resident") for f in fused]
-    resident = "-" if None in resident else f"{100 * np.mean(resident):.1f}%"  # the CPU reference has none
-    return f"{100 * np.mean([f['fraction_fused'] for f in fused]):.1f}% / {resident}"
+    cell = "-" if None in resident else f"{100 * np.mean(resident):.1f}%"  # the CPU reference has none
+    return f"{100 * np.mean([f['fraction_fused'] for f in fused]):.1f}% / {cell}"
 
 
 def chart(report: dict, path: Path) -> None:

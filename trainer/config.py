@@ -301,7 +301,7 @@ def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
 
     Step counts that are intervals or lengths (``*_every``, ``*_interval``, ``*_warmup``) never fall below 1.
     """
-    values = {}
+    values: dict[str, Any] = {}
     for f in dataclasses.fields(schedule):
         value = getattr(schedule, f.name)
         if isinstance(value, list):
@@ -448,7 +448,7 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
             raise ValueError(f"{where}: {value!r} is not one of {list(args)}")
         return value
     if dataclasses.is_dataclass(tp):
-        return _from_dict(tp, value, where)
+        return _from_dict(typing.cast(type, tp), value, where)
     if tp is Path:
         return Path(value)
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):

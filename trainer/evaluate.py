@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -235,7 +235,7 @@ class Evaluation:
         depths in the training cameras (points in front of them), else 1% and 100% of the scene scale
         (gsplat's default bounds without poses_bounds.npy)."""
         points = self.scene.points
-        depths = []
+        depths: Any = []
         if points is not None and len(points):
             for i in self.trainset.indices[:: max(1, len(self.trainset) // 16)]:
                 w2c = np.linalg.inv(self.scene.cameras[i].camtoworld.astype(np.float64))

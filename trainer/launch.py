@@ -29,7 +29,7 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NoReturn, Optional
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -136,7 +136,7 @@ def interruptible(stop: Optional[StopRequest] = None) -> Iterator[None]:
     action (ends the process at once). While ``stop`` is deferring, SIGTERM only records the
     request (repeats too: a launcher forwards the signal its ranks also received); SIGINT still
     raises. The previous handlers are restored on exit; outside the main thread this does nothing."""
-    previous = {}
+    previous: dict = {}
 
     def handler(signum, frame):
         if stop is not None and stop.deferring and signum == signal.SIGTERM:
@@ -189,7 +189,7 @@ def first_slurm_host(nodelist: str) -> str:
     return item
 
 
-def slurm_batch_without_srun(env: Optional[dict] = None) -> bool:
+def slurm_batch_without_srun(env: "Optional[Mapping[str, str]]" = None) -> bool:
     """True in an sbatch script's own process, which SLURM gives SLURM_PROCID=0 and the job's
     SLURM_NTASKS without starting the tasks: only srun's task processes carry a step id
     (SLURM_STEP_ID / SLURM_STEPID)."""
@@ -210,7 +210,7 @@ def detect_external(env: Optional[dict] = None) -> Optional[dict]:
     """
     env = dict(os.environ if env is None else env)
     if "RANK" in env and "WORLD_SIZE" in env:
-        layout = dict(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+        layout: dict[str, Any] = dict(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
                       local_rank=int(env.get("LOCAL_RANK", 0)), launcher="torchrun")
     elif "OMPI_COMM_WORLD_SIZE" in env:
         layout = dict(rank=int(env["OMPI_COMM_WORLD_RANK"]), world_size=int(env["OMPI_COMM_WORLD_SIZE"]),
@@ -237,7 +237,7 @@ def detect_external(env: Optional[dict] = None) -> Optional[dict]:
     return layout
 
 
-def local_processes_of_launcher(env: Optional[dict] = None) -> int:
+def local_processes_of_launcher(env: "Optional[Mapping[str, str]]" = None) -> int:
     """Processes an external launcher started on this host: torchrun's LOCAL_WORLD_SIZE, OpenMPI's
     OMPI_COMM_WORLD_LOCAL_SIZE, MPICH / Intel MPI's MPI_LOCALNRANKS, SLURM's
     SLURM_STEP_TASKS_PER_NODE or SLURM_NTASKS_PER_NODE (the leading number); 1 when none says."""
@@ -433,7 +433,7 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
                 if deadline is not None and time.monotonic() > deadline:
                     if procs.join(timeout=0):  # every rank ended just now: not a timeout
                         break
-                    _stop_hung(procs.processes, timeout_s)
+                    _stop_hung(procs.processes, float(timeout_s or 0))
                     return TIMED_OUT
     except Interrupted as e:  # stop the ranks (a training rank checkpoints first), then let the caller say so
         if procs is not None:

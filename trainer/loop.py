@@ -12,7 +12,7 @@ import random
 import signal
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -91,7 +91,7 @@ class Trainer:
             self.views.camtoworlds = pose_perturbation(len(self.trainset), cfg.pose_noise, cfg.seed, self.device)(
                 self.views.camtoworlds, self.views.ids).detach()
         self.viewmats = rigid_inverse(self.views.camtoworlds)  # [V, 4, 4] world-to-camera, training views
-        self.render_options = dict(camera_model=cfg.camera_model, antialiased=cfg.antialiased)  # every render's
+        self.render_options: dict[str, Any] = dict(camera_model=cfg.camera_model, antialiased=cfg.antialiased)  # every render's
         self.setup = RenderSetup(ctx, self.ops, cfg.sh_degree, cfg.packed, cfg.near_plane, cfg.far_plane,
                                  self.render_options)  # evaluation's and pruning's renders
         self.selective_adam = cfg.visible_adam or cfg.sparse_grad
@@ -221,13 +221,13 @@ class Trainer:
             self.shard.world_sizes = [n]
         elif self.shard.world_sizes is None:  # a host synchronization, only after a change
             self.shard.world_sizes = exchange.gather_metadata(self.ctx, [n])[:, 0].tolist()
-        items = [items if r == self.ctx.rank else sampler.batch_at(step) for r, sampler in enumerate(self.samplers)]
-        windows = [win for r, batch in enumerate(items) for win in self.windows(step, r, batch)]
+        every = [items if r == self.ctx.rank else sampler.batch_at(step) for r, sampler in enumerate(self.samplers)]
+        windows = [win for r, batch in enumerate(every) for win in self.windows(step, r, batch)]
         ox, oy = origin
         sizes = [(w + ox, h + oy) for _, _, w, h in windows]
-        layout = PassLayout(self.shard.world_sizes, [len(b) for b in items], sizes)
+        layout = PassLayout(self.shard.world_sizes, [len(b) for b in every], sizes)
         if "pose" not in self.aux:  # cameras not learned: every rank has them all
-            flat = [i for batch in items for i in batch]
+            flat = [i for batch in every for i in batch]
             layout.viewmats = rows_of(self.viewmats, flat)
             c2w, Ks = self.views.cameras(flat)
             layout.Ks = self._window_intrinsics(Ks, windows, origin)
@@ -342,6 +342,7 @@ class Trainer:
     def _depth_loss(self, rendered: torch.Tensor, items: list[int], windows: list) -> torch.Tensor:
         """--depth_loss of this rank's images (trainer/depth.py), the targets moved into the
         trained windows and those outside dropped (weight 0)."""
+        assert self.depth_targets is not None  # --depth_loss
         pixels, depths, image = self.depth_targets.batch(items)
         weights = None
         if self.cfg.patch_size is not None:
@@ -415,7 +416,8 @@ class Trainer:
         self.report.start_run(dump_yaml(cfg))  # the folder, cfg.yml, TensorBoard
         self._print_memory_model()
         bar = self.report.progress(range(self.step, s.max_steps), initial=self.step, total=s.max_steps)
-        out, written = {}, []
+        out: dict[str, Any] = {}
+        written: list[Path] = []
         if self.step == 0 and 0 in s.eval_steps:
             self.evaluation.run(self.shard, 0)  # the initial model, before any step
         profiler = self._start_profiler() if cfg.profile else None
@@ -525,13 +527,13 @@ class Trainer:
         then the optional outputs (test renders, --export_formats, trajectory video), whose
         failure is one warning line (evaluate.optional). Every rank calls this. Returns the files written (rank 0: all of
         them but the other ranks' checkpoints)."""
-        written = []
+        written: list[Optional[Path]] = []
         if save:
             written.append(self.save_checkpoint())
         if ply and self.cfg.save_ply:
             self.last_export = export.export_merged(self.shard, self.ctx, self.cfg, self.scene.transform,
                                                     self.result_dir, step)
-            written.append(self.last_export and self.last_export["path"])
+            written.append(self.last_export["path"] if self.last_export else None)
         if evaluation:
             if self.evaluation.run(self.shard, step) is not None:
                 written.append(self.result_dir / "stats" / f"val_step{step}.json")
