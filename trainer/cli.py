@@ -23,6 +23,9 @@ from ..configs import preset_names
 from ..kernels.resources import require_triton
 from .config import Config, from_argv
 from .launch import DistContext, Interrupted, LaunchError, detect_external, interruptible, launch
+from .log import get_logger
+
+log = get_logger(__name__)
 
 
 def _usage() -> str:
@@ -65,7 +68,7 @@ def _say(line: str) -> None:
 
 
 def _warn(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    log.warning(line)
 
 
 def run(ctx: DistContext, cfg: Config) -> None:

@@ -35,6 +35,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .log import get_logger, set_rank
+
+log = get_logger(__name__)
+
 
 DIST_TIMEOUT_S = 1800.0  # default --dist_timeout_s: rank 0 alone scores and writes evaluation images
 STOP_GRACE_S = 120.0  # after SIGTERM, what ranks get to checkpoint before SIGKILL (SLURM's TERM@120)
@@ -263,6 +267,7 @@ def init_context(rank: int, world_size: int, local_rank: int, device: str, store
                  timeout_s: float = DIST_TIMEOUT_S, stop: Optional[StopRequest] = None) -> DistContext:
     """Set the device first, then create the process group bound to it (world_size > 1), whose
     collectives give up after ``timeout_s`` seconds (``--dist_timeout_s``)."""
+    set_rank(rank)  # on this process's diagnostics (log.py)
     dev = pick_device(local_rank, device)
     stop = stop if stop is not None else StopRequest()
     if dev.type == "cuda":
@@ -321,10 +326,10 @@ def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callab
     except KeyboardInterrupt:  # Ctrl-C before the handlers were in place
         code = 128 + signal.SIGINT
     except (ValueError, LaunchError) as e:
-        print(f"error (rank {local_rank}): {e}", file=sys.stderr, flush=True)
+        log.error(f"error (rank {local_rank}): {e}")
         code = 2
     except BaseException:
-        print(f"rank {local_rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        log.error(f"rank {local_rank} failed:\n{traceback.format_exc()}")
         code = 1
     if code:
         # Exit at once: destroying the group would wait for peers blocked in a collective (NCCL
@@ -413,9 +418,9 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
             end_rank()
         return 0
     if slurm_batch_without_srun() and int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
-        print(f"note: SLURM batch script without srun (SLURM_NTASKS={os.environ['SLURM_NTASKS']}): this process "
-              "starts the ranks of this node itself (one per visible GPU, or --nproc_per_node); to run on several "
-              "nodes, start splat-train with srun", file=sys.stderr, flush=True)
+        log.warning(f"note: SLURM batch script without srun (SLURM_NTASKS={os.environ['SLURM_NTASKS']}): this "
+                    "process starts the ranks of this node itself (one per visible GPU, or --nproc_per_node); to run "
+                    "on several nodes, start splat-train with srun")
     nproc = num_local_processes(nproc_per_node, device)
     if nproc > 1 and device != "cpu" and torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise LaunchError(f"--nproc_per_node {nproc} exceeds the {torch.cuda.device_count()} visible GPUs")
@@ -442,7 +447,7 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
     except mp.ProcessExitedException as e:
         return e.exit_code if e.exit_code and e.exit_code > 0 else 1
     except mp.ProcessRaisedException as e:  # pragma: no cover - _worker catches everything
-        print(str(e), file=sys.stderr)
+        log.error(str(e))
         return 1
     return 0
 
@@ -454,8 +459,8 @@ def _stop_hung(processes: list, timeout_s: float, grace_s: float = 10.0) -> None
     """Have every live rank print its stack, then terminate them all (SIGTERM, then SIGKILL),
     within about ``2 + 2 * grace_s`` seconds whatever the ranks do. A rank still starting up
     (before ``_worker`` registered its handler) ends on SIGUSR1 without a stack."""
-    print(f"error: the ranks were still running after {timeout_s:g} s; their stacks follow, then they are "
-          "terminated", file=sys.stderr, flush=True)
+    log.error(f"error: the ranks were still running after {timeout_s:g} s; their stacks follow, then they are "
+              "terminated")
     live = [p for p in processes if p.is_alive()]
     if hasattr(signal, "SIGUSR1"):
         _signal_all(live, signal.SIGUSR1)
@@ -487,8 +492,8 @@ def _terminate(processes: list, grace_s: float = 10.0) -> None:
         _signal_all(live, getattr(signal, "SIGKILL", signal.SIGTERM))
         stuck = join_all(grace_s)
         if stuck:
-            print(f"warning: rank processes {[p.pid for p in stuck]} did not end on SIGKILL (stuck in the "
-                  "kernel or a driver call)", file=sys.stderr, flush=True)
+            log.warning(f"warning: rank processes {[p.pid for p in stuck]} did not end on SIGKILL (stuck in the "
+                        "kernel or a driver call)")
 
 
 def free_port() -> int:
