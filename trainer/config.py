@@ -217,7 +217,7 @@ class Config:
     raster: Literal["unfused", "fused"] = "unfused"
     """Training rasterization: unfused (rasterize, full-image L1 + D-SSIM, backward) or fused (ByteSplat: one Triton kernel per tile for forward, tile-local loss and backward; kernels/fused_raster.py)."""
     random_tile_shift: bool = False
-    """With --raster fused: each step, shift the images by a random 0-15 pixels right and down against the 16-pixel tile grid (the principal point moves, the render is padded by as much at the top and left, and those pixels stay out of the loss), so that the tile-local SSIM's tile borders fall elsewhere every step. The same shift on every rank. Off by default: on juicebox (7 seeds, 7,000 steps) it changed test PSNR by +0.03 dB, within seed noise (docs/MEASURED_H200.md)."""
+    """With --raster fused: each step, shift the images by a random 0-15 pixels right and down against the 16-pixel tile grid (the principal point moves, the render is padded by as much at the top and left, and those pixels stay out of the loss), so that the tile-local SSIM's tile borders fall elsewhere every step. The same shift on every rank. Off by default (why: docs/design-measurements.md)."""
     ssim_backend: Literal["auto", "pytorch", "triton", "fused_ssim"] = "auto"
     """SSIM implementation: auto (on a GPU the fused_ssim package when installed, else the project's Triton kernel when Triton imports, else PyTorch; PyTorch on the CPU), or one of them by name."""
     ssim_lambda: float = 0.2

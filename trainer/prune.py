@@ -21,8 +21,7 @@
    with ``E`` = sum over over-budget (view, tile) pairs of ``n_t - B`` and ``S`` = sum of their
    ``n_t``: removing the fraction E / S of the candidates takes the over-budget tiles down by their
    average excess fraction, an estimate of what is still needed (a tile one over its budget in one
-   view needs one removal; an earlier cap at ``max_t (n_t - B)`` removed ~1% of the candidates per
-   round, and 10 rounds moved the tiles within budget from 7.6% to 8.0% on juicebox). Rounds stop
+   view needs one removal; why not a cap at ``max_t (n_t - B)``: docs/design-measurements.md). Rounds stop
    when every tile fits or after ``--prune_rounds``. Fine-tuning continues after.
 
 Distribution: every rank renders its share of the training views (view i on rank i mod W, as
