@@ -170,12 +170,13 @@ class Evaluation:
         if len(testset) == 0:
             return None
         mine, rounds = exchange.deal_views(len(testset), ctx)
+        picks = exchange.padded_rounds(mine, rounds)  # a rank without views left repeats one
         lpips = self.lpips()
         gaussians = shard.activated()
         folder = self.report.result_dir / "renders"
         rows, pngs, elapsed = [], [], 0.0
         for r in range(rounds):
-            i = mine[r] if r < len(mine) else (mine[-1] if mine else 0)  # a rank without views repeats one
+            i = picks[r]
             t0 = time.perf_counter()
             with torch.no_grad():
                 res = self.setup(gaussians, self.setup.camera_batch(testset.batch([i], images=False)))
@@ -267,7 +268,7 @@ class Evaluation:
         bounds = self.depth_bounds() if self.cfg.render_traj_path == "spiral" else (0.0, 0.0)
         poses = torch.from_numpy(trajectory(self.cfg.render_traj_path, c2ws, n, bounds)).to(ctx.device)
         mine, rounds = exchange.deal_views(n, ctx)
-        picks = mine + [mine[-1] if mine else 0] * (rounds - len(mine))
+        picks = exchange.padded_rounds(mine, rounds)
         cams = [CameraBatch(rigid_inverse(poses[i : i + 1]), first["K"][None].to(ctx.device),
                             int(first["width"]), int(first["height"])) for i in picks]
         frames = render_views(shard, self.setup, cams)[: len(mine)]

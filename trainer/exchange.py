@@ -47,6 +47,13 @@ def deal_views(n: int, ctx: DistContext) -> tuple[list[int], int]:
     return list(range(ctx.rank, n, ctx.world_size)), rounds
 
 
+def padded_rounds(mine: list[int], rounds: int) -> list[int]:
+    """The view a rank renders in each of the ``rounds`` rounds of :func:`deal_views`: its own
+    views ``mine``, then (rounds every rank must run for the collectives to line up) its last one
+    again, or view 0 when it has none. Rounds ``>= len(mine)`` are discarded by the caller."""
+    return mine + [mine[-1] if mine else 0] * (rounds - len(mine))
+
+
 def gather_metadata(ctx: DistContext, values: Sequence[int]) -> torch.Tensor:
     """All-gather a few int32 values per rank -> [W, len(values)] int64 on the CPU.
 

@@ -194,6 +194,7 @@ def measure(shard: "GaussianShard", setup: RenderSetup, views: "Dataset", budget
     views re-renders one and discards it) and route the per-record statistics to their owners."""
     ctx = setup.ctx
     mine, rounds = exchange.deal_views(len(views), ctx)
+    picks = exchange.padded_rounds(mine, rounds)
     gaussians = shard.activated()
     device = shard.params["means"].device
     acc = torch.zeros(shard.num, 3, dtype=torch.float64, device=device)
@@ -201,7 +202,7 @@ def measure(shard: "GaussianShard", setup: RenderSetup, views: "Dataset", budget
     tiles = torch.zeros(1, 6, dtype=torch.float64)
     for r in range(rounds):
         real = r < len(mine)
-        cam = setup.camera_batch(views.batch([mine[r] if real else (mine[-1] if mine else 0)], images=False))
+        cam = setup.camera_batch(views.batch([picks[r]], images=False))
         res = setup(gaussians, cam, 0, rasterize=False)  # colours play no part: SH 0
         values, counts = record_statistics(res.info, budget, composite)
         if real:
@@ -305,8 +306,9 @@ def heldout_psnr(shard: "GaussianShard", setup: RenderSetup, testset: "Dataset")
     if len(testset) == 0:
         return None
     mine, rounds = exchange.deal_views(len(testset), ctx)
-    cams = [setup.camera_batch(testset.batch([i])) for i in mine]
-    cams += [cams[-1] if cams else setup.camera_batch(testset.batch([0]))] * (rounds - len(cams))
+    picks = exchange.padded_rounds(mine, rounds)
+    by_view = {i: setup.camera_batch(testset.batch([i])) for i in dict.fromkeys(picks)}  # each decoded once
+    cams = [by_view[i] for i in picks]
     renders = evaluate.render_views(shard, setup, cams)[: len(mine)]
     total = sum(float(metrics.psnr(torch.from_numpy(r)[None], testset[i]["image"][None]).mean())
                 for i, r in zip(mine, renders))

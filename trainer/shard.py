@@ -6,6 +6,8 @@ goes through :meth:`GaussianShard.remove` (parameters, their Adam moments and th
 per-Gaussian state together) or the densification strategy, which does the same surgery with
 gsplat's ops; either way the shard forgets the gathered shard sizes (:attr:`world_sizes`), so the
 next training step gathers them again.
+
+Light to import (torch only): checkpoint.py takes :data:`PER_GAUSSIAN_STATE` from here.
 """
 
 from __future__ import annotations
@@ -13,9 +15,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
-from gsplat.strategy.ops import remove
-
-from .model import activated
 
 PER_GAUSSIAN_STATE = ("grad2d", "count", "radii")
 """Strategy-state entries with one row per Gaussian (DefaultStrategy); others (MCMC's binomial
@@ -43,6 +42,8 @@ class GaussianShard:
 
     def activated(self) -> dict[str, torch.Tensor]:
         """The Gaussians as the renderer takes them (model.activated)."""
+        from .model import activated
+
         return activated(self.params)
 
     def sizes_changed(self) -> None:
@@ -93,6 +94,8 @@ def remove_gaussians(params, optimizers: dict, strategy_state: dict, mask: torch
     """Remove the Gaussians where ``mask`` [N] bool is True from ``params``, their Adam moments
     and the per-Gaussian entries of ``strategy_state`` (:data:`PER_GAUSSIAN_STATE`). Returns the
     count."""
+    from gsplat.strategy.ops import remove
+
     n = int(params["means"].shape[0])
     assert mask.shape == (n,) and mask.dtype == torch.bool
     num = int(mask.sum())
