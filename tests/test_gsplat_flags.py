@@ -445,3 +445,38 @@ def test_masked_capture_script_paints_training_views_and_scores_the_region(tmp_p
     out = json.loads((run / "stats" / "region_psnr_step5.json").read_text())
     assert out["psnr_in_region"] < out["psnr"] < 100
     assert script(["score", str(run), "--step", "6"]) == 2
+
+
+def test_masked_capture_moving_rectangle_visits_the_quadrants(tmp_path):
+    """--moving: the k-th training view is painted in quadrant k mod 4 (its mask follows), and
+    the score's region is the union of the four positions."""
+    import cv2
+    from test_data import make_colmap
+
+    from splat_train.scripts.masked_capture import main as script
+    from splat_train.trainer.data import Dataset, load_scene
+
+    make_colmap(tmp_path / "src", specs=[("PINHOLE", 64, 48, [50.0, 50.0, 32.0, 24.0])] * 9)
+    assert script(["make", str(tmp_path / "src"), str(tmp_path / "dst"), "--test_every", "8", "--margin", "2",
+                   "--moving"]) == 0
+    scene = load_scene(tmp_path / "dst", 1)
+    data = Dataset(scene, list(range(9)))
+    centres = [(16, 12), (48, 12), (16, 36), (48, 36)]  # (x, y) of the quadrants, row-major
+    train = [i for i in range(9) if i % 8]
+    for k, i in enumerate(train):
+        image = cv2.imread(str(tmp_path / "dst" / "images" / scene.cameras[i].name))[:, :, ::-1].astype(int)
+        for q, (x, y) in enumerate(centres):
+            red = np.abs(image[y - 2:y + 2, x - 2:x + 2] - [255, 0, 0]).max() <= 40
+            assert red == (q == k % 4), (k, q)
+            assert (not data.mask(i)[y, x]) == (q == k % 4)
+    run = tmp_path / "run"
+    (run / "renders").mkdir(parents=True)
+    gt = np.full((48, 64, 3), 128, np.uint8)
+    render = gt.copy()
+    render[34:38, 46:50] = 0  # wrong only in the bottom-right position: inside the moving union,
+    cv2.imwrite(str(run / "renders" / "val_step5_a.png"), np.concatenate([gt, render], 1))
+    assert script(["score", str(run), "--step", "5", "--moving"]) == 0
+    moving = json.loads((run / "stats" / "region_psnr_step5.json").read_text())
+    assert script(["score", str(run), "--step", "5"]) == 0  # outside the fixed middle rectangle
+    fixed = json.loads((run / "stats" / "region_psnr_step5.json").read_text())
+    assert moving["psnr_in_region"] < moving["psnr"] and fixed["psnr_in_region"] == float("inf")

@@ -43,6 +43,8 @@ def test_streamed_views_stay_within_their_cache_and_match(scene, batch_size):
         assert torch.equal(got, want), step
     assert views.peak_cache_bytes <= 8 * image + batch_size * image  # the bound, plus one decode landing
     assert views.peak_cache_bytes >= 4 * image  # it did decode ahead
+    assert views.decodes >= 24 and views.waits <= views.decodes  # every image at least once
+    assert views.stream_summary().startswith(f"image cache: {views.decodes:,} decodes")
     views.close()
 
 

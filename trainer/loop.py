@@ -438,6 +438,9 @@ class Trainer:
                     if self.device.type == "cuda" else "")
             self.report.print(f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
                   f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}")
+            streamed = self.views.stream_summary()  # None unless the images were streamed
+            if streamed:
+                self.report.print(streamed)
         if profiler is not None:
             profiler.stop()
             self._phase_log += self.timer.collect()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional
@@ -89,6 +90,7 @@ class TrainViews:
             self._lock = threading.Lock()
             self._pool = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="decode")
             self.peak_cache_bytes = 0
+            self.decodes, self.waits, self.wait_seconds = 0, 0, 0.0  # decodes made; times a step waited for one
             self._planned_until = -1
         if self.where != "host" or self.channels == 4:
             dataset.release_images()  # the copies above (or the stream's) are the only ones kept
@@ -183,6 +185,11 @@ class TrainViews:
                 self._cache.move_to_end(i)
                 return self._cache[i]
             future = self._pending.get(i) or self._submit(i)
+        if not future.done():  # the training thread waits for a decode: the cache or lookahead is too small
+            t0 = time.perf_counter()
+            future.result()
+            self.waits += 1
+            self.wait_seconds += time.perf_counter() - t0
         return future.result()
 
     def _submit(self, i: int) -> Future:
@@ -194,6 +201,7 @@ class TrainViews:
                 pinned.numpy()[...] = image.numpy()
                 image = pinned
             with self._lock:
+                self.decodes += 1
                 self._pending.pop(i, None)
                 self._cache[i] = image
                 self._evict(keep=i)
@@ -241,6 +249,15 @@ class TrainViews:
                 for i in items:
                     if i not in self._cache and i not in self._pending:
                         self._submit(i)
+
+    def stream_summary(self) -> Optional[str]:
+        """One line on the streamed images (None for the other placements): decodes, the cache's
+        peak, and how often and how long the training thread waited for a decode."""
+        if self.where != "stream":
+            return None
+        return (f"image cache: {self.decodes:,} decodes, peak {self.peak_cache_bytes / 2**20:,.1f} of "
+                f"{self.cache_bytes / 2**20:,.1f} MB; the training thread waited for a decode {self.waits:,} times "
+                f"({self.wait_seconds:.2f} s)")
 
     def close(self) -> None:
         """Stop the decoding threads (streaming)."""
