@@ -16,7 +16,6 @@ see densify.ndc_gradient_norms). PyTorch reference: kernels.reference.densify_st
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 try:

@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -59,13 +60,13 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
     ahead of the device), then ``phase_steps`` steps each closed by a synchronization with the
     per-phase timer on (ms_median / ms_p90 and the phase split: a step that cannot overlap the
     next)."""
-    from splat_train.trainer import checkpoint, evaluate
-    from splat_train.trainer.cli import parse_args
+    from splat_train.trainer import checkpoint
+    from splat_train.trainer.config import from_argv
     from splat_train.trainer.loop import Trainer
     from splat_train.trainer.profiling import memory_model
 
     t_start = time.perf_counter()
-    cfg = parse_args(["default", *flags])
+    cfg = from_argv(["default", *flags])
     trainer = Trainer(cfg, ctx, scene)
     start = 0
     if ckpt:  # a trained model, re-sharded for this world size; steps continue from its step
@@ -94,11 +95,11 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
     window = rows[warmup:]
     trainer.timer.enabled = True
     trainer.timer.cuda = ctx.device.type == "cuda"
-    timed = []
+    timed: list[dict[str, Any]] = []
     for step in range(start + steps, start + steps + phase_steps):
         _sync(ctx.device)
         t1 = time.perf_counter()
-        out = trainer.train_step(step)
+        trainer.train_step(step)
         _sync(ctx.device)
         timed.append(dict(ms=(time.perf_counter() - t1) * 1000.0, phases=trainer.last_phases))
         ctx.stats.reset()
@@ -106,7 +107,7 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
     peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
     trainer.step = start + steps + phase_steps
     trainer.timer.enabled = False
-    metrics = evaluate.run_eval(trainer, trainer.step) if len(trainer.testset) else None
+    metrics = trainer.evaluation.run(trainer.shard, trainer.step) if len(trainer.testset) else None
     phases = {}
     for name in timed[0]["phases"]:
         phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in timed)
@@ -152,12 +153,12 @@ def points_knn_rms(points: np.ndarray, device: str) -> np.ndarray:
 
 
 def build_scene(args):
-    from splat_train.trainer.cli import build_scene as from_cfg
     from splat_train.trainer.config import Config
+    from splat_train.trainer.data import scene_from_config
     from splat_train.trainer.data.synthetic import make_synthetic_scene
 
     if args.data_dir:
-        return from_cfg(Config(data_dir=Path(args.data_dir), data_factor=args.data_factor))
+        return scene_from_config(Config(data_dir=Path(args.data_dir), data_factor=args.data_factor))
     w, h = (int(v) for v in args.resolution.lower().split("x"))
     device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
     return make_synthetic_scene(args.synthetic_gaussians, args.num_cameras, w, seed=0, height=h, device=device)
@@ -181,7 +182,7 @@ def run(args, on_result=None) -> dict:
     scene = build_scene(args)
     if not args.ckpt and scene.points is not None:  # every variant's initial scales, computed once
         scene.points_knn_rms = points_knn_rms(scene.points, args.device)
-    results = []
+    results: list[dict] = []
     baseline = next(iter(variants), None)
 
     def report() -> dict:
@@ -192,6 +193,7 @@ def run(args, on_result=None) -> dict:
                 flags = variant_flags(args, start, extra, f"{tmp}/{name}_{world_size}")
                 files = [f"{tmp}/{name}_{world_size}_rank{r}.json" for r in range(world_size)]
                 t0 = time.perf_counter()
+                rc: "int | str"
                 try:
                     rc = launch(_worker_entry, (scene, flags, args.steps, args.warmup, f"{tmp}/{name}_{world_size}",
                                                 args.ckpt, args.phase_steps), nproc_per_node=world_size, device=args.device,
@@ -204,8 +206,7 @@ def run(args, on_result=None) -> dict:
                     error = f"exit code {rc}" if isinstance(rc, int) else rc
                     if rc == TIMED_OUT and args.variant_timeout:
                         error = f"timed out after {args.variant_timeout:g} s (ranks' stacks on stderr)"
-                    reasons = [Path(f[:-len(".json")] + ".error") for f in files]
-                    reasons = [r.read_text() for r in reasons if r.exists()]
+                    reasons = [p.read_text() for p in (Path(f[:-len(".json")] + ".error") for f in files) if p.exists()]
                     if isinstance(rc, int) and reasons:
                         error += f": {reasons[0]}"
                     results.append(dict(variant=name, world_size=world_size, flags=extra, error=error))
@@ -251,13 +252,13 @@ def check_variants(variants: dict, flags_of) -> None:
     import contextlib
     import io
 
-    from splat_train.trainer.cli import parse_args
+    from splat_train.trainer.config import from_argv
 
     for name, extra in variants.items():
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):
-                parse_args(["default", *flags_of(extra)])
+                from_argv(["default", *flags_of(extra)])
         except ValueError as e:  # config validation (flags that parse but do not go together)
             raise ValueError(f"--variant {name}={extra!r}: {e}") from None
         except SystemExit:
@@ -352,8 +353,8 @@ def _fused_cell(ranks) -> str:
     if not fused:
         return "-"
     resident = [f.get("fraction_resident") for f in fused]
-    resident = "-" if None in resident else f"{100 * np.mean(resident):.1f}%"  # the CPU reference has none
-    return f"{100 * np.mean([f['fraction_fused'] for f in fused]):.1f}% / {resident}"
+    cell = "-" if None in resident else f"{100 * np.mean(resident):.1f}%"  # the CPU reference has none
+    return f"{100 * np.mean([f['fraction_fused'] for f in fused]):.1f}% / {cell}"
 
 
 def chart(report: dict, path: Path) -> None:

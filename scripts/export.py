@@ -34,10 +34,10 @@ FORMATS = ("ply", "inria", "splat", "ply_compressed")
 
 def _scene(cfg: Config):
     """The run's scene, loaded as the trainer loads it; ValueError naming the data dir otherwise."""
-    from splat_train.trainer.cli import build_scene
+    from splat_train.trainer.data import scene_from_config
 
     try:
-        return build_scene(cfg)
+        return scene_from_config(cfg)
     except ValueError as e:  # data.DataError too
         raise ValueError(f"cannot load the run's scene ({e}); it is needed for the frame of checkpoints that "
                          "predate the recorded world transform and for the Inria cameras.json") from e

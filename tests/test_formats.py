@@ -1,7 +1,6 @@
 """The outputs other tools open: the Inria layout read back with the schema of the original 3DGS code,
 the web formats of gsplat's exporter, and exports in the input data's frame."""
 
-import io
 import json
 import math
 from argparse import Namespace

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from splat_train.kernels import reference
-from splat_train.trainer import prune
+from splat_train.trainer import prune, shard
 from splat_train.trainer.launch import DistContext, launch
 from splat_train.trainer.render import CameraBatch, render
 
@@ -108,7 +108,7 @@ def _state_consistent(trainer):
         for key, v in opt.state[p].items():
             if key != "step":
                 assert v.shape == p.shape, (name, key)
-    for key in prune.PER_GAUSSIAN_STATE:
+    for key in shard.PER_GAUSSIAN_STATE:
         v = trainer.strategy_state.get(key)
         if isinstance(v, torch.Tensor):
             assert v.shape[0] == n, key
@@ -122,10 +122,10 @@ def test_stage2_removes_exactly_the_never_winning():
     before = {k: v.detach().clone() for k, v in tr.params.items()}
     moments = tr.optimizers["means"].state[tr.params["means"]]["exp_avg"].clone()
     grad2d = tr.strategy_state["grad2d"].clone()
-    wins = prune.measure(tr, budget=64).wins
+    wins = prune.measure(tr.shard, tr.setup, tr.trainset, budget=64).wins
     keep = wins > 0
     assert 0 < int(keep.sum()) < keep.numel()
-    stats = prune.initial_pruning(tr, 2)
+    stats = prune.initial_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 2)
     assert stats["num_after"] == int(keep.sum()) and stats["num_before"] == keep.numel()
     for k, v in tr.params.items():
         assert torch.equal(v.detach(), before[k][keep]), k
@@ -142,10 +142,10 @@ def test_stage2_removes_exactly_the_never_winning():
 
 def test_stage3_reaches_the_budget():
     tr = make_trainer(["--prune_rounds", "30", "--prune_fraction", "0.25"])
-    first = prune.measure(tr, budget=64)
+    first = prune.measure(tr.shard, tr.setup, tr.trainset, budget=64)
     budget = max(1, first.max_per_tile // 2)
     tr.cfg.prune.tile_budget = budget
-    stats = prune.hardware_aware_pruning(tr, 1)
+    stats = prune.hardware_aware_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 1)
     assert stats["tiles_before"]["fraction_within_budget"] < stats["tiles_after"]["fraction_within_budget"]
     assert stats["all_tiles_fit"] and stats["tiles_after"]["max_per_tile"] <= budget
     assert stats["rounds"] < 30 and stats["num_after"] == tr.params["means"].shape[0] > 0
@@ -161,7 +161,7 @@ def test_measurement_sums_the_over_budget_tiles_and_sizes_the_round():
 
     tr = make_trainer()
     budget = 6
-    m = prune.measure(tr, budget, composite=False)
+    m = prune.measure(tr.shard, tr.setup, tr.trainset, budget, composite=False)
     excess = over = 0
     for i in range(len(tr.trainset)):
         cam = tr.camera_batch(tr.trainset.batch([i]))
@@ -172,25 +172,25 @@ def test_measurement_sums_the_over_budget_tiles_and_sizes_the_round():
         over += int(counts[counts > budget].sum())
     assert excess > 0 and (m.excess, m.over_isects) == (excess, over)
     assert m.removals_needed(1000) == math.ceil(1000 * excess / over) < 1000
-    fits = prune.measure(tr, m.max_per_tile, composite=False)
+    fits = prune.measure(tr.shard, tr.setup, tr.trainset, m.max_per_tile, composite=False)
     assert (fits.excess, fits.over_isects, fits.removals_needed(1000)) == (0, 0, 0)
 
 
 def test_stage3_removes_no_more_than_needed():
     tr = make_trainer(["--prune_rounds", "1", "--prune_fraction", "1.0"])
-    m = prune.measure(tr, budget=64)
+    m = prune.measure(tr.shard, tr.setup, tr.trainset, budget=64)
     # every tile fits: nothing to do
     tr.cfg.prune.tile_budget = m.max_per_tile
-    stats = prune.hardware_aware_pruning(tr, 1)
+    stats = prune.hardware_aware_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 1)
     assert stats["num_after"] == stats["num_before"] == m.wins.numel() and stats["rounds"] == 0
     # the fullest tile is one over: one round removes one Gaussian, the top-scoring candidate
     budget = m.max_per_tile - 1
     tr.cfg.prune.tile_budget = budget
-    m = prune.measure(tr, budget)
+    m = prune.measure(tr.shard, tr.setup, tr.trainset, budget)
     scores = prune.stage3_scores(m, budget)
     top = int(torch.argmax(torch.where(m.overload > 0, scores, -1.0)))
     expected = {k: torch.cat([v[:top], v[top + 1:]]) for k, v in tr.params.items()}
-    stats = prune.hardware_aware_pruning(tr, 1)
+    stats = prune.hardware_aware_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 1)
     assert stats["num_before"] - stats["num_after"] == 1 and stats["per_round"][0]["removed"] == 1
     for k, v in tr.params.items():
         assert torch.equal(v.detach(), expected[k].detach()), k
@@ -202,7 +202,7 @@ def test_stage3_removes_no_more_than_needed():
 def _prune_rank(ctx, flags, out_dir):
     torch.set_num_threads(1)
     tr = make_trainer(flags, ctx)
-    s2, s3 = prune.initial_pruning(tr, 1), prune.hardware_aware_pruning(tr, 2)
+    s2, s3 = prune.initial_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 1), prune.hardware_aware_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 2)
     torch.save(dict(params={k: v.detach() for k, v in tr.params.items()}, stats=(s2, s3)),
                f"{out_dir}/prune{ctx.rank}.pt")
 
@@ -221,7 +221,7 @@ def test_distributed_pruning_equals_single_process(tmp_path, world_size, packed)
     single.params = torch.nn.ParameterDict({k: torch.nn.Parameter(v.detach()[order].clone())
                                             for k, v in single.params.items()})
     single.optimizers = create_optimizers(single.params, single.cfg, 1, single.scene_scale)
-    s2, s3 = prune.initial_pruning(single, 1), prune.hardware_aware_pruning(single, 2)
+    s2, s3 = prune.initial_pruning(single.shard, single.setup, single.trainset, single.cfg, 1), prune.hardware_aware_pruning(single.shard, single.setup, single.trainset, single.cfg, 2)
     assert s2["num_after"] < s2["num_before"] and s3["num_after"] < s3["num_before"]  # both stages prune
     for k, v in single.params.items():
         merged = torch.cat([o["params"][k] for o in outs])

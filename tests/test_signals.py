@@ -10,7 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 from splat_train.trainer.loop import STOP_CHECK_EVERY
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from splat_train.kernels import reference
-from splat_train.trainer import loop
+from splat_train.trainer import densify, loop
 from splat_train.trainer.launch import DistContext
 from splat_train.trainer.render import CameraBatch, render, shift_cameras
 
@@ -69,7 +69,7 @@ def test_training_step_scores_the_shifted_render(monkeypatch):
     monkeypatch.setattr(fused_raster, "fused_raster_loss", spy)
     trainer = _trainer(FLAGS + ["--random_tile_shift"])
     seen, masked = [], []
-    real_info, real_mask = loop.strategy_info, loop.padding_only_radii
+    real_info, real_mask = densify.strategy_info, loop.padding_only_radii
 
     def info_spy(info):
         seen.append((info["widths"], info["heights"], info["radii"].clone(), info["means2d"].detach().clone()))
@@ -79,7 +79,7 @@ def test_training_step_scores_the_shifted_render(monkeypatch):
         masked.append((ox, oy))
         return real_mask(radii, means2d, ox, oy)
 
-    monkeypatch.setattr(loop, "strategy_info", info_spy)
+    monkeypatch.setattr(densify, "strategy_info", info_spy)  # the strategy step reads it there
     monkeypatch.setattr(loop, "padding_only_radii", mask_spy)
     for step in range(3):
         out = trainer.train_step(step)

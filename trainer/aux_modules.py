@@ -2,15 +2,13 @@
 (``--app_opt``). Unlike the Gaussians they are identical on every rank, so with W > 1 they are
 wrapped in DistributedDataParallel, whose gradient all_reduce is the only all_reduce of a
 training step (gsplat simple_trainer does the same for its CameraOptModule and
-AppearanceOptModule).
+AppearanceOptModule). The wrapping is :func:`splat_train.trainer.exchange.replicate`.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from .launch import DistContext
 
 
 def rotation_6d_to_matrix(d6: torch.Tensor) -> torch.Tensor:
@@ -73,26 +71,3 @@ class AppearanceModule(torch.nn.Module):
         p = self.affine(image_ids)  # [C, 12]
         A, b = p[:, :9].view(-1, 3, 3), p[:, 9:]
         return torch.einsum("chwj,cij->chwi", images, A) + b[:, None, None, :]
-
-
-def _sum_allreduce_hook(group, bucket):
-    """DDP communication hook: all_reduce SUM (DDP's default divides by W). Each rank's loss is
-    already its share of the global batch mean, so the global gradient is the sum over ranks."""
-    import torch.distributed as dist
-
-    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
-
-
-def replicate(module: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
-    """Move to the rank's device and, with W > 1, wrap in DDP (its gradient all_reduce makes every
-    rank apply the same Adam step, so the replicas stay identical)."""
-    module = module.to(ctx.device)
-    if ctx.world_size == 1:
-        return module
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    ddp = DDP(module, device_ids=device_ids)
-    ddp.register_comm_hook(ctx.group, _sum_allreduce_hook)
-    return ddp

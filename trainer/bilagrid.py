@@ -14,7 +14,7 @@ of the mean squared difference of neighbouring cells. Optimizer: Adam at 2e-3 (t
 rule's learning-rate factor), eps 1e-15, its rate rising linearly from 1% over
 ``--bilateral_grid_warmup`` steps and decaying exponentially to 1% at ``--max_steps`` (gsplat's
 chained LinearLR and ExponentialLR). With W > 1 the grids are replicated and DDP sums their
-gradients (aux_modules.replicate); each rank adds 1/W of the regularizer, so the sum is the
+gradients (exchange.replicate); each rank adds 1/W of the regularizer, so the sum is the
 one-process gradient.
 """
 

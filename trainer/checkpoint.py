@@ -28,9 +28,10 @@ import numpy as np
 import torch
 
 from .fileio import atomic_write
+from .shard import PER_GAUSSIAN_STATE
 
 CKPT_RE = re.compile(r"ckpt_(\d+)_rank(\d+)\.pt$")
-PER_GAUSSIAN_STRATEGY_KEYS = ("grad2d", "count", "radii")
+PER_GAUSSIAN_STRATEGY_KEYS = PER_GAUSSIAN_STATE  # one home: shard.py
 RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "profile", "cfg.yml", "point_cloud",
                "cameras.json", "cfg_args")
 

@@ -19,11 +19,12 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-import tyro
-
-from ..configs import preset_names, preset_path
-from .config import Config, load_yaml, resolve, validate
+from ..configs import preset_names
+from .config import Config, from_argv
 from .launch import DistContext, Interrupted, LaunchError, detect_external, interruptible, launch
+from .log import get_logger
+
+log = get_logger(__name__)
 
 
 def _usage() -> str:
@@ -40,39 +41,10 @@ def _usage() -> str:
     )
 
 
-def _pop_config_flag(args: list[str]) -> Optional[Path]:
-    for i, a in enumerate(args):
-        if a == "--config":
-            if i + 1 >= len(args):
-                raise ValueError("--config needs a file")
-            path = Path(args[i + 1])
-            del args[i : i + 2]
-            return path
-        if a.startswith("--config="):
-            del args[i]
-            return Path(a.split("=", 1)[1])
-    return None
-
-
-def _resume_auto_alias(args: list[str]) -> list[str]:
-    """``--resume auto`` / ``--resume=auto`` -> ``--auto_resume`` (``--resume`` alone stays a
-    switch, as gsplat users type it)."""
-    out, i = [], 0
-    while i < len(args):
-        if args[i] == "--resume" and i + 1 < len(args) and args[i + 1] == "auto":
-            out.append("--auto_resume")
-            i += 2
-            continue
-        out.append("--auto_resume" if args[i] == "--resume=auto" else args[i])
-        i += 1
-    return out
-
-
 def parse_args(argv: Sequence[str]) -> Config:
-    """Command line -> validated, resolved Config (``--steps_scaler`` applied).
-
-    Raises ValueError naming the flag or file on bad input; exits 0 after printing help, and 2
-    after printing the usage to stderr when no argument names what to run."""
+    """Command line -> validated, resolved Config (config.from_argv), with the CLI's usage:
+    exits 0 after printing help, and 2 after printing the usage to stderr when no argument names
+    what to run. Raises ValueError naming the flag or file on bad input."""
     args = list(argv)
     if not args:  # a bare `splat-train` trains nothing: say how to call it, and fail
         print(_usage(), file=sys.stderr)
@@ -80,41 +52,14 @@ def parse_args(argv: Sequence[str]) -> Config:
     if args[0] in ("-h", "--help"):
         print(_usage())
         raise SystemExit(0)
-    preset = args.pop(0) if not args[0].startswith("-") else None
-    if preset is not None and preset not in preset_names():
-        raise ValueError(f"unknown preset {preset!r}; choose one of {preset_names()}")
-    config_file = _pop_config_flag(args)
-    args = _resume_auto_alias(args)
-    if preset is None and config_file is None:
-        raise ValueError(f"name a preset ({', '.join(preset_names())}) or pass --config FILE")
-    base = load_yaml(preset_path(preset)) if preset else Config()
-    if config_file is not None:
-        # a saved cfg.yml records how that run was started (--resume, --overwrite, --ckpt); rerunning
-        # its config starts a new run unless this command line says otherwise
-        base = dataclasses.replace(load_yaml(config_file, base), resume=False, overwrite=False, ckpt=None,
-                                   auto_resume=False)
-    cfg = tyro.cli(
-        Config, default=base, args=args, use_underscores=True, prog=f"splat-train {preset or ''}".strip(),
-        config=(tyro.conf.OmitArgPrefixes,),
-    )
-    validate(cfg)
-    return resolve(cfg)
+    return from_argv(args)
 
 
 def build_scene(cfg: Config, log=None):
-    """The scene of ``cfg``: the data dir's, or the embedded synthetic one. ``log``: a callable
-    given one line before slow loading work (data.load_scene)."""
-    from .data import DataError, load_scene
-    from .data.synthetic import make_synthetic_scene
+    """The scene of ``cfg`` (data.scene_from_config)."""
+    from .data import scene_from_config
 
-    if cfg.data_dir is None:
-        return make_synthetic_scene(cfg.synthetic_num_gaussians, cfg.synthetic_num_cameras,
-                                    cfg.synthetic_image_size, seed=0, camera_model=cfg.camera_model,
-                                    tracks=cfg.depth_loss)
-    if not Path(cfg.data_dir).is_dir():
-        raise DataError(f"--data_dir: no such folder: {cfg.data_dir}")
-    return load_scene(Path(cfg.data_dir), cfg.data_factor, normalize=cfg.normalize_world_space, log=log,
-                      tracks=cfg.depth_loss)
+    return scene_from_config(cfg, log=log)
 
 
 def _say(line: str) -> None:
@@ -122,7 +67,7 @@ def _say(line: str) -> None:
 
 
 def _warn(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    log.warning(line)
 
 
 def run(ctx: DistContext, cfg: Config) -> None:
@@ -153,7 +98,7 @@ def run(ctx: DistContext, cfg: Config) -> None:
             if camera_line:
                 _say(camera_line)
         trainer = Trainer(cfg, ctx, scene)
-        trainer.lpips_metric = lpips
+        trainer.evaluation.lpips_metric = lpips
         if cfg.ckpt:
             evaluate_only(trainer, list(cfg.ckpt))
             return

@@ -20,7 +20,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Sequence
 
 import tyro
 import yaml
@@ -217,7 +217,7 @@ class Config:
     raster: Literal["unfused", "fused"] = "unfused"
     """Training rasterization: unfused (rasterize, full-image L1 + D-SSIM, backward) or fused (ByteSplat: one native CUDA/HIP kernel for forward, tile-local loss and backward of every tile, built on first use; kernels/fused_raster.py; on a GPU where it cannot be built, one line and the unfused step)."""
     random_tile_shift: bool = False
-    """With --raster fused: each step, shift the images by a random 0-15 pixels right and down against the 16-pixel tile grid (the principal point moves, the render is padded by as much at the top and left, and those pixels stay out of the loss), so that the tile-local SSIM's tile borders fall elsewhere every step. The same shift on every rank. Off by default: on juicebox (7 seeds, 7,000 steps) it changed test PSNR by +0.03 dB, within seed noise (docs/MEASURED_H200.md)."""
+    """With --raster fused: each step, shift the images by a random 0-15 pixels right and down against the 16-pixel tile grid (the principal point moves, the render is padded by as much at the top and left, and those pixels stay out of the loss), so that the tile-local SSIM's tile borders fall elsewhere every step. The same shift on every rank. Off by default (why: docs/design-measurements.md)."""
     ssim_backend: Literal["auto", "pytorch", "triton", "fused_ssim"] = "auto"
     """SSIM implementation: auto (on a GPU the fused_ssim package when installed, else the project's Triton kernel when Triton imports, else PyTorch; PyTorch on the CPU), or one of them by name."""
     ssim_lambda: float = 0.2
@@ -301,7 +301,7 @@ def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
 
     Step counts that are intervals or lengths (``*_every``, ``*_interval``, ``*_warmup``) never fall below 1.
     """
-    values = {}
+    values: dict[str, Any] = {}
     for f in dataclasses.fields(schedule):
         value = getattr(schedule, f.name)
         if isinstance(value, list):
@@ -445,7 +445,7 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
             raise ValueError(f"{where}: {value!r} is not one of {list(args)}")
         return value
     if dataclasses.is_dataclass(tp):
-        return _from_dict(tp, value, where)
+        return _from_dict(typing.cast(type, tp), value, where)
     if tp is Path:
         return Path(value)
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -498,3 +498,62 @@ def load_yaml(path: Path, base: Optional[Config] = None) -> Config:
 
 def dump_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def _pop_config_flag(args: list[str]) -> Optional[Path]:
+    for i, a in enumerate(args):
+        if a == "--config":
+            if i + 1 >= len(args):
+                raise ValueError("--config needs a file")
+            path = Path(args[i + 1])
+            del args[i : i + 2]
+            return path
+        if a.startswith("--config="):
+            del args[i]
+            return Path(a.split("=", 1)[1])
+    return None
+
+
+def _resume_auto_alias(args: list[str]) -> list[str]:
+    """``--resume auto`` / ``--resume=auto`` -> ``--auto_resume`` (``--resume`` alone stays a
+    switch, as gsplat users type it)."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] == "--resume" and i + 1 < len(args) and args[i + 1] == "auto":
+            out.append("--auto_resume")
+            i += 2
+            continue
+        out.append("--auto_resume" if args[i] == "--resume=auto" else args[i])
+        i += 1
+    return out
+
+
+def from_argv(argv: Sequence[str], prog: Optional[str] = None) -> Config:
+    """``[PRESET] [--config FILE] [FLAGS]`` -> validated, resolved Config (``--steps_scaler``
+    applied): the library's way from a command line to a config (the CLI, the scripts). ``prog``
+    names the command in tyro's help (``--help`` prints it and exits 0).
+
+    Raises ValueError naming the flag or file on bad input, or when neither a preset nor a
+    config file is named."""
+    from ..configs import preset_names, preset_path
+
+    args = list(argv)
+    preset = args.pop(0) if args and not args[0].startswith("-") else None
+    if preset is not None and preset not in preset_names():
+        raise ValueError(f"unknown preset {preset!r}; choose one of {preset_names()}")
+    config_file = _pop_config_flag(args)
+    args = _resume_auto_alias(args)
+    if preset is None and config_file is None:
+        raise ValueError(f"name a preset ({', '.join(preset_names())}) or pass --config FILE")
+    base = load_yaml(preset_path(preset)) if preset else Config()
+    if config_file is not None:
+        # a saved cfg.yml records how that run was started (--resume, --overwrite, --ckpt); rerunning
+        # its config starts a new run unless this command line says otherwise
+        base = dataclasses.replace(load_yaml(config_file, base), resume=False, overwrite=False, ckpt=None,
+                                   auto_resume=False)
+    cfg = tyro.cli(
+        Config, default=base, args=args, use_underscores=True, prog=prog or f"splat-train {preset or ''}".strip(),
+        config=(tyro.conf.OmitArgPrefixes,),
+    )
+    validate(cfg)
+    return resolve(cfg)

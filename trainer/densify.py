@@ -17,7 +17,7 @@ Two adaptations, both documented where they happen:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from gsplat.strategy import DefaultStrategy as _GsplatDefault
@@ -27,6 +27,9 @@ from gsplat.strategy.ops import reset_opa
 from ..kernels import densify_stats
 from ..kernels.reference import densify_stats_update
 from .config import Config
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .shard import GaussianShard
 
 
 class DefaultStrategy(_GsplatDefault):
@@ -132,3 +135,18 @@ def strategy_info(info: dict) -> dict[str, Any]:
         "width": 2.0,
         "height": 2.0,
     }
+
+
+def post_backward(shard: "GaussianShard", cfg: Config, step: int, render_info: dict) -> None:
+    """The strategy's step after backward on ``shard`` (grow, prune, relocate at its steps;
+    gsplat's ops do the parameter and Adam surgery), from the render's info (:func:`strategy_info`).
+    MCMC reads the means' current learning rate; the default strategy the packed flag."""
+    info = strategy_info(render_info)
+    if cfg.densify.strategy == "mcmc":
+        shard.strategy.step_post_backward(shard.params, shard.optimizers, shard.strategy_state, step, info,
+                                          lr=shard.scheduler.get_last_lr()[0])
+    else:
+        shard.strategy.step_post_backward(shard.params, shard.optimizers, shard.strategy_state, step, info,
+                                          packed=cfg.packed)
+    if step % cfg.schedule.refine_every == 0:  # the strategies grow, prune or relocate only here
+        shard.sizes_changed()

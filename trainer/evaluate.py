@@ -15,50 +15,36 @@ never the end of a run that has its model.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from . import exchange, metrics
 from .fileio import atomic_write
-from .model import activated
-from .render import CameraBatch, render, rigid_inverse
+from .render import CameraBatch, RenderSetup, rigid_inverse
 from .trajectory import trajectory
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .loop import Trainer
-
-
-def make_writer(result_dir: Path):
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(log_dir=str(Path(result_dir) / "tb"))
-
-
-def _gather_to_main(ctx, obj):
-    if ctx.world_size == 1:
-        return [obj]
-    out = [None] * ctx.world_size if ctx.is_main else None
-    dist.gather_object(obj, out, dst=0, group=ctx.group)
-    return out
+    from .config import Config
+    from .data import Dataset, Scene
+    from .report import Reporter
+    from .shard import GaussianShard
 
 
 @torch.no_grad()
-def render_views(trainer: "Trainer", cams: list[CameraBatch]) -> list[np.ndarray]:
-    """Render ``cams`` (this rank's share) collectively; returns float32 [H, W, 3] arrays.
+def render_views(shard: "GaussianShard", setup: RenderSetup, cams: list[CameraBatch]) -> list[np.ndarray]:
+    """Render ``cams`` (this rank's share) collectively at the full SH degree; returns float32
+    [H, W, 3] arrays.
 
-    Every rank must call this with the same number of rounds: pass the same ``len(cams)`` or use
-    :func:`_rounds`."""
-    gaussians = activated(trainer.params)
+    Every rank must call this with the same number of rounds: pass the same ``len(cams)`` (pad
+    this rank's share of exchange.deal_views)."""
+    gaussians = shard.activated()
     out = []
     for cam in cams:
-        res = render(gaussians, cam, trainer.ctx, trainer.ops, trainer.cfg.sh_degree, packed=trainer.cfg.packed,
-                     near=trainer.cfg.near_plane, far=trainer.cfg.far_plane, **trainer.render_options)
+        res = setup(gaussians, cam)
         out.append(res.colors[0].clamp(0, 1).float().cpu().numpy())
     return out
 
@@ -77,20 +63,6 @@ def optional(what: str, write: Callable[[], Optional[Path]]) -> Optional[Path]:
         return None
 
 
-def _lpips(trainer: "Trainer") -> metrics.LPIPSMetric:
-    """The run's LPIPS metric (--lpips_net, --lpips_weights), built at its first evaluation (kept
-    on the trainer; with --lpips_weights :func:`require_lpips` built it at start); when it is unavailable, the reason
-    is printed then, once per run."""
-    metric = getattr(trainer, "lpips_metric", None)
-    if metric is None:
-        metric = trainer.lpips_metric = metrics.LPIPSMetric(trainer.cfg.lpips_net, weights=trainer.cfg.lpips_weights)
-        if not metric.available and trainer.ctx.is_main:
-            from tqdm import tqdm
-
-            tqdm.write(f"note: {metric.reason}; test metrics are PSNR and SSIM")
-    return metric
-
-
 def require_lpips(cfg) -> Optional[metrics.LPIPSMetric]:
     """With --lpips_weights: the metric, built now (before any image is decoded); ValueError naming
     the flag and the file when it cannot be built from it (a file the user named is an error, not
@@ -101,87 +73,6 @@ def require_lpips(cfg) -> Optional[metrics.LPIPSMetric]:
     if not metric.available:
         raise ValueError(f"--lpips_weights {cfg.lpips_weights}: {metric.reason}")
     return metric
-
-
-def run_eval(trainer: "Trainer", step: int) -> Optional[dict]:
-    """Score the test views after ``step`` steps; returns the metrics on rank 0 (None elsewhere).
-
-    Each rank renders its share of the views one at a time (collectively: every rank runs the
-    same number of rounds), scores each against its ground truth (decoded when needed) and, with
-    ``--save_eval_images``, writes its side-by-side PNG itself; only the scores travel, to rank 0,
-    which writes ``stats/val_step<step>.json``, TensorBoard and the line. No image of the test set
-    is ever gathered, so evaluating a large test set costs a rank one view of memory."""
-    ctx, testset = trainer.ctx, trainer.testset
-    if len(testset) == 0:
-        return None
-    mine, rounds = exchange.deal_views(len(testset), ctx)
-    lpips = _lpips(trainer)
-    gaussians = activated(trainer.params)
-    folder = trainer.result_dir / "renders"
-    rows, pngs, elapsed = [], [], 0.0
-    for r in range(rounds):
-        i = mine[r] if r < len(mine) else (mine[-1] if mine else 0)  # a rank without views repeats one
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            res = render(gaussians, trainer.camera_batch(testset.batch([i], images=False)), ctx, trainer.ops,
-                         trainer.cfg.sh_degree, packed=trainer.cfg.packed, near=trainer.cfg.near_plane,
-                         far=trainer.cfg.far_plane, **trainer.render_options)
-            pred = res.colors[0].clamp(0, 1).float().cpu()
-        elapsed += time.perf_counter() - t0
-        if r >= len(mine):
-            continue
-        item = testset[i]
-        gt = item["image"]  # [H, W, 3] float
-        if "mask" in item:  # a test view's loss mask (data/masks.py) zeroes render and ground truth alike, as in
-            keep = item["mask"][..., None].float()  # training (gsplat zeroes its masked renders at evaluation too)
-            pred, gt = pred * keep, gt * keep
-        name = trainer.scene.cameras[testset.indices[i]].name
-        row = dict(index=i, name=name, psnr=float(metrics.psnr(pred[None], gt[None]).mean()),
-                   ssim=float(metrics.ssim(pred[None], gt[None]).mean()))
-        if lpips.available:
-            row["lpips"] = float(lpips(pred[None], gt[None]))
-        rows.append(row)
-        if trainer.cfg.save_eval_images:
-            pngs.append((name, np.concatenate([gt.numpy(), pred.numpy()], axis=1)))
-            if len(pngs) >= PNG_BATCH:  # written as they come: a rank holds at most a few
-                _write_some(folder, step, pngs)
-    if pngs:
-        _write_some(folder, step, pngs)
-    gathered = _gather_to_main(ctx, (int(trainer.params["means"].shape[0]), rows, elapsed, len(mine)))
-    if not ctx.is_main:
-        return None
-    num_gaussians = sum(n for n, _, _, _ in gathered)
-    per_view = [{k: v for k, v in row.items() if k != "index"}
-                for row in sorted((row for _, part, _, _ in gathered for row in part), key=lambda row: row["index"])]
-    # LPIPS is reported when every rank could score it (its weights are read per host)
-    scored = lpips.available and all("lpips" in row for row in per_view)
-    reason = lpips.reason if not lpips.available else "LPIPS unavailable on another rank's host"
-    if not scored:
-        per_view = [{k: v for k, v in row.items() if k != "lpips"} for row in per_view]
-    summary = dict(
-        step=step,
-        psnr=float(np.mean([r["psnr"] for r in per_view])),
-        ssim=float(np.mean([r["ssim"] for r in per_view])),
-        lpips=(float(np.mean([r["lpips"] for r in per_view])) if scored else None),
-        lpips_unavailable_reason=None if scored else reason,
-        **(lpips.describe() if scored else {}),  # which net produced the number
-        ms_per_image=gathered[0][2] * 1000.0 / max(gathered[0][3], 1),
-        num_gaussians=num_gaussians,
-        num_views=len(per_view),
-        per_view=per_view,
-    )
-    path = trainer.result_dir / "stats" / f"val_step{step}.json"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
-    if trainer.writer is not None:
-        for k in ("psnr", "ssim", "lpips"):
-            if summary[k] is not None:
-                trainer.writer.add_scalar(f"val/{k}", summary[k], step)
-    from tqdm import tqdm
-
-    lpips_text = f" LPIPS({lpips.net}) {summary['lpips']:.4f}" if scored else ""
-    tqdm.write(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f}{lpips_text} "
-               f"({len(per_view)} views)")
-    return summary
 
 
 PNG_BATCH = 4  # side-by-side test renders a rank keeps before writing them
@@ -245,54 +136,144 @@ def _can_write_mp4() -> bool:
     return importlib.util.find_spec("imageio_ffmpeg") is not None
 
 
-def scene_depth_bounds(trainer: "Trainer") -> tuple[float, float]:
-    """(near, far) scene depths for the spiral: the 1st and 99th percentiles of the SfM points'
-    depths in the training cameras (points in front of them), else 1% and 100% of the scene scale
-    (gsplat's default bounds without poses_bounds.npy)."""
-    points = trainer.scene.points
-    depths = []
-    if points is not None and len(points):
-        for i in trainer.trainset.indices[:: max(1, len(trainer.trainset) // 16)]:
-            w2c = np.linalg.inv(trainer.scene.cameras[i].camtoworld.astype(np.float64))
-            z = points @ w2c[2, :3] + w2c[2, 3]
-            depths.append(z[z > 0])
-    depths = np.concatenate(depths) if depths else np.zeros(0)
-    if len(depths) < 2:
-        return 0.01 * trainer.scene_scale, trainer.scene_scale
-    near, far = np.percentile(depths, [1, 99])
-    return float(max(near, 1e-3)), float(max(far, near * 1.01))
+class Evaluation:
+    """A run's test metrics and trajectory video: what they read of the run (config, render
+    setup, scene, training and test views, the reporter), with the Gaussians handed in at each
+    call (a :class:`shard.GaussianShard`). ``lpips_metric``: the LPIPS metric, when built at
+    start (:func:`require_lpips`); else built at the first evaluation."""
+
+    def __init__(self, cfg: "Config", setup: RenderSetup, scene: "Scene", scene_scale: float, trainset: "Dataset",
+                 testset: "Dataset", report: "Reporter", lpips_metric: Optional[metrics.LPIPSMetric] = None):
+        self.cfg, self.setup, self.scene, self.scene_scale = cfg, setup, scene, scene_scale
+        self.trainset, self.testset, self.report = trainset, testset, report
+        self.lpips_metric = lpips_metric
+
+    def lpips(self) -> metrics.LPIPSMetric:
+        """The run's LPIPS metric (--lpips_net, --lpips_weights), built at its first evaluation
+        (with --lpips_weights :func:`require_lpips` built it at start); when it is unavailable,
+        the reason is printed then, once per run."""
+        if self.lpips_metric is None:
+            self.lpips_metric = metrics.LPIPSMetric(self.cfg.lpips_net, weights=self.cfg.lpips_weights)
+            if not self.lpips_metric.available:
+                self.report.line(f"note: {self.lpips_metric.reason}; test metrics are PSNR and SSIM")
+        return self.lpips_metric
+
+    def run(self, shard: "GaussianShard", step: int) -> Optional[dict]:
+        """Score the test views after ``step`` steps; returns the metrics on rank 0 (None elsewhere).
+
+        Each rank renders its share of the views one at a time (collectively: every rank runs the
+        same number of rounds), scores each against its ground truth (decoded when needed) and, with
+        ``--save_eval_images``, writes its side-by-side PNG itself; only the scores travel, to rank 0,
+        which writes ``stats/val_step<step>.json``, TensorBoard and the line. No image of the test set
+        is ever gathered, so evaluating a large test set costs a rank one view of memory."""
+        ctx, testset, cfg = self.setup.ctx, self.testset, self.cfg
+        if len(testset) == 0:
+            return None
+        mine, rounds = exchange.deal_views(len(testset), ctx)
+        picks = exchange.padded_rounds(mine, rounds)  # a rank without views left repeats one
+        lpips = self.lpips()
+        gaussians = shard.activated()
+        folder = self.report.result_dir / "renders"
+        rows, pngs, elapsed = [], [], 0.0
+        for r in range(rounds):
+            i = picks[r]
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                res = self.setup(gaussians, self.setup.camera_batch(testset.batch([i], images=False)))
+                pred = res.colors[0].clamp(0, 1).float().cpu()
+            elapsed += time.perf_counter() - t0
+            if r >= len(mine):
+                continue
+            item = testset[i]
+            gt = item["image"]  # [H, W, 3] float
+            if "mask" in item:  # a test view's loss mask (data/masks.py) zeroes render and ground truth alike, as in
+                keep = item["mask"][..., None].float()  # training (gsplat zeroes its masked renders at evaluation too)
+                pred, gt = pred * keep, gt * keep
+            name = self.scene.cameras[testset.indices[i]].name
+            row = dict(index=i, name=name, psnr=float(metrics.psnr(pred[None], gt[None]).mean()),
+                       ssim=float(metrics.ssim(pred[None], gt[None]).mean()))
+            if lpips.available:
+                row["lpips"] = float(lpips(pred[None], gt[None]))
+            rows.append(row)
+            if cfg.save_eval_images:
+                pngs.append((name, np.concatenate([gt.numpy(), pred.numpy()], axis=1)))
+                if len(pngs) >= PNG_BATCH:  # written as they come: a rank holds at most a few
+                    _write_some(folder, step, pngs)
+        if pngs:
+            _write_some(folder, step, pngs)
+        gathered = exchange.gather_to_main(ctx, (shard.num, rows, elapsed, len(mine)))
+        if gathered is None:  # rank 0 scores
+            return None
+        num_gaussians = sum(n for n, _, _, _ in gathered)
+        per_view = [{k: v for k, v in row.items() if k != "index"}
+                    for row in sorted((row for _, part, _, _ in gathered for row in part), key=lambda row: row["index"])]
+        # LPIPS is reported when every rank could score it (its weights are read per host)
+        scored = lpips.available and all("lpips" in row for row in per_view)
+        reason = lpips.reason if not lpips.available else "LPIPS unavailable on another rank's host"
+        if not scored:
+            per_view = [{k: v for k, v in row.items() if k != "lpips"} for row in per_view]
+        summary = dict(
+            step=step,
+            psnr=float(np.mean([r["psnr"] for r in per_view])),
+            ssim=float(np.mean([r["ssim"] for r in per_view])),
+            lpips=(float(np.mean([r["lpips"] for r in per_view])) if scored else None),
+            lpips_unavailable_reason=None if scored else reason,
+            **(lpips.describe() if scored else {}),  # which net produced the number
+            ms_per_image=gathered[0][2] * 1000.0 / max(gathered[0][3], 1),
+            num_gaussians=num_gaussians,
+            num_views=len(per_view),
+            per_view=per_view,
+        )
+        self.report.write_json(f"stats/val_step{step}.json", summary)
+        self.report.scalars({k: summary[k] for k in ("psnr", "ssim", "lpips")}, step, prefix="val/")
+        lpips_text = f" LPIPS({lpips.net}) {summary['lpips']:.4f}" if scored else ""
+        self.report.line(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f}{lpips_text} "
+                   f"({len(per_view)} views)")
+        return summary
+
+    def depth_bounds(self) -> tuple[float, float]:
+        """(near, far) scene depths for the spiral: the 1st and 99th percentiles of the SfM points'
+        depths in the training cameras (points in front of them), else 1% and 100% of the scene scale
+        (gsplat's default bounds without poses_bounds.npy)."""
+        points = self.scene.points
+        depths: Any = []
+        if points is not None and len(points):
+            for i in self.trainset.indices[:: max(1, len(self.trainset) // 16)]:
+                w2c = np.linalg.inv(self.scene.cameras[i].camtoworld.astype(np.float64))
+                z = points @ w2c[2, :3] + w2c[2, 3]
+                depths.append(z[z > 0])
+        depths = np.concatenate(depths) if depths else np.zeros(0)
+        if len(depths) < 2:
+            return 0.01 * self.scene_scale, self.scene_scale
+        near, far = np.percentile(depths, [1, 99])
+        return float(max(near, 1e-3)), float(max(far, near * 1.01))
 
 
-def render_trajectory(trainer: "Trainer", step: int) -> Optional[Path]:
-    """Render ``num_traj_frames`` frames along :func:`trajectory_poses` collectively; rank 0 writes
-    ``videos/traj_<step>.mp4`` (:func:`write_video`, 30 fps; an optional output). Returns the path
-    on rank 0 when written."""
-    n = trainer.cfg.num_traj_frames
-    if n <= 0 or trainer.cfg.disable_video or len(trainer.trainset) == 0:
-        return None
-    ctx = trainer.ctx
-    if not _can_write_mp4():
-        if ctx.is_main:
-            print("warning: video not written: imageio-ffmpeg is not installed (pip install imageio-ffmpeg)",
-                  flush=True)
-        return None
-    first = trainer.trainset.camera(0)
-    path = trainer.result_dir / "videos" / f"traj_{step}.mp4"
-    if ctx.is_main:
-        from tqdm import tqdm
-
-        tqdm.write(f"video: rendering {n} frames at {first['width']}x{first['height']} along the "
-                   f"{trainer.cfg.render_traj_path} path for {path} (--disable_video skips it)")
-    c2ws = np.stack([trainer.scene.cameras[i].camtoworld for i in trainer.trainset.indices])
-    bounds = scene_depth_bounds(trainer) if trainer.cfg.render_traj_path == "spiral" else (0.0, 0.0)
-    poses = torch.from_numpy(trajectory(trainer.cfg.render_traj_path, c2ws, n, bounds)).to(trainer.device)
-    mine, rounds = exchange.deal_views(n, ctx)
-    picks = mine + [mine[-1] if mine else 0] * (rounds - len(mine))
-    cams = [CameraBatch(rigid_inverse(poses[i : i + 1]), first["K"][None].to(trainer.device),
-                        int(first["width"]), int(first["height"])) for i in picks]
-    frames = render_views(trainer, cams)[: len(mine)]
-    gathered = _gather_to_main(ctx, list(zip(mine, frames)))
-    if not ctx.is_main:
-        return None
-    ordered = [f for _, f in sorted((x for part in gathered for x in part), key=lambda x: x[0])]
-    return optional(f"video {path}", lambda: write_video(path, ordered))
+    def render_trajectory(self, shard: "GaussianShard", step: int) -> Optional[Path]:
+        """Render ``num_traj_frames`` frames along :func:`trajectory.trajectory` collectively; rank 0 writes
+        ``videos/traj_<step>.mp4`` (:func:`write_video`, 30 fps; an optional output). Returns the path
+        on rank 0 when written."""
+        n = self.cfg.num_traj_frames
+        if n <= 0 or self.cfg.disable_video or len(self.trainset) == 0:
+            return None
+        ctx = self.setup.ctx
+        if not _can_write_mp4():
+            self.report.print("warning: video not written: imageio-ffmpeg is not installed (pip install imageio-ffmpeg)")
+            return None
+        first = self.trainset.camera(0)
+        path = self.report.result_dir / "videos" / f"traj_{step}.mp4"
+        self.report.line(f"video: rendering {n} frames at {first['width']}x{first['height']} along the "
+                            f"{self.cfg.render_traj_path} path for {path} (--disable_video skips it)")
+        c2ws = np.stack([self.scene.cameras[i].camtoworld for i in self.trainset.indices])
+        bounds = self.depth_bounds() if self.cfg.render_traj_path == "spiral" else (0.0, 0.0)
+        poses = torch.from_numpy(trajectory(self.cfg.render_traj_path, c2ws, n, bounds)).to(ctx.device)
+        mine, rounds = exchange.deal_views(n, ctx)
+        picks = exchange.padded_rounds(mine, rounds)
+        cams = [CameraBatch(rigid_inverse(poses[i : i + 1]), first["K"][None].to(ctx.device),
+                            int(first["width"]), int(first["height"])) for i in picks]
+        frames = render_views(shard, self.setup, cams)[: len(mine)]
+        gathered = exchange.gather_to_main(ctx, list(zip(mine, frames)))
+        if gathered is None:  # rank 0 writes the video
+            return None
+        ordered = [f for _, f in sorted((x for part in gathered for x in part), key=lambda x: x[0])]
+        return optional(f"video {path}", lambda: write_video(path, ordered))

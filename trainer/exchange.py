@@ -12,12 +12,19 @@ Gaussian Splatting Training"): ranks own disjoint shards of the Gaussians and th
    concatenated buffer. Backward: the reverse all_to_all (gradient rows travel back to the rank
    that owns the Gaussian). Dense mode sends every (camera, local Gaussian) pair; packed mode
    sends only visible pairs, after exchanging per-destination counts with :func:`exchange_counts`.
-   With ``--sparse_grad_comm`` the reverse exchange elides rows whose gradient is exactly zero
+   With ``sparse=True`` (``--sparse_grad_comm``) the reverse exchange elides rows whose gradient is exactly zero
    (ByteSplat section 6; sparse_exchange.py): counts first, then bitmap + nonzero rows.
 
 No collective here reduces a Gaussian gradient: a Gaussian's partial gradients reach its owner
 through the reverse exchange and are summed there by autograd. At world size 1 every function is
 the identity and issues no collective.
+
+Besides the step's pairs, this module is the one home of every other collective of a run (with
+sparse_exchange.py for the zero-eliding backward and launch.py for the process group itself):
+control values (:func:`any_rank`, :func:`from_main`, :func:`gather_metadata`), results to rank 0
+(:func:`gather_to_main`), rows on every rank (:func:`all_gather_rows`, :func:`sum_over_ranks`),
+point-to-point rows for exports (:func:`send_rows`, :func:`recv_rows`) and the DDP wrapping of
+the replicated auxiliary modules (:func:`replicate`). No other module imports torch.distributed.
 """
 
 from __future__ import annotations
@@ -38,6 +45,13 @@ def deal_views(n: int, ctx: DistContext) -> tuple[list[int], int]:
     views rank ``ctx.rank`` renders, the number of rounds every rank runs, ceil(n / W))."""
     rounds = -(-n // ctx.world_size) if n else 0
     return list(range(ctx.rank, n, ctx.world_size)), rounds
+
+
+def padded_rounds(mine: list[int], rounds: int) -> list[int]:
+    """The view a rank renders in each of the ``rounds`` rounds of :func:`deal_views`: its own
+    views ``mine``, then (rounds every rank must run for the collectives to line up) its last one
+    again, or view 0 when it has none. Rounds ``>= len(mine)`` are discarded by the caller."""
+    return mine + [mine[-1] if mine else 0] * (rounds - len(mine))
 
 
 def gather_metadata(ctx: DistContext, values: Sequence[int]) -> torch.Tensor:
@@ -74,6 +88,62 @@ def from_main(ctx: DistContext, obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0, group=ctx.group, device=ctx.comm_device)
     return box[0]
+
+def gather_to_main(ctx: DistContext, obj) -> "list | None":
+    """Every rank's ``obj`` on rank 0, as a list in rank order (None on the other ranks; a pickled
+    gather through the host: small results such as scores, or a shard for an export). ``[obj]``
+    at world size 1."""
+    if ctx.world_size == 1:
+        return [obj]
+    out = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object(obj, out, dst=0, group=ctx.group)
+    return out
+
+
+def all_gather_rows(ctx: DistContext, rows: torch.Tensor) -> torch.Tensor:
+    """[n_r, D] on each rank -> [sum n_r, D] in rank order on every rank, on ``rows``'s device
+    (identity at world size 1): the row counts first (:func:`gather_metadata`), then one
+    all_gather of rows padded to the largest count."""
+    if ctx.world_size == 1:
+        return rows
+    counts = gather_metadata(ctx, [rows.shape[0]])[:, 0].tolist()
+    out = _padded_all_gather(ctx, rows.to(ctx.comm_device), counts)
+    return out.to(rows.device)
+
+
+def sum_over_ranks(ctx: DistContext, values: torch.Tensor) -> torch.Tensor:
+    """The sum over ranks of ``values`` [D] (or [1, D]), on every rank, as :func:`all_gather_rows`
+    followed by a sum in rank order (so every rank, and every world size, adds in one order)."""
+    return all_gather_rows(ctx, values.reshape(1, -1)).sum(0)
+
+
+def _sum_allreduce_hook(group, bucket):
+    """DDP communication hook: all_reduce SUM (DDP's default divides by W). Each rank's loss is
+    already its share of the global batch mean, so the global gradient is the sum over ranks."""
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def replicate(module: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
+    """Move a replicated module (aux_modules.py, bilagrid.py) to the rank's device and, with
+    W > 1, wrap it in DistributedDataParallel whose gradient all_reduce sums over ranks (every rank
+    then applies the same Adam step, so the replicas stay identical)."""
+    module = module.to(ctx.device)
+    if ctx.world_size == 1:
+        return module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    ddp = DDP(module, device_ids=device_ids)
+    ddp.register_comm_hook(ctx.group, _sum_allreduce_hook)
+    return ddp
+
+
+def main_decides(ctx: DistContext, decide):
+    """``decide()`` run on rank 0 only, its result on every rank (:func:`from_main`): a decision
+    that must not depend on what each rank sees (e.g. which checkpoint set to resume from)."""
+    return from_main(ctx, decide() if ctx.is_main else None)
+
 
 def send_rows(ctx: DistContext, rows: torch.Tensor, dst: int) -> None:
     """Point-to-point: float32 rows [n, D] of this rank to rank ``dst`` (:func:`recv_rows` there),
@@ -185,12 +255,12 @@ class AllToAll(torch.autograd.Function):
     it, concatenated in source-rank order. Backward: the reverse all_to_all (the gradient of a
     received row goes back to the rank and position it came from). Only the columns
     ``grad_cols = (start, stop)`` carry gradient (radii and index lanes have none), so only they
-    travel back; the others come back as zeros. With ``ctx.sparse_grad_comm`` rows whose
-    gradient is exactly zero are elided (sparse_exchange.py)."""
+    travel back; the others come back as zeros. With ``sparse`` rows whose gradient is exactly
+    zero are elided (sparse_exchange.py)."""
 
     @staticmethod
-    def forward(fctx, x, ctx: DistContext, send_rows: list[int], recv_rows: list[int], grad_cols):
-        fctx.dist_ctx, fctx.send_rows, fctx.recv_rows = ctx, send_rows, recv_rows
+    def forward(fctx, x, ctx: DistContext, send_rows: list[int], recv_rows: list[int], grad_cols, sparse: bool):
+        fctx.dist_ctx, fctx.send_rows, fctx.recv_rows, fctx.sparse = ctx, send_rows, recv_rows, sparse
         fctx.grad_cols, fctx.width = grad_cols, x.shape[1]
         return _all_to_all_rows(ctx, x, send_rows, recv_rows)
 
@@ -199,7 +269,7 @@ class AllToAll(torch.autograd.Function):
         ctx = fctx.dist_ctx
         start, stop = fctx.grad_cols or (0, fctx.width)
         grad = grad[:, start:stop].contiguous()
-        if ctx.sparse_grad_comm:
+        if fctx.sparse:
             # zero-eliding: only nonzero gradient rows travel, with a bitmap (sparse_exchange.py)
             from .sparse_exchange import sparse_all_to_all_rows
 
@@ -208,7 +278,7 @@ class AllToAll(torch.autograd.Function):
             back = _all_to_all_rows(ctx, grad, fctx.recv_rows, fctx.send_rows)
         if (start, stop) != (0, fctx.width):
             back = torch.nn.functional.pad(back, (start, fctx.width - stop))
-        return back, None, None, None, None
+        return back, None, None, None, None, None
 
 
 def all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int]) -> torch.Tensor:
@@ -219,11 +289,12 @@ def all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], rec
 
 
 def all_to_all(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int],
-               grad_cols: "tuple[int, int] | None" = None) -> torch.Tensor:
-    """Differentiable all_to_all of rows (identity at world size 1); see :class:`AllToAll`."""
+               grad_cols: "tuple[int, int] | None" = None, sparse: bool = False) -> torch.Tensor:
+    """Differentiable all_to_all of rows (identity at world size 1); see :class:`AllToAll`.
+    ``sparse``: the backward elides zero gradient rows (--sparse_grad_comm)."""
     if ctx.world_size == 1:
         return x
-    return AllToAll.apply(x, ctx, list(send_rows), list(recv_rows), grad_cols)
+    return AllToAll.apply(x, ctx, list(send_rows), list(recv_rows), grad_cols, sparse)
 
 
 def ids_to_float_lanes(ids: torch.Tensor) -> torch.Tensor:

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from plyfile import PlyData, PlyElement
 
 from .fileio import atomic_write
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .shard import GaussianShard
 
 
 def ply_property_names(num_rest_coeffs: int) -> list[str]:
@@ -182,11 +186,10 @@ def gather_params(ctx, params) -> "dict[str, torch.Tensor] | None":
     local = {k: v.detach().cpu() for k, v in params.items()}
     if ctx.world_size == 1:
         return local
-    import torch.distributed as dist
+    from . import exchange
 
-    shards = [None] * ctx.world_size if ctx.is_main else None
-    dist.gather_object(local, shards, dst=0, group=ctx.group)
-    return merge_shards(shards) if ctx.is_main else None
+    shards = exchange.gather_to_main(ctx, local)
+    return merge_shards(shards) if shards is not None else None
 
 
 def ply_name(step: int, world_size: int) -> str:
@@ -206,38 +209,37 @@ def to_export_frame(params: dict[str, torch.Tensor], scene_transform: np.ndarray
     return to_input_frame(params, scene_transform), np.linalg.inv(np.asarray(scene_transform, dtype=np.float64))
 
 
-def export_merged(trainer, step: int):
-    """Rank 0 writes ``ply/<ply_name>`` of the whole scene after ``step`` steps, in the
-    ``--export_frame``; returns its path there (None on other ranks). Every rank must call this.
-    With W > 1 the ranks' shards travel to rank 0 one after another, each converted on its owner,
-    and are appended to the file as they arrive: rank 0 holds its own rows and one other shard's
-    at a time, never the scene (:func:`stream_shards`). Web formats (``--export_formats``) need
-    every Gaussian at once: then the scene is gathered on rank 0 once and kept for
-    :func:`export_formats` (``trainer.last_export``)."""
+def export_merged(shard: "GaussianShard", ctx, cfg, scene_transform: np.ndarray, result_dir: Path, step: int
+                  ) -> "dict | None":
+    """Rank 0 writes ``<result_dir>/ply/<ply_name>`` of the whole scene (every rank's ``shard``) after ``step`` steps, in the ``--export_frame``; returns the export there,
+    dict(step, path, params, to_frame) for :func:`export_formats` (None on other ranks). Every
+    rank must call this. With W > 1 the ranks' shards travel to rank 0 one after another, each
+    converted on its owner, and are appended to the file as they arrive: rank 0 holds its own
+    rows and one other shard's at a time, never the scene (:func:`stream_shards`). Web formats
+    (``--export_formats``) need every Gaussian at once: then the scene is gathered on rank 0 once
+    and kept in the export's ``params`` (else None)."""
     from .formats import WEB_SUFFIXES
 
-    ctx, cfg = trainer.ctx, trainer.cfg
-    path = trainer.result_dir / "ply" / ply_name(step, ctx.world_size)
+    params = shard.params
+    path = Path(result_dir) / "ply" / ply_name(step, ctx.world_size)
     web = any(f in WEB_SUFFIXES for f in cfg.export_formats)
     if ctx.world_size > 1 and not web:
-        local = {k: v.detach().cpu() for k, v in trainer.params.items()}
-        local, to_frame = to_export_frame(local, trainer.scene.transform, cfg.export_frame)
+        local = {k: v.detach().cpu() for k, v in params.items()}
+        local, to_frame = to_export_frame(local, scene_transform, cfg.export_frame)
         rows = ply_rows(local["means"], local["scales"], local["quats"], local["opacities"], local["sh0"],
                         local["shN"])
         del local
-        if not stream_shards(ctx, rows, path, trainer.params["shN"].shape[1]):
+        if not stream_shards(ctx, rows, path, params["shN"].shape[1]):
             return None
-        trainer.last_export = dict(step=step, path=path, params=None, to_frame=to_frame)
-        return path
-    merged = gather_params(ctx, trainer.params)
+        return dict(step=step, path=path, params=None, to_frame=to_frame)
+    merged = gather_params(ctx, params)
     if merged is None:
         return None
-    merged, to_frame = to_export_frame(merged, trainer.scene.transform, cfg.export_frame)
+    merged, to_frame = to_export_frame(merged, scene_transform, cfg.export_frame)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_ply(path, merged["means"], merged["scales"], merged["quats"], merged["opacities"], merged["sh0"],
              merged["shN"])
-    trainer.last_export = dict(step=step, path=path, params=merged if web else None, to_frame=to_frame)
-    return path
+    return dict(step=step, path=path, params=merged if web else None, to_frame=to_frame)
 
 
 def stream_shards(ctx, rows: np.ndarray, path: Path, num_rest_coeffs: int) -> bool:
@@ -261,17 +263,15 @@ def stream_shards(ctx, rows: np.ndarray, path: Path, num_rest_coeffs: int) -> bo
     return True
 
 
-def export_formats(trainer) -> list:
-    """Rank 0, after :func:`export_merged` (no collective): the ``--export_formats`` beyond the PLY,
-    each an optional output (one warning line when it fails; evaluate.optional). Returns the paths
-    written; releases ``trainer.last_export``."""
+def export_formats(export: "dict | None", cfg, result_dir: Path, training_cameras) -> list:
+    """Rank 0, after :func:`export_merged` (no collective): the ``--export_formats`` beyond the PLY
+    of ``export`` (None: nothing, as on the other ranks), each an optional output (one warning line
+    when it fails; evaluate.optional). Returns the paths written."""
     from .evaluate import optional
 
-    export, trainer.last_export = getattr(trainer, "last_export", None), None
     if export is None:
         return []
-    return write_formats(trainer.cfg.export_formats, export, trainer.result_dir,
-                         lambda: [trainer.scene.cameras[i] for i in trainer.trainset.indices], trainer.cfg, run=optional)
+    return write_formats(cfg.export_formats, export, result_dir, training_cameras, cfg, run=optional)
 
 
 def write_formats(names, export: dict, result_dir, training_cameras, cfg, run=None) -> list:

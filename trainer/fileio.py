@@ -40,7 +40,7 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: "str | os.PathLike", write_fn: Callable[[str], None]) -> None:
+def atomic_write(path: "str | os.PathLike", write_fn: Callable[[str], object]) -> None:
     """Call ``write_fn(tmp_path)`` (it writes the whole file there), then move it onto ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,11 +29,15 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NoReturn, Optional
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from .log import get_logger, set_rank
+
+log = get_logger(__name__)
 
 
 DIST_TIMEOUT_S = 1800.0  # default --dist_timeout_s: rank 0 alone scores and writes evaluation images
@@ -64,9 +68,11 @@ class CommStats:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class DistContext:
-    """Who this process is in the job. Passed explicitly; there is no global state."""
+    """Who this process is in the job. Passed explicitly; there is no global state. Frozen: what
+    a pass does differently (e.g. --sparse_grad_comm) is an argument of that pass, not a field set
+    here; ``stats`` and ``stop`` are the rank's own mutable records."""
 
     rank: int = 0
     world_size: int = 1
@@ -75,7 +81,6 @@ class DistContext:
     backend: str = "none"  # "nccl", "gloo" or "none" (one process, no group)
     group: Any = None
     stats: CommStats = field(default_factory=CommStats)
-    sparse_grad_comm: bool = False  # zero-eliding backward exchange (ByteSplat section 6)
     stop: "StopRequest" = field(default_factory=lambda: StopRequest())
 
     @property
@@ -135,7 +140,7 @@ def interruptible(stop: Optional[StopRequest] = None) -> Iterator[None]:
     action (ends the process at once). While ``stop`` is deferring, SIGTERM only records the
     request (repeats too: a launcher forwards the signal its ranks also received); SIGINT still
     raises. The previous handlers are restored on exit; outside the main thread this does nothing."""
-    previous = {}
+    previous: dict = {}
 
     def handler(signum, frame):
         if stop is not None and stop.deferring and signum == signal.SIGTERM:
@@ -188,7 +193,7 @@ def first_slurm_host(nodelist: str) -> str:
     return item
 
 
-def slurm_batch_without_srun(env: Optional[dict] = None) -> bool:
+def slurm_batch_without_srun(env: "Optional[Mapping[str, str]]" = None) -> bool:
     """True in an sbatch script's own process, which SLURM gives SLURM_PROCID=0 and the job's
     SLURM_NTASKS without starting the tasks: only srun's task processes carry a step id
     (SLURM_STEP_ID / SLURM_STEPID)."""
@@ -209,7 +214,7 @@ def detect_external(env: Optional[dict] = None) -> Optional[dict]:
     """
     env = dict(os.environ if env is None else env)
     if "RANK" in env and "WORLD_SIZE" in env:
-        layout = dict(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+        layout: dict[str, Any] = dict(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
                       local_rank=int(env.get("LOCAL_RANK", 0)), launcher="torchrun")
     elif "OMPI_COMM_WORLD_SIZE" in env:
         layout = dict(rank=int(env["OMPI_COMM_WORLD_RANK"]), world_size=int(env["OMPI_COMM_WORLD_SIZE"]),
@@ -236,7 +241,7 @@ def detect_external(env: Optional[dict] = None) -> Optional[dict]:
     return layout
 
 
-def local_processes_of_launcher(env: Optional[dict] = None) -> int:
+def local_processes_of_launcher(env: "Optional[Mapping[str, str]]" = None) -> int:
     """Processes an external launcher started on this host: torchrun's LOCAL_WORLD_SIZE, OpenMPI's
     OMPI_COMM_WORLD_LOCAL_SIZE, MPICH / Intel MPI's MPI_LOCALNRANKS, SLURM's
     SLURM_STEP_TASKS_PER_NODE or SLURM_NTASKS_PER_NODE (the leading number); 1 when none says."""
@@ -262,6 +267,7 @@ def init_context(rank: int, world_size: int, local_rank: int, device: str, store
                  timeout_s: float = DIST_TIMEOUT_S, stop: Optional[StopRequest] = None) -> DistContext:
     """Set the device first, then create the process group bound to it (world_size > 1), whose
     collectives give up after ``timeout_s`` seconds (``--dist_timeout_s``)."""
+    set_rank(rank)  # on this process's diagnostics (log.py)
     dev = pick_device(local_rank, device)
     stop = stop if stop is not None else StopRequest()
     if dev.type == "cuda":
@@ -320,10 +326,10 @@ def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callab
     except KeyboardInterrupt:  # Ctrl-C before the handlers were in place
         code = 128 + signal.SIGINT
     except (ValueError, LaunchError) as e:
-        print(f"error (rank {local_rank}): {e}", file=sys.stderr, flush=True)
+        log.error(f"error (rank {local_rank}): {e}")
         code = 2
     except BaseException:
-        print(f"rank {local_rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        log.error(f"rank {local_rank} failed:\n{traceback.format_exc()}")
         code = 1
     if code:
         # Exit at once: destroying the group would wait for peers blocked in a collective (NCCL
@@ -412,9 +418,9 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
             end_rank()
         return 0
     if slurm_batch_without_srun() and int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
-        print(f"note: SLURM batch script without srun (SLURM_NTASKS={os.environ['SLURM_NTASKS']}): this process "
-              "starts the ranks of this node itself (one per visible GPU, or --nproc_per_node); to run on several "
-              "nodes, start splat-train with srun", file=sys.stderr, flush=True)
+        log.warning(f"note: SLURM batch script without srun (SLURM_NTASKS={os.environ['SLURM_NTASKS']}): this "
+                    "process starts the ranks of this node itself (one per visible GPU, or --nproc_per_node); to run "
+                    "on several nodes, start splat-train with srun")
     nproc = num_local_processes(nproc_per_node, device)
     if nproc > 1 and device != "cpu" and torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise LaunchError(f"--nproc_per_node {nproc} exceeds the {torch.cuda.device_count()} visible GPUs")
@@ -432,7 +438,7 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
                 if deadline is not None and time.monotonic() > deadline:
                     if procs.join(timeout=0):  # every rank ended just now: not a timeout
                         break
-                    _stop_hung(procs.processes, timeout_s)
+                    _stop_hung(procs.processes, float(timeout_s or 0))
                     return TIMED_OUT
     except Interrupted as e:  # stop the ranks (a training rank checkpoints first), then let the caller say so
         if procs is not None:
@@ -441,7 +447,7 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
     except mp.ProcessExitedException as e:
         return e.exit_code if e.exit_code and e.exit_code > 0 else 1
     except mp.ProcessRaisedException as e:  # pragma: no cover - _worker catches everything
-        print(str(e), file=sys.stderr)
+        log.error(str(e))
         return 1
     return 0
 
@@ -453,8 +459,8 @@ def _stop_hung(processes: list, timeout_s: float, grace_s: float = 10.0) -> None
     """Have every live rank print its stack, then terminate them all (SIGTERM, then SIGKILL),
     within about ``2 + 2 * grace_s`` seconds whatever the ranks do. A rank still starting up
     (before ``_worker`` registered its handler) ends on SIGUSR1 without a stack."""
-    print(f"error: the ranks were still running after {timeout_s:g} s; their stacks follow, then they are "
-          "terminated", file=sys.stderr, flush=True)
+    log.error(f"error: the ranks were still running after {timeout_s:g} s; their stacks follow, then they are "
+              "terminated")
     live = [p for p in processes if p.is_alive()]
     if hasattr(signal, "SIGUSR1"):
         _signal_all(live, signal.SIGUSR1)
@@ -486,8 +492,8 @@ def _terminate(processes: list, grace_s: float = 10.0) -> None:
         _signal_all(live, getattr(signal, "SIGKILL", signal.SIGTERM))
         stuck = join_all(grace_s)
         if stuck:
-            print(f"warning: rank processes {[p.pid for p in stuck]} did not end on SIGKILL (stuck in the "
-                  "kernel or a driver call)", file=sys.stderr, flush=True)
+            log.warning(f"warning: rank processes {[p.pid for p in stuck]} did not end on SIGKILL (stuck in the "
+                        "kernel or a driver call)")
 
 
 def free_port() -> int:

@@ -12,7 +12,7 @@ import random
 import signal
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -26,7 +26,8 @@ from .bilagrid import TV_WEIGHT, BilateralGrid
 from .bilagrid import lr_lambda as bilagrid_lr_lambda
 from .data.sampler import patch_window
 from .data.views import TrainViews, rows_of
-from .densify import initialize_state, make_strategy, strategy_info
+from . import densify
+from .densify import initialize_state, make_strategy
 from .depth import DepthTargets, depth_loss
 from .launch import DistContext, Interrupted
 from . import losses
@@ -35,8 +36,11 @@ from .aux_modules import pose_perturbation
 from .model import (activated, create_optimizers, create_shard, initial_points, means_lr_scheduler,
                     optimizer_step)
 from .profiling import PhaseTimer
-from .render import (TILE_SIZE, CameraBatch, PassLayout, check_camera_model, ops_for, padding_only_radii, render,
-                     resolve_backend, rigid_inverse, shift_cameras, shift_intrinsics, visible_gaussians)
+from .report import Reporter
+from .render import (TILE_SIZE, CameraBatch, PassLayout, RenderSetup, check_camera_model, ops_for,
+                     padding_only_radii, render, resolve_backend, rigid_inverse, shift_cameras, shift_intrinsics,
+                     visible_gaussians)
+from .shard import GaussianShard
 from .viewer import start_training_viewer
 
 
@@ -67,7 +71,6 @@ class Trainer:
         self.raster = self._raster_mode(cfg)
         self.scene = scene
         self.scene_scale = scene.scene_scale * 1.1 * cfg.global_scale
-        ctx.sparse_grad_comm = cfg.sparse_grad_comm
         check_camera_model(scene, cfg.camera_model)
         train_idx, test_idx = split_indices(len(scene.cameras), cfg.test_every)
         preload = cfg.image_cache_gb == 0  # with a bound, images are decoded as needed
@@ -89,16 +92,18 @@ class Trainer:
             self.views.camtoworlds = pose_perturbation(len(self.trainset), cfg.pose_noise, cfg.seed, self.device)(
                 self.views.camtoworlds, self.views.ids).detach()
         self.viewmats = rigid_inverse(self.views.camtoworlds)  # [V, 4, 4] world-to-camera, training views
-        self.render_options = dict(camera_model=cfg.camera_model, antialiased=cfg.antialiased)  # every render's
+        self.render_options: dict[str, Any] = dict(camera_model=cfg.camera_model, antialiased=cfg.antialiased)  # every render's
+        self.setup = RenderSetup(ctx, self.ops, cfg.sh_degree, cfg.packed, cfg.near_plane, cfg.far_plane,
+                                 self.render_options)  # evaluation's and pruning's renders
         self.selective_adam = cfg.visible_adam or cfg.sparse_grad
         self._tb_image: Optional[torch.Tensor] = None  # --tb_save_image: the last logged training render
         self.loss_backend = losses.training_loss_backend(self.device, cfg.ssim_backend)
         torch.manual_seed(cfg.seed + ctx.rank)
         np.random.seed((cfg.seed + ctx.rank) % 2**32)
         points = initial_points(scene, cfg, self.scene_scale)
-        self.params = create_shard(points, cfg, ctx.rank, ctx.world_size, self.device)
-        self.optimizers = create_optimizers(self.params, cfg, ctx.world_size, self.scene_scale)
-        self.scheduler = means_lr_scheduler(self.optimizers["means"], cfg.schedule.max_steps)
+        params = create_shard(points, cfg, ctx.rank, ctx.world_size, self.device)
+        optimizers = create_optimizers(params, cfg, ctx.world_size, self.scene_scale)
+        scheduler = means_lr_scheduler(optimizers["means"], cfg.schedule.max_steps)
         if cfg.densify.strategy == "mcmc" and self.device.type != "cuda":
             raise ValueError("the mcmc preset relocates Gaussians with gsplat's CUDA op, which needs a GPU; "
                              "on the CPU use the default preset (or --device cuda on a GPU machine)")
@@ -112,15 +117,16 @@ class Trainer:
         if cfg.pipeline == "gsplat-dist" and self.device.type != "cuda":
             raise ValueError("--pipeline gsplat-dist is gsplat's CUDA rasterization(distributed=True), which needs "
                              "a GPU; on the CPU use --pipeline ours")
-        self.strategy = make_strategy(cfg)
-        prune.limit_densification(self.strategy, cfg)  # off from ByteSplat stage 2 on
-        self.strategy.check_sanity(self.params, self.optimizers)
-        self.strategy_state = initialize_state(self.strategy, self.scene_scale)
+        strategy = make_strategy(cfg)
+        prune.limit_densification(strategy, cfg)  # off from ByteSplat stage 2 on
+        strategy.check_sanity(params, optimizers)
+        self.shard = GaussianShard(params, optimizers, scheduler, strategy, initialize_state(strategy, self.scene_scale))
         self.aux, self.aux_optimizers = self._make_aux_modules()
         self.step = 0  # completed steps
-        self._n_world: Optional[list[int]] = None  # Gaussians per rank; None: gather before the next step
         self._stats_step = 0  # step of the previous train stats file
-        self.writer = None
+        self.report = Reporter(self.result_dir, ctx.rank)  # rank 0 writes; a no-op elsewhere
+        self.evaluation = evaluate.Evaluation(cfg, self.setup, scene, self.scene_scale, self.trainset, self.testset,
+                                              self.report)
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
@@ -131,7 +137,8 @@ class Trainer:
     def _make_aux_modules(self):
         """--pose_opt / --app_opt / --use_bilateral_grid modules (DDP-wrapped when W > 1), their
         Adams, and the grids' learning-rate schedule (trainer/bilagrid.py)."""
-        from .aux_modules import AppearanceModule, PoseOptModule, replicate
+        from .aux_modules import AppearanceModule, PoseOptModule
+        from .exchange import replicate
         from .model import batch_rule
 
         cfg, aux, opts, schedulers = self.cfg, {}, {}, {}
@@ -150,13 +157,19 @@ class Trainer:
         self.aux_schedulers = schedulers
         return aux, opts
 
+    # ------------------------------------------------------------------ the shard's parts
+    # (read and replaced by tests and the benchmark; the stages take self.shard)
+    params = property(lambda self: self.shard.params, lambda self, v: setattr(self.shard, "params", v))
+    optimizers = property(lambda self: self.shard.optimizers, lambda self, v: setattr(self.shard, "optimizers", v))
+    scheduler = property(lambda self: self.shard.scheduler, lambda self, v: setattr(self.shard, "scheduler", v))
+    strategy = property(lambda self: self.shard.strategy, lambda self, v: setattr(self.shard, "strategy", v))
+    strategy_state = property(lambda self: self.shard.strategy_state,
+                              lambda self, v: setattr(self.shard, "strategy_state", v))
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
         return dict(
-            params={k: v.detach() for k, v in self.params.items()},
-            optimizers={k: o.state_dict() for k, o in self.optimizers.items()},
-            scheduler=self.scheduler.state_dict(),
-            strategy_state=self.strategy_state,
+            **self.shard.state_dict(),  # params, optimizers, scheduler, strategy_state
             aux={k: _unwrapped(m).state_dict() for k, m in self.aux.items()},  # the same keys at any W
             aux_optimizers={k: o.state_dict() for k, o in self.aux_optimizers.items()},
             aux_schedulers={k: o.state_dict() for k, o in self.aux_schedulers.items()},
@@ -166,17 +179,7 @@ class Trainer:
         )
 
     def load_state_dict(self, state: dict, restore_rng: bool = True) -> None:
-        for name, value in state["params"].items():
-            self.params[name] = torch.nn.Parameter(value.to(self.device).contiguous())
-        for name, opt in self.optimizers.items():
-            opt.param_groups[0]["params"] = [self.params[name]]
-            opt.state.clear()
-            opt.load_state_dict(state["optimizers"][name])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.strategy_state = {
-            k: (v.to(self.device) if isinstance(v, torch.Tensor) else v)
-            for k, v in state["strategy_state"].items()
-        }
+        self.shard.load_state_dict(state, self.device)
         for k, module in self.aux.items():
             if k in state.get("aux", {}):  # checkpoints before the fix keep DDP's "module." prefix
                 saved = {n.removeprefix("module."): v for n, v in state["aux"][k].items()}
@@ -191,9 +194,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def camera_batch(self, batch: dict) -> CameraBatch:
-        camtoworlds = batch["camtoworld"].to(self.device)
-        return CameraBatch(rigid_inverse(camtoworlds), batch["K"].to(self.device),
-                           int(batch["width"]), int(batch["height"]))
+        return self.setup.camera_batch(batch)
 
     def sh_degree_at(self, step: int) -> int:
         return min(step // self.cfg.schedule.sh_degree_interval, self.cfg.sh_degree)
@@ -202,7 +203,7 @@ class Trainer:
         """Say that the shards may have changed size on some rank (densification, pruning, a
         loaded checkpoint): the next step gathers every rank's Gaussian count again. Every rank
         calls it at the same points of the run."""
-        self._n_world = None
+        self.shard.sizes_changed()
 
     def windows(self, step: int, rank: int, items: list[int]) -> list[tuple[int, int, int, int]]:
         """The part (x0, y0, w, h) of each image of rank ``rank``'s batch ``items`` that step
@@ -218,16 +219,16 @@ class Trainer:
         that could change them."""
         n = int(self.params["means"].shape[0])
         if self.ctx.world_size == 1:
-            self._n_world = [n]
-        elif self._n_world is None:  # a host synchronization, only after a change
-            self._n_world = exchange.gather_metadata(self.ctx, [n])[:, 0].tolist()
-        items = [items if r == self.ctx.rank else sampler.batch_at(step) for r, sampler in enumerate(self.samplers)]
-        windows = [win for r, batch in enumerate(items) for win in self.windows(step, r, batch)]
+            self.shard.world_sizes = [n]
+        elif self.shard.world_sizes is None:  # a host synchronization, only after a change
+            self.shard.world_sizes = exchange.gather_metadata(self.ctx, [n])[:, 0].tolist()
+        every = [items if r == self.ctx.rank else sampler.batch_at(step) for r, sampler in enumerate(self.samplers)]
+        windows = [win for r, batch in enumerate(every) for win in self.windows(step, r, batch)]
         ox, oy = origin
         sizes = [(w + ox, h + oy) for _, _, w, h in windows]
-        layout = PassLayout(self._n_world, [len(b) for b in items], sizes)
+        layout = PassLayout(self.shard.world_sizes, [len(b) for b in every], sizes)
         if "pose" not in self.aux:  # cameras not learned: every rank has them all
-            flat = [i for batch in items for i in batch]
+            flat = [i for batch in every for i in batch]
             layout.viewmats = rows_of(self.viewmats, flat)
             c2w, Ks = self.views.cameras(flat)
             layout.Ks = self._window_intrinsics(Ks, windows, origin)
@@ -277,6 +278,7 @@ class Trainer:
                             packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
                             backgrounds=backgrounds, keep_means2d_grad=True, timer=timer, rasterize=not fused,
                             layout=layout, absgrad=cfg.densify.absgrad, render_depth=cfg.depth_loss,
+                            sparse_grad_comm=cfg.sparse_grad_comm,
                             **self.render_options)
         if origin != (0, 0):  # densification sees the images, not the padded renders: their size
             # (NDC scaling of the 2D-mean gradients) and only the projections that reach them
@@ -304,7 +306,7 @@ class Trainer:
             if cfg.depth_loss:
                 parts["depth"] = self._depth_loss(result.depths, items, windows)
                 loss = loss + cfg.depth_lambda * parts["depth"]
-            if cfg.tb_save_image and self.ctx.is_main and (step + 1) % cfg.schedule.log_every == 0:
+            if cfg.tb_save_image and self.report.active and (step + 1) % cfg.schedule.log_every == 0:
                 self._tb_image = torch.cat([uint8_to_unit(gts), colors.detach().clamp(0, 1)], dim=2)
         # The loss of the global batch is the mean over every rank's images, and a regularizer is
         # a mean over every rank's Gaussians; this rank contributes its share of each, so that the
@@ -331,15 +333,7 @@ class Trainer:
             scheduler.step()
         self.scheduler.step()
         timer.begin("densification")
-        info = strategy_info(result.info)
-        if self.cfg.densify.strategy == "mcmc":
-            self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state, step, info,
-                                             lr=self.scheduler.get_last_lr()[0])
-        else:
-            self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state, step, info,
-                                             packed=cfg.packed)
-        if step % cfg.schedule.refine_every == 0:  # the strategies grow, prune or relocate only here
-            self.shard_sizes_changed()
+        densify.post_backward(self.shard, cfg, step, result.info)
         self.last_phases = timer.end_step()
         # tensors stay on the device: converting them here would synchronize every step
         return dict(loss=loss.detach(), l1=parts["l1"], ssim=parts["ssim"],
@@ -349,6 +343,7 @@ class Trainer:
     def _depth_loss(self, rendered: torch.Tensor, items: list[int], windows: list) -> torch.Tensor:
         """--depth_loss of this rank's images (trainer/depth.py), the targets moved into the
         trained windows and those outside dropped (weight 0)."""
+        assert self.depth_targets is not None  # --depth_loss
         pixels, depths, image = self.depth_targets.batch(items)
         weights = None
         if self.cfg.patch_size is not None:
@@ -437,18 +432,13 @@ class Trainer:
     def train(self) -> dict:
         """Train from ``self.step`` to ``max_steps``; evaluate, save and export on schedule."""
         cfg, s = self.cfg, self.cfg.schedule
-        if self.ctx.is_main:
-            self.result_dir.mkdir(parents=True, exist_ok=True)
-            (self.result_dir / "cfg.yml").write_text(dump_yaml(cfg))
-            self.writer = evaluate.make_writer(self.result_dir)
-            self._print_memory_model()
-        from tqdm import tqdm
-
-        bar = tqdm(range(self.step, s.max_steps), initial=self.step, total=s.max_steps,
-                   disable=not self.ctx.is_main, dynamic_ncols=True)
-        out, written = {}, []
+        self.report.start_run(dump_yaml(cfg))  # the folder, cfg.yml, TensorBoard
+        self._print_memory_model()
+        bar = self.report.progress(range(self.step, s.max_steps), initial=self.step, total=s.max_steps)
+        out: dict[str, Any] = {}
+        written: list[Path] = []
         if self.step == 0 and 0 in s.eval_steps:
-            evaluate.run_eval(self, 0)  # the initial model, before any step
+            self.evaluation.run(self.shard, 0)  # the initial model, before any step
         profiler = self._start_profiler() if cfg.profile else None
         viewer = start_training_viewer(self)  # --no_disable_viewer: rank 0 of a one-process run
         first_step = self.step
@@ -461,20 +451,20 @@ class Trainer:
                 viewer.stop()
             self.views.close()
         bar.close()
-        if self.ctx.is_main and s.max_steps > first_step:
+        if s.max_steps > first_step:
             steps = s.max_steps - first_step
             peak = (f", peak memory {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f} GiB on rank 0"
                     if self.device.type == "cuda" else "")
-            print(f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
-                  f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}", flush=True)
-            if self.views.stream_summary():
-                print(self.views.stream_summary(), flush=True)
+            self.report.print(f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
+                  f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}")
+            streamed = self.views.stream_summary()  # None unless the images were streamed
+            if streamed:
+                self.report.print(streamed)
         if profiler is not None:
             profiler.stop()
             self._phase_log += self.timer.collect()
             self._write_phase_table()
-        if self.writer is not None:
-            self.writer.close()
+        self.report.close()
         if s.max_steps > first_step:
             self.print_outputs(written)
         return out
@@ -501,7 +491,8 @@ class Trainer:
                     self._phase_log.append(self.last_phases)
             self.step = done = step + 1
             window_steps += 1
-            prune.run_stages(self, done)  # ByteSplat pruning stages 2 and 3 at their steps (prune.py)
+            prune.run_stages(self.shard, self.setup, self.trainset, self.testset, self.cfg, self.report,
+                             done)  # ByteSplat pruning stages 2 and 3 at their steps (prune.py)
             if viewer is not None:
                 viewer.after_step(done, sum(w * h for w, h in map(self.trainset.size, self.sampler.batch_at(step))))
             if done % s.log_every == 0 or done == s.max_steps:
@@ -513,17 +504,14 @@ class Trainer:
                 out["ms_per_step"] = ms
                 self.last_stats = out
                 bar.set_postfix(loss=f"{out['loss']:.4f}", gs=out["num_gaussians"], its=f"{1000.0 / ms:.1f}")
-                if self.writer is not None:
-                    for k in ("loss", "l1", "ssim", "depth", "num_gaussians", "ms_per_step"):
-                        if k in out:
-                            self.writer.add_scalar(f"train/{k}", out[k], done)
-                    if self._tb_image is not None:  # --tb_save_image: ground truth | render, one row per image
-                        self.writer.add_image("train/render", self._tb_image.reshape(-1, *self._tb_image.shape[2:])
-                                              .float().cpu(), done, dataformats="HWC")
-                        self._tb_image = None
-                    for k, v in self.last_fused_stats.items():
-                        if k.startswith("fraction") and v is not None:
-                            self.writer.add_scalar(f"fused/{k}", v, done)
+                self.report.scalars({k: out[k] for k in ("loss", "l1", "ssim", "depth", "num_gaussians",
+                                                         "ms_per_step") if k in out}, done, prefix="train/")
+                if self._tb_image is not None:  # --tb_save_image: ground truth | render, one row per image
+                    self.report.image("train/render", self._tb_image.reshape(-1, *self._tb_image.shape[2:])
+                                      .float().cpu(), done)
+                    self._tb_image = None
+                self.report.scalars({k: v for k, v in self.last_fused_stats.items() if k.startswith("fraction")},
+                                    done, prefix="fused/")
             if done == s.max_steps:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
@@ -553,8 +541,7 @@ class Trainer:
             self.save_checkpoint()
             self._last_save = time.monotonic()
         if stop:
-            if self.writer is not None:
-                self.writer.close()
+            self.report.close()
             raise Interrupted(self.ctx.stop.signum or int(signal.SIGTERM))
 
     def write_outputs(self, step: int, save: bool, ply: bool, evaluation: bool) -> list[Path]:
@@ -562,35 +549,29 @@ class Trainer:
         then the optional outputs (test renders, --export_formats, trajectory video), whose
         failure is one warning line (evaluate.optional). Every rank calls this. Returns the files written (rank 0: all of
         them but the other ranks' checkpoints)."""
-        written = []
+        written: list[Optional[Path]] = []
         if save:
             written.append(self.save_checkpoint())
         if ply and self.cfg.save_ply:
-            written.append(export.export_merged(self, step))
+            self.last_export = export.export_merged(self.shard, self.ctx, self.cfg, self.scene.transform,
+                                                    self.result_dir, step)
+            written.append(self.last_export["path"] if self.last_export else None)
         if evaluation:
-            if evaluate.run_eval(self, step) is not None:
+            if self.evaluation.run(self.shard, step) is not None:
                 written.append(self.result_dir / "stats" / f"val_step{step}.json")
                 written.append(self.result_dir / "renders" / f"val_step{step}_*.png")
-        if ply and self.ctx.is_main:
-            written += export.export_formats(self)  # Inria layout, web formats
+        if ply:  # Inria layout, web formats (rank 0 holds the export)
+            made, self.last_export = self.last_export, None
+            written += export.export_formats(made, self.cfg, self.result_dir,
+                                             lambda: [self.scene.cameras[i] for i in self.trainset.indices])
         if evaluation:
-            written.append(evaluate.render_trajectory(self, step))
+            written.append(self.evaluation.render_trajectory(self.shard, step))
         return [p for p in written if p is not None and any(p.parent.glob(p.name))]
 
     def print_outputs(self, written: list[Path]) -> None:
         """Rank 0: the last line of a run, ``outputs: ...``, naming the files of the final step (a
         checkpoint of every rank, the PLY, metrics, renders, video) and the TensorBoard folder."""
-        if not self.ctx.is_main:
-            return
-        names = []
-        for path in written:
-            if path.parent.name == "ckpts" and self.ctx.world_size > 1:
-                path = path.with_name(path.name.replace("_rank0.pt", f"_rank{{0..{self.ctx.world_size - 1}}}.pt"))
-            matches = len(list(path.parent.glob(path.name))) if "*" in path.name else 0
-            names.append(f"{path} ({matches} files)" if matches else str(path))
-        if (self.result_dir / "tb").is_dir():
-            names.append(f"{self.result_dir / 'tb'}/ (TensorBoard)")
-        print("outputs: " + ", ".join(names), flush=True)
+        self.report.outputs(written, self.ctx.world_size)
 
     def _start_profiler(self):
         """torch profiler over the --profile window; the trace goes to profile/trace_rank<r>.json."""
@@ -611,8 +592,7 @@ class Trainer:
             summary = summarize_trace(json.loads(trace_path.read_text()), s.profile_num_steps)
             checkpoint.atomic_write(out_dir / f"summary_rank{rank}.json",
                                     lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
-            if self.ctx.is_main:
-                print(format_trace_summary(summary), flush=True)
+            self.report.print(format_trace_summary(summary))
 
         wait = max(s.profile_start_step - self.step - 1, 0)
         prof = torch.profiler.profile(
@@ -633,12 +613,11 @@ class Trainer:
         path = self.result_dir / "profile" / f"phases_rank{self.ctx.rank}.json"
         checkpoint.atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(
             dict(steps=len(log), median_ms=table, per_step=log), indent=2)))
-        if self.ctx.is_main:
-            total = table["total"] or 1.0
-            lines = [f"{'phase':<22}{'ms':>9}{'share':>8}"]
-            lines += [f"{p:<22}{table[p]:>9.3f}{100 * table[p] / total:>7.1f}%" for p in PHASES]
-            lines.append(f"{'total':<22}{table['total']:>9.3f}")
-            print("\n".join(lines), flush=True)
+        total = table["total"] or 1.0
+        lines = [f"{'phase':<22}{'ms':>9}{'share':>8}"]
+        lines += [f"{p:<22}{table[p]:>9.3f}{100 * table[p] / total:>7.1f}%" for p in PHASES]
+        lines.append(f"{'total':<22}{table['total']:>9.3f}")
+        self.report.print("\n".join(lines))
 
     def save_checkpoint(self) -> Path:
         path = checkpoint.save(self.result_dir / "ckpts", self.step, self.ctx.rank, self.ctx.world_size,
@@ -674,7 +653,7 @@ class Trainer:
         if m["predicted_capacity_per_gpu"]:
             line += (f"; predicted capacity {m['predicted_capacity_per_gpu'] / 1e6:.0f} M per GPU, "
                      f"{m['predicted_capacity_per_job'] / 1e6:.0f} M per job (before per-step buffers)")
-        print(line, flush=True)
+        self.report.print(line)
 
 
 def _plain(obj):
@@ -689,12 +668,9 @@ def evaluate_only(trainer: Trainer, files: list[Path]) -> list[Path]:
     state = checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size)
     trainer.load_state_dict(state, restore_rng=False)
     _say_loaded("loaded", trainer, files)
-    if trainer.ctx.is_main:
-        trainer.result_dir.mkdir(parents=True, exist_ok=True)
-        trainer.writer = evaluate.make_writer(trainer.result_dir)
+    trainer.report.open_tensorboard()
     written = trainer.write_outputs(trainer.step, save=False, ply=True, evaluation=True)
-    if trainer.writer is not None:
-        trainer.writer.close()
+    trainer.report.close()
     trainer.print_outputs(written)
     return written
 
@@ -702,7 +678,7 @@ def evaluate_only(trainer: Trainer, files: list[Path]) -> list[Path]:
 def resume_from(trainer: Trainer, ckpt_dir: Path) -> Optional[int]:
     # rank 0 picks the set (main() checked it exists and named skipped sets): on nodes that see the
     # folder at different moments of a concurrent write, every rank still loads the same step
-    found = exchange.from_main(trainer.ctx, checkpoint.latest_complete(ckpt_dir) if trainer.ctx.is_main else None)
+    found = exchange.main_decides(trainer.ctx, lambda: checkpoint.latest_complete(ckpt_dir))
     if found is None:
         raise ValueError(f"--resume: no complete set of checkpoints in {ckpt_dir}")
     step, files = found
@@ -713,7 +689,6 @@ def resume_from(trainer: Trainer, ckpt_dir: Path) -> Optional[int]:
 
 def _say_loaded(verb: str, trainer: Trainer, files: list[Path]) -> None:
     """Rank 0: '<verb> step N (world size W -> W', Gaussians re-sharded) from <folder>'."""
-    if trainer.ctx.is_main:
-        old, new = len(files), trainer.ctx.world_size
-        world = f"world size {old}" if old == new else f"world size {old} -> {new}, Gaussians re-sharded"
-        print(f"{verb} step {trainer.step} ({world}) from {Path(files[0]).parent}", flush=True)
+    old, new = len(files), trainer.ctx.world_size
+    world = f"world size {old}" if old == new else f"world size {old} -> {new}, Gaussians re-sharded"
+    trainer.report.print(f"{verb} step {trainer.step} ({world}) from {Path(files[0]).parent}")

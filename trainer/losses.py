@@ -58,10 +58,8 @@ def ssim_backend(device: torch.device | str) -> str:
 
     On a CUDA (or ROCm) device: "fused_ssim" when the ``fused_ssim`` package imports (a
     CUDA-only extension), else the project's Triton kernel ("triton", kernels/fused_ssim.py) when
-    Triton imports, else "pytorch". Other devices: "pytorch". The Triton kernel passes its GPU
-    tests on an H200 and beat the PyTorch convolution there: L1 + D-SSIM + gsplat's rasterizer
-    forward and backward 2.13 vs 2.83 ms on juicebox at 480x270, 7.73 vs 13.59 ms at 1600x1200
-    (docs/MEASURED_H200.md, ``splat-train bench-raster``).
+    Triton imports, else "pytorch". Other devices: "pytorch". (The measurements behind the
+    order: docs/design-measurements.md.)
     """
     if torch.device(device).type != "cuda":
         return "pytorch"
@@ -118,11 +116,9 @@ def _gaussian_filter(images: torch.Tensor, window_size: int, sigma: float) -> to
 
     The 2D window is the outer product of a 1D Gaussian, so filtering rows then columns equals
     the 2D convolution (with zero padding too: the padded border is zero in both passes) at
-    2 S instead of S^2 multiply-adds per pixel. Measured layouts (fwd + bwd, float32):
-    on CUDA (H200, 1920x1080) folding channels into the batch beat a grouped (depthwise)
-    convolution by ~20%, and unpadded 1D convolutions were ~40x slower than padded ones (hence
-    "valid" SSIM crops a padded result); on CPU the folded layout was ~20x slower than the
-    grouped one. So CUDA folds and every other device runs the grouped convolution.
+    2 S instead of S^2 multiply-adds per pixel. CUDA folds the channels into the batch and
+    every other device runs a grouped (depthwise) convolution; padded 1D convolutions, so "valid"
+    SSIM crops a padded result (the measurements: docs/design-measurements.md).
     """
     batch, num_channels, height, width = images.shape
     g = _window_on(window_size, sigma, images.dtype, images.device)

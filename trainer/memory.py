@@ -22,10 +22,8 @@ up to MAX_CAMERAS training cameras):
 
 gsplat's rasterizer keeps no per-pair state (forward and backward walk each tile's list), so the
 pairs and chunk terms belong to the reference rasterizer only; its constants are the sizes of
-gsplat 1.5's buffers. The reference's constants are measured: peak resident memory of step 1 on
-the CPU against M, N and P (docs/MEASURED_CPU.md), rounded up. The estimate of M is within
--3% / +15% of the pairs the reference composited in those runs; with the rounded-up bytes per
-pair the estimate stays above the measured peak.
+gsplat 1.5's buffers. The reference's constants are fitted to measured peaks, rounded up (how
+well the estimate held: docs/design-measurements.md).
 
 Available memory: host RAM for the CPU (:func:`available_memory`: MemAvailable, capped by a
 cgroup's limit), free device memory for a GPU. CPU ranks on one host share its RAM, so the

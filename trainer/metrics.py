@@ -17,6 +17,7 @@ import contextlib
 import importlib
 import os
 import tempfile
+from typing import Any
 
 import torch
 
@@ -98,7 +99,7 @@ class LPIPSMetric:
         self.available = False
         self.reason = ""
         self.backend: str | None = None
-        self._model = None
+        self._model: Any = None
         try:
             self._build()
         except Exception as error:  # never crash an evaluation over an optional metric

@@ -58,6 +58,7 @@ def initial_points(scene: Scene, cfg: Config, scene_scale: float) -> InitPoints:
                 f"{where} has no 3D points to initialize from (--init_type sfm); "
                 "use --init_type random"
             )
+        assert scene.points_rgb is not None  # loaded with the points
         rgbs = scene.points_rgb.astype(np.float32) / 255.0
         return InitPoints(scene.points.astype(np.float32), rgbs, scene.points_knn_rms)
     rng = np.random.default_rng(cfg.seed)
@@ -290,8 +291,9 @@ def _selective_adam_reference(optimizers: list[torch.optim.Adam], visible: torch
     from ..kernels.reference import selective_adam_update
 
     for p, state, group in params_with_state(optimizers):
+        beta1, beta2 = group["betas"]
         new = selective_adam_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], visible, float(group["lr"]),
-                                    *group["betas"], group["eps"])
+                                    beta1, beta2, group["eps"])
         for target, value in zip((p, state["exp_avg"], state["exp_avg_sq"]), new):
             target.copy_(value)
 

@@ -19,7 +19,7 @@ A disabled timer (the default in training) does nothing.
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -34,7 +34,7 @@ class PhaseTimer:
         self.deferred = deferred  # keep the steps' CUDA events; read them all in collect()
         self._marks: list[tuple[str, object]] = []
         self._pending: list[list[tuple[str, object]]] = []
-        self._range = None
+        self._range: Any = None
         self._nvtx = None  # id of the open NVTX / roctx range
 
     def _stamp(self):
@@ -192,7 +192,7 @@ def summarize_trace(trace: dict | list, steps: int, most: int = 12) -> dict:
     for e in spans:
         if e.get("cat") == "cuda_runtime":
             runtime[e["name"]] = runtime.get(e["name"], 0) + 1
-    out = dict(steps=steps, wall_ms_per_step=None, gpu_busy_ms_per_step=None, gpu_busy_share=None,
+    out: dict[str, Any] = dict(steps=steps, wall_ms_per_step=None, gpu_busy_ms_per_step=None, gpu_busy_share=None,
                kernels_per_step=None, memcpys_per_step=None, memsets_per_step=None,
                syncs_per_step=sum(runtime.get(n, 0) for n in SYNC_CALLS) / steps,
                runtime_calls_per_step={k: v / steps for k, v in sorted(runtime.items(), key=lambda kv: -kv[1])},
@@ -201,7 +201,8 @@ def summarize_trace(trace: dict | list, steps: int, most: int = 12) -> dict:
         return out
     start = min(e["ts"] for e in device)
     end = max(e["ts"] + e["dur"] for e in device)
-    busy, current = 0.0, None
+    busy = 0.0
+    current: Any = None  # the open [start, end] span
     for e in sorted(device, key=lambda e: e["ts"]):
         a, b = e["ts"], e["ts"] + e["dur"]
         if current is None or a > current[1]:

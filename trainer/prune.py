@@ -26,8 +26,7 @@
    with ``E`` = sum over over-budget (view, tile) pairs of ``n_t - B`` and ``S`` = sum of their
    ``n_t``: removing the fraction E / S of the candidates takes the over-budget tiles down by their
    average excess fraction, an estimate of what is still needed (a tile one over its budget in one
-   view needs one removal; an earlier cap at ``max_t (n_t - B)`` removed ~1% of the candidates per
-   round, and 10 rounds moved the tiles within budget from 7.6% to 8.0% on juicebox). Rounds stop
+   view needs one removal; why not a cap at ``max_t (n_t - B)``: docs/design-measurements.md). Rounds stop
    when every tile fits or after ``--prune_rounds``. Fine-tuning continues after.
 
 Distribution: every rank renders its share of the training views (view i on rank i mod W, as
@@ -49,31 +48,26 @@ Gaussians a rasterizer loads for the tile, which is what must fit on chip. Each 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import torch
-from gsplat.strategy.ops import remove
 
 from ..kernels import resources
 from ..kernels.reference import compositing_weights
 from . import evaluate, exchange, metrics
-from .fileio import atomic_write
-from .model import activated
-from .render import TILE_SIZE, render, route_to_owners
+from .render import TILE_SIZE, RenderSetup, route_to_owners
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .loop import Trainer
+    from .config import Config
+    from .data import Dataset
+    from .report import Reporter
+    from .shard import GaussianShard
 
 EPS = 1e-6
 """Added to the importance (pixels) in the stage-3 score so unseen Gaussians score finitely."""
-PER_GAUSSIAN_STATE = ("grad2d", "count", "radii")
-"""Strategy-state entries with one row per Gaussian (DefaultStrategy); others (MCMC's binomial
-table) are not per-Gaussian and must not be sliced."""
 
 
 # ---------------------------------------------------------------- budget, surgery, densification
@@ -91,22 +85,6 @@ def tile_budget(device: torch.device, override: int = 0) -> int:
     if budget < 1:
         raise ValueError(f"the fused kernel fits no Gaussian per tile on {device}; set --tile_budget")
     return budget
-
-
-@torch.no_grad()
-def remove_gaussians(params, optimizers: dict, strategy_state: dict, mask: torch.Tensor) -> int:
-    """Remove the Gaussians where ``mask`` [N] bool is True from the parameters, their Adam
-    moments (gsplat.strategy.ops.remove) and the strategy's per-Gaussian state. Returns the count."""
-    n = int(params["means"].shape[0])
-    assert mask.shape == (n,) and mask.dtype == torch.bool
-    num = int(mask.sum())
-    if num == 0:
-        return 0
-    rows = {k: v for k, v in strategy_state.items() if k in PER_GAUSSIAN_STATE and isinstance(v, torch.Tensor)}
-    assert all(v.shape[0] == n for v in rows.values()), {k: tuple(v.shape) for k, v in rows.items()}
-    remove(params=params, optimizers=optimizers, state=rows, mask=mask)
-    strategy_state.update(rows)
-    return num
 
 
 def limit_densification(strategy, cfg) -> None:
@@ -214,31 +192,23 @@ class Measurement:
                     mean_per_tile=self.mean_per_tile, max_per_tile=self.max_per_tile, num_tiles=self.num_tiles)
 
 
-def _all_gather_rows(ctx, rows: torch.Tensor) -> torch.Tensor:
-    """[n_r, D] on each rank -> [sum n_r, D] in rank order (identity at W = 1)."""
-    if ctx.world_size == 1:
-        return rows
-    counts = exchange.gather_metadata(ctx, [rows.shape[0]])[:, 0].tolist()
-    out = exchange._padded_all_gather(ctx, rows.to(ctx.comm_device), counts)
-    return out.to(rows.device)
-
-
 @torch.no_grad()
-def measure(trainer: "Trainer", budget: int, composite: bool = True) -> Measurement:
-    """Render every training view (collectively; view i on rank i mod W, a rank out of views
-    re-renders one and discards it) and route the per-record statistics to their owners."""
-    ctx, cfg, views = trainer.ctx, trainer.cfg, trainer.trainset
+def measure(shard: "GaussianShard", setup: RenderSetup, views: "Dataset", budget: int,
+            composite: bool = True) -> Measurement:
+    """Render every training view ``views`` (collectively; view i on rank i mod W, a rank out of
+    views re-renders one and discards it) and route the per-record statistics to their owners."""
+    ctx = setup.ctx
     mine, rounds = exchange.deal_views(len(views), ctx)
-    gaussians = activated(trainer.params)
-    device = trainer.params["means"].device
-    acc = torch.zeros(trainer.params["means"].shape[0], 3, dtype=torch.float64, device=device)
+    picks = exchange.padded_rounds(mine, rounds)
+    gaussians = shard.activated()
+    device = shard.params["means"].device
+    acc = torch.zeros(shard.num, 3, dtype=torch.float64, device=device)
     # tiles, within budget, sum of counts, max count, sum of excess, sum of counts over budget
     tiles = torch.zeros(1, 6, dtype=torch.float64)
     for r in range(rounds):
         real = r < len(mine)
-        cam = trainer.camera_batch(views.batch([mine[r] if real else (mine[-1] if mine else 0)], images=False))
-        res = render(gaussians, cam, ctx, trainer.ops, 0, packed=cfg.packed, near=cfg.near_plane,
-                     far=cfg.far_plane, rasterize=False, **trainer.render_options)  # colours play no part: SH 0
+        cam = setup.camera_batch(views.batch([picks[r]], images=False))
+        res = setup(gaussians, cam, 0, rasterize=False)  # colours play no part: SH 0
         values, counts = record_statistics(res.info, budget, composite)
         if real:
             over = counts > budget
@@ -248,7 +218,7 @@ def measure(trainer: "Trainer", budget: int, composite: bool = True) -> Measurem
         else:
             values = torch.zeros_like(values)
         acc += route_to_owners(ctx, res.info, values)
-    tiles = _all_gather_rows(ctx, tiles)
+    tiles = exchange.all_gather_rows(ctx, tiles)
     num_tiles, num_within, total = (int(v) for v in tiles[:, :3].sum(0))
     excess, over_isects = (int(v) for v in tiles[:, 4:].sum(0))
     return Measurement(acc[:, 0], acc[:, 1], acc[:, 2], num_tiles, num_within,
@@ -258,10 +228,11 @@ def measure(trainer: "Trainer", budget: int, composite: bool = True) -> Measurem
 # ---------------------------------------------------------------- selection
 
 
-def global_offset(trainer: "Trainer") -> tuple[int, int]:
-    """(index of this shard's first Gaussian in the shard-concatenated order, total Gaussians)."""
-    sizes = exchange.gather_metadata(trainer.ctx, [trainer.params["means"].shape[0]])[:, 0].tolist()
-    return sum(sizes[: trainer.ctx.rank]), sum(sizes)
+def global_offset(ctx, num: int) -> tuple[int, int]:
+    """(index of this shard's first Gaussian in the shard-concatenated order, total Gaussians),
+    from this shard's ``num`` Gaussians. Collective."""
+    sizes = exchange.gather_metadata(ctx, [num])[:, 0].tolist()
+    return sum(sizes[: ctx.rank]), sum(sizes)
 
 
 def stage3_scores(m: Measurement, budget: int) -> torch.Tensor:
@@ -269,14 +240,14 @@ def stage3_scores(m: Measurement, budget: int) -> torch.Tensor:
     return (m.overload / budget) / (m.importance + EPS)
 
 
-def select_top(trainer: "Trainer", scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
+def select_top(ctx, scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k`` highest-scoring candidates over all ranks (ties: lower global index first), as a
     local [N] bool mask. Every rank gathers the candidates' (score, global index) and applies the
     same order."""
-    offset, _ = global_offset(trainer)
+    offset, _ = global_offset(ctx, scores.shape[0])
     local = candidates.nonzero().squeeze(1)
     rows = torch.stack([scores[local], (local + offset).double()], dim=1).cpu()  # indices exact < 2^53
-    everyone = _all_gather_rows(trainer.ctx, rows)
+    everyone = exchange.all_gather_rows(ctx, rows)
     by_index = everyone[torch.argsort(everyone[:, 1], stable=True)]
     order = torch.argsort(-by_index[:, 0], stable=True)
     chosen = by_index[order[:k], 1].long() - offset
@@ -290,69 +261,71 @@ def select_top(trainer: "Trainer", scores: torch.Tensor, candidates: torch.Tenso
 # ---------------------------------------------------------------- the stages
 
 
-def _count_all(trainer: "Trainer") -> int:
-    return global_offset(trainer)[1]
+def _count_all(shard: "GaussianShard", setup: RenderSetup) -> int:
+    return global_offset(setup.ctx, shard.num)[1]
 
 
-def initial_pruning(trainer: "Trainer", step: int) -> dict:
-    """Stage 2: remove every Gaussian that wins no pixel of any training view. Collective."""
-    budget = tile_budget(trainer.device, trainer.cfg.prune.tile_budget)
-    num_before = _count_all(trainer)
-    m = measure(trainer, budget, composite=True)
-    num_pruned = remove_gaussians(trainer.params, trainer.optimizers, trainer.strategy_state, m.wins == 0)
-    trainer.shard_sizes_changed()
-    limit_densification(trainer.strategy, trainer.cfg)
-    after = measure(trainer, budget, composite=False)
-    return dict(stage=2, step=step, tile_budget=budget, num_before=num_before, num_after=_count_all(trainer),
+def initial_pruning(shard: "GaussianShard", setup: RenderSetup, views: "Dataset", cfg: "Config", step: int) -> dict:
+    """Stage 2: remove every Gaussian that wins no pixel of any training view ``views``. Collective."""
+    budget = tile_budget(setup.ctx.device, cfg.prune.tile_budget)
+    num_before = _count_all(shard, setup)
+    m = measure(shard, setup, views, budget, composite=True)
+    num_pruned = shard.remove(m.wins == 0)
+    limit_densification(shard.strategy, cfg)
+    after = measure(shard, setup, views, budget, composite=False)
+    return dict(stage=2, step=step, tile_budget=budget, num_before=num_before, num_after=_count_all(shard, setup),
                 num_pruned_local=num_pruned, tiles_before=m.tile_summary(), tiles_after=after.tile_summary())
 
 
-def hardware_aware_pruning(trainer: "Trainer", step: int) -> dict:
+def hardware_aware_pruning(shard: "GaussianShard", setup: RenderSetup, views: "Dataset", cfg: "Config",
+                           step: int) -> dict:
     """Stage 3: prune in rounds until every tile of every training view holds at most the budget
     (or ``--prune_rounds`` rounds ran); see the module docstring for the score. Collective."""
-    p = trainer.cfg.prune
-    budget = tile_budget(trainer.device, p.tile_budget)
-    num_before = _count_all(trainer)
-    m = first = measure(trainer, budget, composite=True)
+    p = cfg.prune
+    budget = tile_budget(setup.ctx.device, p.tile_budget)
+    num_before = _count_all(shard, setup)
+    m = first = measure(shard, setup, views, budget, composite=True)
     rounds, per_round = 0, []
     while rounds < p.prune_rounds and m.max_per_tile > budget:
         candidates = m.overload > 0
-        num_candidates = _count_all_true(trainer, candidates)
+        num_candidates = _count_all_true(setup.ctx, candidates)
         k = min(math.ceil(p.prune_fraction * num_candidates), m.removals_needed(num_candidates))
-        mask = select_top(trainer, stage3_scores(m, budget), candidates, k)
-        remove_gaussians(trainer.params, trainer.optimizers, trainer.strategy_state, mask)
-        trainer.shard_sizes_changed()
+        mask = select_top(setup.ctx, stage3_scores(m, budget), candidates, k)
+        shard.remove(mask)
         rounds += 1
         per_round.append(dict(candidates=num_candidates, removed=k))
-        m = measure(trainer, budget, composite=True)
-    return dict(stage=3, step=step, tile_budget=budget, num_before=num_before, num_after=_count_all(trainer),
+        m = measure(shard, setup, views, budget, composite=True)
+    return dict(stage=3, step=step, tile_budget=budget, num_before=num_before, num_after=_count_all(shard, setup),
                 rounds=rounds, per_round=per_round, all_tiles_fit=m.max_per_tile <= budget,
                 tiles_before=first.tile_summary(), tiles_after=m.tile_summary())
 
 
-def _count_all_true(trainer: "Trainer", mask: torch.Tensor) -> int:
-    return int(exchange.gather_metadata(trainer.ctx, [int(mask.sum())])[:, 0].sum())
+def _count_all_true(ctx, mask: torch.Tensor) -> int:
+    return int(exchange.gather_metadata(ctx, [int(mask.sum())])[:, 0].sum())
 
 
 @torch.no_grad()
-def heldout_psnr(trainer: "Trainer") -> Optional[float]:
+def heldout_psnr(shard: "GaussianShard", setup: RenderSetup, testset: "Dataset") -> Optional[float]:
     """Mean PSNR (dB) over the test views, on every rank; None without test views. Collective."""
-    ctx, testset = trainer.ctx, trainer.testset
+    ctx = setup.ctx
     if len(testset) == 0:
         return None
     mine, rounds = exchange.deal_views(len(testset), ctx)
-    cams = [trainer.camera_batch(testset.batch([i])) for i in mine]
-    cams += [cams[-1] if cams else trainer.camera_batch(testset.batch([0]))] * (rounds - len(cams))
-    renders = evaluate.render_views(trainer, cams)[: len(mine)]
+    picks = exchange.padded_rounds(mine, rounds)
+    by_view = {i: setup.camera_batch(testset.batch([i])) for i in dict.fromkeys(picks)}  # each decoded once
+    cams = [by_view[i] for i in picks]
+    renders = evaluate.render_views(shard, setup, cams)[: len(mine)]
     total = sum(float(metrics.psnr(torch.from_numpy(r)[None], testset[i]["image"][None]).mean())
                 for i, r in zip(mine, renders))
-    sums = _all_gather_rows(ctx, torch.tensor([[total, len(mine)]], dtype=torch.float64)).sum(0)
+    sums = exchange.sum_over_ranks(ctx, torch.tensor([total, len(mine)], dtype=torch.float64))
     return float(sums[0] / sums[1])
 
 
-def run_stages(trainer: "Trainer", done: int) -> Optional[dict]:
-    """Run the stage scheduled after step ``done`` (if any), then report it. Collective."""
-    s = trainer.cfg.schedule
+def run_stages(shard: "GaussianShard", setup: RenderSetup, trainset: "Dataset", testset: "Dataset",
+               cfg: "Config", reporter: "Reporter", done: int) -> Optional[dict]:
+    """Run the stage scheduled after step ``done`` (if any) on ``shard``, measured on the training
+    views ``trainset`` and scored on ``testset``, then report it. Collective."""
+    s = cfg.schedule
     if done == s.prune_stage2_step:
         stage = initial_pruning
     elif done == s.prune_stage3_step:
@@ -360,36 +333,30 @@ def run_stages(trainer: "Trainer", done: int) -> Optional[dict]:
     else:
         return None
     t0 = time.perf_counter()
-    psnr_before = heldout_psnr(trainer)
-    stats = stage(trainer, done)
+    psnr_before = heldout_psnr(shard, setup, testset)
+    stats = stage(shard, setup, trainset, cfg, done)
     stats.pop("num_pruned_local", None)
     stats.update(num_pruned=stats["num_before"] - stats["num_after"], seconds=time.perf_counter() - t0,
-                 test_psnr_before=psnr_before, test_psnr_after=heldout_psnr(trainer))
-    report(trainer, stats)
+                 test_psnr_before=psnr_before, test_psnr_after=heldout_psnr(shard, setup, testset))
+    report(reporter, stats)
     return stats
 
 
-def report(trainer: "Trainer", stats: dict) -> None:
-    """Rank 0: print a line, write stats/prune_stage<k>.json and TensorBoard scalars."""
-    if not trainer.ctx.is_main:
-        return
+def report(reporter: "Reporter", stats: dict) -> None:
+    """stats/prune_stage<k>.json, TensorBoard scalars and one line (rank 0's reporter; a no-op
+    elsewhere)."""
     k, step = stats["stage"], stats["step"]
-    path = Path(trainer.result_dir) / "stats" / f"prune_stage{k}.json"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
+    reporter.write_json(f"stats/prune_stage{k}.json", stats)
     before, after = stats["tiles_before"], stats["tiles_after"]
-    if trainer.writer is not None:
-        w, tag = trainer.writer, f"prune/stage{k}"
-        w.add_scalar(f"{tag}/num_pruned", stats["num_pruned"], step)
-        w.add_scalar(f"{tag}/num_gaussians", stats["num_after"], step)
-        for name in ("fraction_within_budget", "mean_per_tile", "max_per_tile"):
-            w.add_scalar(f"{tag}/{name}_before", before[name], step)
-            w.add_scalar(f"{tag}/{name}_after", after[name], step)
-        if stats["test_psnr_after"] is not None:
-            w.add_scalar(f"{tag}/test_psnr", stats["test_psnr_after"], step)
+    tag = f"prune/stage{k}"
+    reporter.scalar(f"{tag}/num_pruned", stats["num_pruned"], step)
+    reporter.scalar(f"{tag}/num_gaussians", stats["num_after"], step)
+    for name in ("fraction_within_budget", "mean_per_tile", "max_per_tile"):
+        reporter.scalar(f"{tag}/{name}_before", before[name], step)
+        reporter.scalar(f"{tag}/{name}_after", after[name], step)
+    reporter.scalars({f"{tag}/test_psnr": stats["test_psnr_after"]}, step)
     psnr = stats["test_psnr_after"]
-    from tqdm import tqdm
-
-    tqdm.write(f"prune stage {k} after step {step}: {stats['num_pruned']:,} of {stats['num_before']:,} Gaussians "
+    reporter.line(f"prune stage {k} after step {step}: {stats['num_pruned']:,} of {stats['num_before']:,} Gaussians "
                f"removed; tiles within budget {stats['tile_budget']}: {100 * before['fraction_within_budget']:.1f}% "
                f"-> {100 * after['fraction_within_budget']:.1f}% (mean {after['mean_per_tile']:.1f}, max "
                f"{after['max_per_tile']} per tile)" + (f"; test PSNR {psnr:.3f}" if psnr is not None else ""))

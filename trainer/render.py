@@ -241,6 +241,7 @@ def render(
     camera_model: str = "pinhole",
     antialiased: bool = False,
     absgrad: bool = False,
+    sparse_grad_comm: bool = False,
     render_depth: bool = False,
 ) -> RenderResult:
     """Render this rank's cameras from every rank's Gaussians.
@@ -261,6 +262,7 @@ def render(
     backward, ``info["absgrad"].grad`` holds each local record's absolute 2D-mean gradient, the
     shape of ``info["means2d"]``; :class:`AbsGradRelay`), ``render_depth`` (``result.depths``
     [C, H, W, 1]: the expected camera-z depth, accumulated depth / alpha, gsplat's "ED").
+    ``sparse_grad_comm``: the backward exchange elides zero gradient rows (sparse_exchange.py).
     """
     timer = timer or PhaseTimer(gaussians["means"].device)
     timer.begin("forward_exchange")  # shard sizes and cameras
@@ -306,9 +308,9 @@ def render(
     fields = [proj["radii"], means2d, proj["depths"][..., None], proj["conics"], opacities[..., None], colors]
     timer.begin("forward_exchange")
     if packed:
-        recv = _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes)
+        recv = _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes, sparse_grad_comm)
     else:
-        recv = _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes)
+        recv = _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes, sparse_grad_comm)
     timer.begin("rasterization")
 
     tile_w, tile_h = math.ceil(cams.width / TILE_SIZE), math.ceil(cams.height / TILE_SIZE)
@@ -341,6 +343,32 @@ def render(
         absgrad=absgrad_lanes, raster_means2d=raster_means2d,  # the latter keeps the relay's output alive
     )
     return RenderResult(render_colors, render_alphas, info, render_depths)
+
+
+@dataclass(frozen=True)
+class RenderSetup:
+    """What every render of a run shares besides the Gaussians and the cameras: the ranks
+    (``ctx``), the rasterizer ops, the full SH degree, packed mode, near/far planes and the
+    camera model options. Evaluation and pruning take one instead of the Trainer."""
+
+    ctx: DistContext
+    ops: ModuleType
+    sh_degree: int
+    packed: bool = False
+    near: float = 0.01
+    far: float = 1e10
+    options: dict = field(default_factory=dict)  # camera_model, antialiased
+
+    def __call__(self, gaussians: dict, cams: CameraBatch, sh_degree: Optional[int] = None, **kwargs) -> RenderResult:
+        """:func:`render` with this setup (SH degree ``sh_degree``, default the full one)."""
+        return render(gaussians, cams, self.ctx, self.ops, self.sh_degree if sh_degree is None else sh_degree,
+                      packed=self.packed, near=self.near, far=self.far, **self.options, **kwargs)
+
+    def camera_batch(self, batch: dict) -> CameraBatch:
+        """The CameraBatch of a dataset batch (data.Dataset.batch), on this rank's device."""
+        device = self.ctx.device
+        return CameraBatch(rigid_inverse(batch["camtoworld"].to(device)), batch["K"].to(device),
+                           int(batch["width"]), int(batch["height"]))
 
 
 def visible_gaussians(info: dict) -> torch.Tensor:
@@ -417,7 +445,7 @@ def _split_fields(rows: torch.Tensor, lead_shape) -> dict:
     )
 
 
-def _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes=None) -> dict:
+def _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes=None, sparse=False) -> dict:
     """Dense all_to_all: rank r sends all N local records of every camera rank j renders.
     ``absgrad_lanes``: the radii as float lanes that require grad (absgrad), sent in their place."""
     if ctx.world_size == 1:
@@ -435,24 +463,25 @@ def _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes=None)
     C = C_world[ctx.rank]
     send_rows = [c * N for c in C_world]
     recv_rows = [C * n for n in N_world]
-    recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad_lanes is not None)
+    recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad_lanes is not None, sparse)
     chunks = [chunk.reshape(C, n, RECORD_LANES) for chunk, n in zip(torch.split(recv, recv_rows), N_world)]
     out = _split_fields(torch.cat(chunks, dim=1), (C, sum(N_world)))
     out["layout"] = dict(packed=False, N_local=N, N_world=N_world, send_rows=send_rows, recv_rows=recv_rows)
     return out
 
 
-def _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad=False):
+def _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad=False, sparse=False):
     """The record all_to_all, with the backward phase boundaries on both sides of it. Only the
     last 10 lanes (means2d, depth, conic, opacity, colour) carry gradient back; with
-    ``absgrad`` the radii lanes before them too (AbsGradRelay)."""
+    ``absgrad`` the radii lanes before them too (AbsGradRelay); with ``sparse`` their zero rows
+    do not travel (--sparse_grad_comm)."""
     payload = boundary(payload, timer, "backward_projection")
     grad_cols = (payload.shape[1] - (RECORD_LANES if absgrad else RECORD_LANES - 2), payload.shape[1])
-    recv = exchange.all_to_all(ctx, payload, send_rows, recv_rows, grad_cols=grad_cols)
+    recv = exchange.all_to_all(ctx, payload, send_rows, recv_rows, grad_cols=grad_cols, sparse=sparse)
     return boundary(recv, timer, "backward_exchange")
 
 
-def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes=None) -> dict:
+def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes=None, sparse=False) -> dict:
     """Packed all_to_all: only visible records travel, with the indices the receiver needs.
 
     Camera ids are rebased global -> the receiver's local ids and Gaussian ids local -> global
@@ -479,7 +508,7 @@ def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absg
     payload = torch.cat(
         [exchange.ids_to_float_lanes(local_cam), exchange.ids_to_float_lanes(global_gs), lanes, *fields[1:]], dim=-1
     )  # [nnz, 14]
-    recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad_lanes is not None)
+    recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad_lanes is not None, sparse)
     out = _split_fields(recv[:, 2:], (recv.shape[0],))
     out.update(image_ids=exchange.float_lanes_to_ids(recv[:, 0]), gaussian_ids=exchange.float_lanes_to_ids(recv[:, 1]))
     out["layout"] = dict(packed=True, N_local=N_world[ctx.rank], N_world=N_world, send_rows=send_rows,

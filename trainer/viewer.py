@@ -180,7 +180,10 @@ class _Model:
     """The Gaussians shown by ``view``, swapped under the viewer lock when a newer export appears."""
 
     def __init__(self, device: torch.device):
-        self.device, self.gaussians, self.sh_degree, self.source, self.stamp = device, None, 0, None, None
+        self.device, self.sh_degree = device, 0
+        self.gaussians: dict = {}  # empty until load()
+        self.source: Optional[Path] = None
+        self.stamp: Optional[int] = None
 
     def load(self, ply: Path) -> None:
         from .export import load_ply

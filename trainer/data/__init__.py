@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .colmap import find_model, load_colmap
 from .images import Camera, DataError, Scene, Undistortion, cache_root, load_image
@@ -84,16 +84,32 @@ def describe_views(scene: Scene, train: list[int], test: list[int], alpha_as_mas
             lines = [f"images: {size}, read from {source}: decoding {num_bytes / 2**20:,.1f} MB into memory"]
     distorted = [c for c in cameras if c.dist is not None and not c.dist.fisheye]
     fisheyes = [c for c in cameras if c.dist is not None and c.dist.fisheye]
+    dist: dict[int, Any] = {id(c): c.dist for c in distorted + fisheyes}  # none of them None
     if fisheyes:
-        models = ", ".join(sorted({c.dist.model for c in fisheyes}))
+        models = ", ".join(sorted({dist[id(c)].model for c in fisheyes}))
         lines.append(f"fisheye: {models} remapped to an ideal equidistant fisheye for {len(fisheyes)} of "
                      f"{len(cameras)} views, cropped to the pixels that see the image "
-                     f"({_sizes([(c.dist.src_width, c.dist.src_height) for c in fisheyes])} -> "
+                     f"({_sizes([(dist[id(c)].src_width, dist[id(c)].src_height) for c in fisheyes])} -> "
                      f"{_sizes([(c.width, c.height) for c in fisheyes])}); the rest of the crop is masked")
     if distorted:
-        models = ", ".join(sorted({c.dist.model or "distortion" for c in distorted}))
-        before = _sizes([(c.dist.src_width, c.dist.src_height) for c in distorted])
+        models = ", ".join(sorted({dist[id(c)].model or "distortion" for c in distorted}))
+        before = _sizes([(dist[id(c)].src_width, dist[id(c)].src_height) for c in distorted])
         after = _sizes([(c.width, c.height) for c in distorted])
         lines.append(f"distortion: {models} undone with OpenCV for {len(distorted)} of {len(cameras)} views, "
                      f"cropped to the valid region: {before} -> {after}")
     return lines + mask_lines(scene, alpha_as_mask)
+
+
+def scene_from_config(cfg, log: Optional[Callable[[str], None]] = None) -> Scene:
+    """The scene of ``cfg``: the data dir's, or the embedded synthetic one. ``log``: a callable
+    given one line before slow loading work (data.load_scene)."""
+    from .synthetic import make_synthetic_scene
+
+    if cfg.data_dir is None:
+        return make_synthetic_scene(cfg.synthetic_num_gaussians, cfg.synthetic_num_cameras,
+                                    cfg.synthetic_image_size, seed=0, camera_model=cfg.camera_model,
+                                    tracks=cfg.depth_loss)
+    if not Path(cfg.data_dir).is_dir():
+        raise DataError(f"--data_dir: no such folder: {cfg.data_dir}")
+    return load_scene(Path(cfg.data_dir), cfg.data_factor, normalize=cfg.normalize_world_space, log=log,
+                      tracks=cfg.depth_loss)

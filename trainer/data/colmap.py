@@ -8,13 +8,12 @@ COLMAP poses are world-to-camera in OpenCV axes (x right, y down, z forward); we
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import pycolmap
 
-from .fisheye import make_fisheye_undistortion
-from .images import Camera, DataError, Scene, locate_images, make_undistortion
+from .images import Camera, DataError, Scene, locate_images, make_fisheye_undistortion, make_undistortion
 from .masks import MASKS_FOLDER, alpha_sources, find_mask_names
 from .normalize import normalize_world, scene_scale
 
@@ -112,9 +111,9 @@ def load_colmap(data_dir: Path, model_dir: Path, data_factor: int, normalize: bo
     names = [im.name for im in images]
     mask_names = find_mask_names(data_dir, names)
     with_mask = [i for i, m in enumerate(mask_names) if m is not None]
-    mask_files = locate_images(data_dir, MASKS_FOLDER, [mask_names[i] for i in with_mask],
+    mask_files = locate_images(data_dir, MASKS_FOLDER, [str(mask_names[i]) for i in with_mask],
                                [sizes[i] for i in with_mask], data_factor, log)
-    mask_paths = [None] * len(images)
+    mask_paths: list[Optional[Path]] = [None] * len(images)
     for i, (path, _, _) in zip(with_mask, mask_files):
         mask_paths[i] = path
     alphas = alpha_sources(data_dir, IMAGES_FOLDER, names, [data_dir / IMAGES_FOLDER / n for n in names], located,
@@ -122,13 +121,13 @@ def load_colmap(data_dir: Path, model_dir: Path, data_factor: int, normalize: bo
 
     camtoworlds = np.stack([np.linalg.inv(_cam_from_world(im)) for im in images])  # [C, 4, 4]
     point_rows = {pid: row for row, pid in enumerate(reconstruction.points3D)}
-    points = np.array([p.xyz for p in reconstruction.points3D.values()], dtype=np.float64).reshape(-1, 3)
+    points: Any = np.array([p.xyz for p in reconstruction.points3D.values()], dtype=np.float64).reshape(-1, 3)
     points_rgb = np.array([p.color for p in reconstruction.points3D.values()], dtype=np.uint8).reshape(-1, 3)
-    transform = np.eye(4)
+    transform: Any = np.eye(4)
     if normalize:
         camtoworlds, points, transform = normalize_world(camtoworlds, points)
 
-    num_users = {}
+    num_users: dict[int, int] = {}
     for im in images:
         num_users[im.camera_id] = num_users.get(im.camera_id, 0) + 1
     undistortions = {}  # (camera_id, file width, file height) -> Undistortion, shared by its images

@@ -10,14 +10,14 @@ puts it at f * theta. The remap samples, for every output pixel at (u, v) (pixel
     source = (cx + fx x theta_d / theta, cy + fy y theta_d / theta),
 with the same focal lengths (gsplat examples/datasets/colmap.py remaps the same way, about the
 image centre). Output pixels whose source falls outside the image are masked (masks.py); the
-output is cropped to the bounding box of the valid pixels, the principal point moved with it.
+output is cropped to the bounding box of the valid pixels, the principal point moved with it
+(images.make_fisheye_undistortion). Pure numpy: this module imports nothing of the package.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .images import DataError, Undistortion
 
 
 def _source(K_distorted: np.ndarray, coeffs: np.ndarray, K: np.ndarray, width: int, height: int
@@ -39,25 +39,3 @@ def remap_tables(K_distorted: np.ndarray, coeffs: np.ndarray, K: np.ndarray, wid
     [height, width] output with intrinsics K."""
     sx, sy = _source(K_distorted, coeffs, K, width, height)
     return (sx - 0.5).astype(np.float32), (sy - 0.5).astype(np.float32)
-
-
-def make_fisheye_undistortion(K: np.ndarray, coeffs, width: int, height: int, what: str,
-                              cache_maps: bool = False, model: str = "") -> Undistortion:
-    """Plan the remap of a [height, width] OpenCV-fisheye image with intrinsics K [3, 3] (pixels)
-    and coeffs k1..k4 to an ideal equidistant fisheye of the same focal lengths, cropped to the
-    valid pixels' bounding box. ``what`` names the camera in the DataError raised when no output
-    pixel sees the image (a malformed camera)."""
-    K = np.asarray(K, dtype=np.float64)
-    coeffs = np.asarray(coeffs, dtype=np.float64)
-    mapx, mapy = remap_tables(K, coeffs, K, width, height)
-    valid = (mapx >= 0) & (mapy >= 0) & (mapx <= width - 1) & (mapy <= height - 1)
-    rows, cols = np.nonzero(valid.any(axis=1))[0], np.nonzero(valid.any(axis=0))[0]
-    if len(rows) < 2 or len(cols) < 2:
-        raise DataError(f"{what}: fisheye coefficients {coeffs.tolist()} leave no valid image region")
-    x0, y0 = int(cols[0]), int(rows[0])
-    out_w, out_h = int(cols[-1]) + 1 - x0, int(rows[-1]) + 1 - y0
-    K_new = K.copy()
-    K_new[0, 2] -= x0
-    K_new[1, 2] -= y0
-    return Undistortion(K_distorted=K, coeffs=coeffs, src_width=width, src_height=height, K=K_new,
-                        width=out_w, height=out_h, cache_maps=cache_maps, model=model, fisheye=True)

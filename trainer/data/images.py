@@ -23,6 +23,7 @@ import numpy as np
 from PIL import Image
 
 from ..fileio import atomic_write_bytes
+from .fisheye import remap_tables
 
 CACHE_ENV = "SPLAT_TRAIN_CACHE"
 
@@ -57,8 +58,6 @@ class Undistortion:
         if self._maps is not None:
             return self._maps
         if self.fisheye:
-            from .fisheye import remap_tables
-
             maps = remap_tables(self.K_distorted, self.coeffs, self.K, self.width, self.height)
         else:
             maps = cv2.initUndistortRectifyMap(
@@ -160,6 +159,28 @@ def make_undistortion(K: np.ndarray, coeffs, width: int, height: int, what: str,
 
 # ----------------------------------------------------------------------------------------------
 # Reading files
+
+
+def make_fisheye_undistortion(K: np.ndarray, coeffs, width: int, height: int, what: str,
+                              cache_maps: bool = False, model: str = "") -> Undistortion:
+    """Plan the remap of a [height, width] OpenCV-fisheye image with intrinsics K [3, 3] (pixels)
+    and coeffs k1..k4 to an ideal equidistant fisheye of the same focal lengths, cropped to the
+    valid pixels' bounding box. ``what`` names the camera in the DataError raised when no output
+    pixel sees the image (a malformed camera)."""
+    K = np.asarray(K, dtype=np.float64)
+    coeffs = np.asarray(coeffs, dtype=np.float64)
+    mapx, mapy = remap_tables(K, coeffs, K, width, height)
+    valid = (mapx >= 0) & (mapy >= 0) & (mapx <= width - 1) & (mapy <= height - 1)
+    rows, cols = np.nonzero(valid.any(axis=1))[0], np.nonzero(valid.any(axis=0))[0]
+    if len(rows) < 2 or len(cols) < 2:
+        raise DataError(f"{what}: fisheye coefficients {coeffs.tolist()} leave no valid image region")
+    x0, y0 = int(cols[0]), int(rows[0])
+    out_w, out_h = int(cols[-1]) + 1 - x0, int(rows[-1]) + 1 - y0
+    K_new = K.copy()
+    K_new[0, 2] -= x0
+    K_new[1, 2] -= y0
+    return Undistortion(K_distorted=K, coeffs=coeffs, src_width=width, src_height=height, K=K_new,
+                        width=out_w, height=out_h, cache_maps=cache_maps, model=model, fisheye=True)
 
 
 def image_size(path: Path) -> tuple[int, int]:

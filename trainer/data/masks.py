@@ -26,7 +26,7 @@ has SSIM 1), and no gradient reaches the model through them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import cv2
 import numpy as np
@@ -77,6 +77,7 @@ def alpha_sources(data_dir: Path, folder: str, names: list[str], originals: list
         alpha_path = cache / (name + ".alpha.png")
         if not alpha_path.is_file() or alpha_path.stat().st_mtime < original.stat().st_mtime:
             _, alpha = read_rgba(original)
+            assert alpha is not None  # alpha_sources lists only files with an alpha channel
             _write_grey_png(alpha_path, cv2.resize(alpha, downscaled_size(alpha.shape[1], alpha.shape[0], factor),
                                                    interpolation=cv2.INTER_AREA))
         out.append(alpha_path)

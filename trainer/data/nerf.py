@@ -14,12 +14,12 @@ import json
 import math
 import warnings
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .fisheye import make_fisheye_undistortion
-from .images import Camera, DataError, Scene, image_size, locate_images, make_undistortion
+from .images import (Camera, DataError, Scene, image_size, locate_images, make_fisheye_undistortion,
+                     make_undistortion)
 from .masks import alpha_sources
 from .normalize import normalize_world, scene_scale
 
@@ -46,7 +46,7 @@ def _relative_name(path: Path, data_dir: Path) -> str:
 
 def _pinhole(meta: dict, frame: dict, width: int, height: int, where: str) -> np.ndarray:
     """[3, 3] float64 K in pixels at (width, height) from fl_*/c* or camera_angle_*."""
-    get = lambda key: frame.get(key, meta.get(key))  # noqa: E731
+    get: Callable[[str], Any] = lambda key: frame.get(key, meta.get(key))  # noqa: E731
     if get("fl_x") is not None:
         fx = float(get("fl_x"))
     elif get("camera_angle_x") is not None:
@@ -149,14 +149,15 @@ def load_nerf(json_path: Path, data_factor: int, normalize: bool,
                         _camtoworld(frame, where), _mask_file(base, frame, where)))
 
     # Downscaled files, one images_<f> / cache lookup per folder (images, then mask files).
-    located, alphas = {}, {}
+    located: dict = {}
+    alphas: dict = {}
     folders = sorted({_relative_name(path.parent, base) for path, *_ in records})
     for folder in folders:
         group = [(path, size) for path, size, *_ in records if _relative_name(path.parent, base) == folder]
         files = locate_images(base, folder, [p.name for p, _ in group], [s for _, s in group], data_factor, log)
         located.update({path: file for (path, _), file in zip(group, files)})
-        found = alpha_sources(base, folder, [p.name for p, _ in group], [p for p, _ in group], files, data_factor)
-        alphas.update({path: a for (path, _), a in zip(group, found)})
+        sources = alpha_sources(base, folder, [p.name for p, _ in group], [p for p, _ in group], files, data_factor)
+        alphas.update({path: a for (path, _), a in zip(group, sources)})
     masks = {}
     mask_folders = sorted({_relative_name(m.parent, base) for *_, m in records if m is not None})
     for folder in mask_folders:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -49,7 +49,8 @@ class Dataset:
         self.indices = [int(i) for i in indices]
         self.alpha_as_mask = alpha_as_mask
         assert all(0 <= i < len(scene.cameras) for i in self.indices), "camera index out of range"
-        self._images = self._masks = None
+        self._images: Any = None  # preloaded [H, W, 3] uint8 per item (None: decoded when read)
+        self._masks: Any = None
         items = range(len(self.indices)) if preload is True else sorted(set(preload or ()))
         if items:
             with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
@@ -154,7 +155,7 @@ class CameraSampler:
         self.seed = int(seed) % 2**64  # SeedSequence wants non-negative entropy
         self.rank = int(rank)
         self.num_batches_per_epoch = sum(-(-len(g) // self.batch_size) for g in self.groups)
-        self._last_epoch = (-1, [])  # memo of the most recent epoch's batches
+        self._last_epoch: tuple[int, list] = (-1, [])  # memo of the most recent epoch's batches
 
     @property
     def uniform_batches(self) -> bool:

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import Camera, Scene
+from .images import Camera, Scene
 
 
 def look_at(eye: np.ndarray, target: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -126,7 +126,8 @@ def make_synthetic_scene(num_gaussians: int = 600, num_cameras: int = 40, image_
                 observed.append(_unoccluded(means2d[0], depths[0], radii[0], depth[0, ..., 0] / alpha[0, ..., 0]
                                             .clamp_min(1e-10), width, height))
         images.append((img[0].clamp(0, 1).cpu().numpy() * 255.0 + 0.5).astype(np.uint8))
-        cameras.append(Camera(name=f"synthetic_{i:03d}.png", image_path=None, camtoworld=c2w, K=K.copy(),
+        cameras.append(Camera(name=f"synthetic_{i:03d}.png", image_path=None,  # type: ignore[arg-type]  # no file: the pixels are rendered
+                              camtoworld=c2w, K=K.copy(),
                               width=width, height=height, dist=None, model=camera_model,
                               point_ids=observed[-1] if tracks else None))
     jitter = rng.normal(scale=0.02, size=gt["means"].shape).astype(np.float32)

@@ -231,9 +231,10 @@ class TrainViews:
     def _plan(self, step: int) -> None:
         """Decode ahead the items of steps step .. step + k, k the most steps whose images fit
         half of the cache (at most ``lookahead``)."""
-        window, total = [], 0
+        window: list[list[int]] = []
+        total = 0
         for s in range(step, step + self.lookahead + 1):
-            items = self.items_at(s)
+            items = self.items_at(s)  # type: ignore[misc]  # streaming views always have items_at (__init__)
             size = sum(self.sizes[i] for i in items)
             if not window and 2 * size > self.cache_bytes:
                 raise ValueError(f"--image_cache_gb {self.cache_bytes / 2**30:g} holds less than two batches of "

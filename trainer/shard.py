@@ -1,0 +1,108 @@
+"""This rank's Gaussians and everything that has a row per Gaussian: :class:`GaussianShard`.
+
+The stages that read or change the Gaussians (densification in the training step, pruning,
+evaluation, export, checkpoints) take a shard, not the Trainer. Changing the number of Gaussians
+goes through :meth:`GaussianShard.remove` (parameters, their Adam moments and the strategy's
+per-Gaussian state together) or the densification strategy, which does the same surgery with
+gsplat's ops; either way the shard forgets the gathered shard sizes (:attr:`world_sizes`), so the
+next training step gathers them again.
+
+Light to import (torch only): checkpoint.py takes :data:`PER_GAUSSIAN_STATE` from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+PER_GAUSSIAN_STATE = ("grad2d", "count", "radii")
+"""Strategy-state entries with one row per Gaussian (DefaultStrategy); others (MCMC's binomial
+table) are not per-Gaussian and must not be sliced."""
+
+
+class GaussianShard:
+    """One rank's Gaussians: ``params`` (means, scales, quats, opacities, sh0, shN; a
+    ParameterDict), one Adam per parameter (``optimizers``), the means' learning-rate ``scheduler``,
+    the densification ``strategy`` and its ``strategy_state``. ``world_sizes``: the Gaussian count
+    of every rank as last gathered (None: gather before the next step)."""
+
+    def __init__(self, params, optimizers: dict, scheduler, strategy, strategy_state: dict):
+        self.params = params
+        self.optimizers = optimizers
+        self.scheduler = scheduler
+        self.strategy = strategy
+        self.strategy_state = strategy_state
+        self.world_sizes: Optional[list[int]] = None
+
+    @property
+    def num(self) -> int:
+        """Gaussians in this shard."""
+        return int(self.params["means"].shape[0])
+
+    def activated(self) -> dict[str, torch.Tensor]:
+        """The Gaussians as the renderer takes them (model.activated)."""
+        from .model import activated
+
+        return activated(self.params)
+
+    def sizes_changed(self) -> None:
+        """Say that the shards may have changed size on some rank (densification, pruning, a
+        loaded checkpoint): the next step gathers every rank's count again. Every rank calls it
+        at the same points of the run."""
+        self.world_sizes = None
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """params, optimizers, scheduler and strategy_state, as a checkpoint stores them."""
+        return dict(
+            params={k: v.detach() for k, v in self.params.items()},
+            optimizers={k: o.state_dict() for k, o in self.optimizers.items()},
+            scheduler=self.scheduler.state_dict(),
+            strategy_state=self.strategy_state,
+        )
+
+    def load_state_dict(self, state: dict, device: torch.device) -> None:
+        """The parameters, Adam moments, schedule and strategy state of ``state`` (a checkpoint's,
+        re-sharded for this rank by checkpoint.load_shard), on ``device``."""
+        for name, value in state["params"].items():
+            self.params[name] = torch.nn.Parameter(value.to(device).contiguous())
+        for name, opt in self.optimizers.items():
+            opt.param_groups[0]["params"] = [self.params[name]]
+            opt.state.clear()
+            opt.load_state_dict(state["optimizers"][name])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.strategy_state = {
+            k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+            for k, v in state["strategy_state"].items()
+        }
+        self.sizes_changed()
+
+    # ------------------------------------------------------------------ surgery
+    @torch.no_grad()
+    def remove(self, mask: torch.Tensor) -> int:
+        """Remove the Gaussians where ``mask`` [N] bool is True from the parameters, their Adam
+        moments (gsplat.strategy.ops.remove) and the strategy's per-Gaussian state. Returns the
+        count."""
+        num = remove_gaussians(self.params, self.optimizers, self.strategy_state, mask)
+        self.sizes_changed()
+        return num
+
+
+@torch.no_grad()
+def remove_gaussians(params, optimizers: dict, strategy_state: dict, mask: torch.Tensor) -> int:
+    """Remove the Gaussians where ``mask`` [N] bool is True from ``params``, their Adam moments
+    and the per-Gaussian entries of ``strategy_state`` (:data:`PER_GAUSSIAN_STATE`). Returns the
+    count."""
+    from gsplat.strategy.ops import remove
+
+    n = int(params["means"].shape[0])
+    assert mask.shape == (n,) and mask.dtype == torch.bool
+    num = int(mask.sum())
+    if num == 0:
+        return 0
+    rows = {k: v for k, v in strategy_state.items() if k in PER_GAUSSIAN_STATE and isinstance(v, torch.Tensor)}
+    assert all(v.shape[0] == n for v in rows.values()), {k: tuple(v.shape) for k, v in rows.items()}
+    remove(params=params, optimizers=optimizers, state=rows, mask=mask)
+    strategy_state.update(rows)
+    return num
