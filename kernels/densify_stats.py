@@ -72,11 +72,13 @@ def accumulate(grad2d: Tensor, count: Tensor, grads: Tensor, scales: Tensor, rad
     grads = grads.contiguous()
     scales = scales.contiguous()
     if gaussian_ids is not None:
+        assert camera_ids is not None, "packed statistics need camera_ids"
         num = grads.shape[0]
         if num:
             _packed_kernel[(triton.cdiv(num, BLOCK),)](grads, gaussian_ids.contiguous(), camera_ids.contiguous(),
                                                       scales, grad2d, count, num, BLOCK=BLOCK)
         return
+    assert radii is not None, "dense statistics need radii"
     num_cameras, num = grads.shape[0], grads.shape[1]
     if num:
         _dense_kernel[(triton.cdiv(num, BLOCK),)](grads, radii.contiguous(), scales, grad2d, count, num, num_cameras,

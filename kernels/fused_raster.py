@@ -390,7 +390,7 @@ def _unfused(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts
     stats = {"fraction_fused": float(within.float().mean()), "num_tiles": counts.numel(),
              "fraction_isects_fused": _isect_share(counts, within), "fraction_resident": None,
              "image": image.detach() if return_image else None,
-             "absgrad": means2d.absgrad.reshape(-1, 2) if absgrad else None}
+             "absgrad": means2d.absgrad.reshape(-1, 2) if absgrad else None}  # type: ignore[attr-defined]
     return loss, stats
 
 
@@ -464,7 +464,7 @@ def fused_raster_loss(
         stats = {"fraction_fused": float((counts <= budget).float().mean()), "num_tiles": counts.numel(),
                  "fraction_isects_fused": _isect_share(counts, counts <= budget), "fraction_resident": None,
                  "image": image.detach() if return_image else None,
-                 "absgrad": means2d.absgrad.reshape(-1, 2) if absgrad else None}
+                 "absgrad": means2d.absgrad.reshape(-1, 2) if absgrad else None}  # type: ignore[attr-defined]
         return loss, stats
     ext = native.load()
     if ext is None:

@@ -85,6 +85,24 @@ TILE = BLOCK - WINDOW + 1  # output tile side: 22 pixels
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def kernel_specs() -> dict:
+    """This module's Triton kernels at the configurations their host code launches, in the format
+    of kernels/registry.py (which lists every kernel of the package)."""
+    ssim_fwd = dict(C1=C1, C2=C2, WINDOW=WINDOW, BLOCK=BLOCK, SAVE=True)
+    ssim_bwd = dict(WINDOW=WINDOW, BLOCK=BLOCK)
+    scalars = {n: "fp32" for n in ("y_scale", "ssim_factor", "l1_factor")}
+    u8_gt = {"y_ptr": "*u8"}
+    return {
+        "ssim_forward": (_ssim_fwd_kernel, dict(ssim_fwd, L1=False), {}, scalars, 4),
+        "ssim_backward": (_ssim_bwd_kernel, dict(ssim_bwd, L1=False), {}, scalars, 4),
+        # the training loss: L1 + D-SSIM against uint8 ground truth (fused_l1_ssim_loss)
+        "l1_ssim_forward": (_ssim_fwd_kernel, dict(ssim_fwd, L1=True), u8_gt, scalars, 4),
+        "l1_ssim_backward": (_ssim_bwd_kernel, dict(ssim_bwd, L1=True), u8_gt, scalars, 4),
+        "loss_combine": (_combine_kernel, dict(BLOCK=COMBINE_BLOCK), {},
+                         {n: "fp32" for n in ("lam", "inv_ssim", "inv_l1")}, 4),
+    }
+
+
 def available() -> bool:
     """Whether Triton imported (the kernels still need a CUDA/ROCm tensor or the interpreter)."""
     return triton is not None
@@ -286,7 +304,7 @@ def ssim_forward_into(img1: Tensor, img2: Tensor, padding: str, partials: Tensor
         height, width, out_h, out_w, origin, batch * 3 * out_h * out_w, _gt_scale(img2),
         *img1.stride(), *img2.stride(),
         C1=C1, C2=C2, WINDOW=WINDOW, BLOCK=BLOCK, SAVE=maps is not None, L1=with_l1,
-        num_warps=spill_free_warps("l1_ssim_forward" if with_l1 else "ssim_forward", img1.device),
+        num_warps=spill_free_warps("l1_ssim_forward" if with_l1 else "ssim_forward", kernel_specs, img1.device),
     )
     if with_l1:
         return None
@@ -313,7 +331,7 @@ def ssim_backward_into(grad_output: Tensor, img1: Tensor, img2: Tensor, padding:
         float(ssim_factor), float(l1_factor),
         *img1.stride(), *img2.stride(),
         WINDOW=WINDOW, BLOCK=BLOCK, L1=l1_factor != 0.0,
-        num_warps=spill_free_warps("l1_ssim_backward" if l1_factor else "ssim_backward", img1.device),
+        num_warps=spill_free_warps("l1_ssim_backward" if l1_factor else "ssim_backward", kernel_specs, img1.device),
     )
     return grad
 
@@ -350,6 +368,7 @@ class _FusedSSIM(torch.autograd.Function):
     def forward(ctx, img1: Tensor, img2: Tensor, padding: str, train: bool) -> Tensor:
         partials, maps = buffers(img1, padding, train)
         value = ssim_forward_into(img1, img2, padding, partials, maps)
+        assert value is not None  # None only with with_l1
         ctx.padding = padding
         if train:
             ctx.save_for_backward(img1, img2, maps)

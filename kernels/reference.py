@@ -25,7 +25,7 @@ models are gsplat's pinhole, ortho and fisheye (Utils.cuh persp_proj, ortho_proj
 """
 
 import math
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -100,7 +100,7 @@ def fully_fused_projection(
     calc_compensations: bool = False,
     camera_model: str = "pinhole",
     opacities: Optional[Tensor] = None,  # [..., N] or None
-) -> Tuple[Tensor, ...]:
+) -> Tuple[Any, ...]:  # Tensors; the last (compensations) None unless calc_compensations
     """Projects 3D Gaussians to 2D (EWA splatting, Zwicker et al. 2001; 3DGS, Kerbl et al. 2023).
 
     Same signature and outputs as ``gsplat.fully_fused_projection`` (gsplat 1.5.3,
@@ -400,7 +400,11 @@ def isect_tiles(
     j = torch.arange(len(rec), device=device) - first[rec]  # index within the record's bbox
     w = span[rec, 0]
     tile_id = (lo[rec, 1] + j // w) * tile_width + (lo[rec, 0] + j % w)
-    image_id = image_ids.reshape(-1).long()[rec] if packed else rec // lead[-1]
+    if packed:
+        assert image_ids is not None, "packed records carry image_ids"
+        image_id = image_ids.reshape(-1).long()[rec]
+    else:
+        image_id = rec // lead[-1]
     depth_bits = depths.reshape(-1).float().contiguous().view(torch.int32).long() & 0xFFFFFFFF
     isect_ids = (image_id << (32 + tile_n_bits)) | (tile_id << 32) | depth_bits[rec]
     flatten_ids = rec.int()
@@ -713,7 +717,7 @@ def rasterize_to_pixels(
     absgrad_into = None
     if absgrad:
         absgrad_into = torch.zeros(means2d.reshape(-1, 2).shape, dtype=means2d.dtype, device=means2d.device)
-        means2d.absgrad = absgrad_into.view(means2d.shape)
+        means2d.absgrad = absgrad_into.view(means2d.shape)  # type: ignore[attr-defined]  # gsplat's attribute
     pixel_ids, record_ids, weights, T_final = compositing_weights(
         means2d, conics, opacities, image_width, image_height, tile_size, isect_offsets, flatten_ids, masks, packed,
         absgrad_into,
@@ -771,6 +775,7 @@ def densify_stats_update(grad2d: Tensor, count: Tensor, grads: Tensor, scales: T
         grad2d.index_add_(0, gaussian_ids, norms)
         count.index_add_(0, gaussian_ids, torch.ones_like(norms))
         return
+    assert radii is not None, "dense statistics need radii"
     seen = (radii > 0).all(dim=-1)  # [C, N]
     norms = (grads * scales[:, None, :]).norm(dim=-1)
     grad2d.add_(torch.where(seen, norms, 0.0).sum(dim=0))

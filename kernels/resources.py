@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 TILE_SIZE = 16  # pixels per tile side (the fused kernel's pixel block is TILE_SIZE^2 = 256)
 RECORD_BYTES = 9 * 4  # a resident record: means2d (2), conic (3), opacity (1), colour (3) fp32
@@ -75,44 +75,6 @@ def _signature(kernel, constants: dict, pointers: dict, scalars: dict) -> tuple[
     return sig, {(names.index(k),): v for k, v in constants.items()}
 
 
-def kernel_specs() -> dict:
-    """Every Triton kernel of splat_train.kernels at the configuration its host code launches:
-    name -> (jit function, constexpr values, pointer element types, scalar types, num_warps)."""
-    from . import adam
-    from . import densify_stats as ds
-    from . import fused_ssim as fs
-    from . import sparse_comm as sc
-
-    ints = {n: "*i32" for n in ("bits_ptr", "bitmap_ptr", "counts_ptr", "offsets_ptr", "packed_ptr")}
-    rows = dict(BLOCK_R=sc.BLOCK_ROWS, BLOCK_D=16)
-    ssim_fwd = dict(C1=fs.C1, C2=fs.C2, WINDOW=fs.WINDOW, BLOCK=fs.BLOCK, SAVE=True)
-    ssim_bwd = dict(WINDOW=fs.WINDOW, BLOCK=fs.BLOCK)
-    ssim_scalars = {n: "fp32" for n in ("y_scale", "ssim_factor", "l1_factor")}
-    u8_gt = {"y_ptr": "*u8"}
-    adam_args = dict({f"{k}{i}": "*fp32" for k in "pgmv" for i in range(adam.MAX_TENSORS)},
-                     **{f"{k}{i}": "fp32" for k in "sc" for i in range(adam.MAX_TENSORS)},
-                     beta1="fp32", beta2="fp32", eps="fp32", vis="*u8")
-    return {
-        "ssim_forward": (fs._ssim_fwd_kernel, dict(ssim_fwd, L1=False), {}, ssim_scalars, 4),
-        "ssim_backward": (fs._ssim_bwd_kernel, dict(ssim_bwd, L1=False), {}, ssim_scalars, 4),
-        # the training loss: L1 + D-SSIM against uint8 ground truth (fused_l1_ssim_loss)
-        "l1_ssim_forward": (fs._ssim_fwd_kernel, dict(ssim_fwd, L1=True), u8_gt, ssim_scalars, 4),
-        "l1_ssim_backward": (fs._ssim_bwd_kernel, dict(ssim_bwd, L1=True), u8_gt, ssim_scalars, 4),
-        "adam": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=False), {}, adam_args, 4),
-        # --visible_adam: gsplat's SelectiveAdam update, visible Gaussians only
-        "adam_selective": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=True), {}, adam_args, 4),
-        "densify_dense": (ds._dense_kernel, dict(BLOCK=ds.BLOCK), {"radii_ptr": "*i32"}, {}, 4),
-        "densify_packed": (ds._packed_kernel, dict(BLOCK=ds.BLOCK), {"ids_ptr": "*i64", "cams_ptr": "*i64"}, {}, 4),
-        "loss_combine": (fs._combine_kernel, dict(BLOCK=fs.COMBINE_BLOCK), {},
-                         {n: "fp32" for n in ("lam", "inv_ssim", "inv_l1")}, 4),
-        "sparse_mark": (sc._mark_kernel, rows, ints, {}, 4),
-        "sparse_count": (sc._count_kernel, dict(BLOCK_R=sc.BLOCK_ROWS), ints, {}, 4),
-        "sparse_compact": (sc._compact_kernel, rows, ints, {}, 4),
-        "sparse_scatter_add": (sc._scatter_kernel, dict(rows, MODE=2), dict(ints, index_ptr="*i64",
-                                                                            packed_ptr="*fp32"), {}, 4),
-    }
-
-
 def _cuda_usage(cubin: bytes) -> dict:
     import triton
 
@@ -158,22 +120,21 @@ def target_name(gpu) -> str:
     return f"{gpu.backend}:{gpu.arch}"
 
 
-def compile_kernel(name: str, target: Union[str, object], num_warps: Optional[int] = None,
-                   **constants) -> dict:
-    """Compile kernel ``name`` of :func:`kernel_specs` for ``target`` (a "cuda:90" / "hip:gfx942"
-    string or a triton GPUTarget), with ``constants`` overriding its constexpr values. Returns
+def compile_spec(name: str, spec: tuple, target: Union[str, object], num_warps: Optional[int] = None,
+                 **constants) -> dict:
+    """Compile kernel ``name`` described by ``spec`` (jit function, constexpr values, pointer element
+    types, scalar types, default num_warps; kernels/registry.py holds every kernel's) for ``target``
+    (a "cuda:90" / "hip:gfx942" string or a triton GPUTarget), with ``constants`` overriding its
+    constexpr values. Returns
     {kernel, target, num_warps, threads, compile_s, registers (per thread), spill_bytes (per
     thread), shared_bytes}. Raises ValueError for an unknown target or kernel, and whatever Triton
     raises when the kernel does not compile for that target."""
     import triton
     from triton.compiler import ASTSource
 
-    specs = kernel_specs()
-    if name not in specs:
-        raise ValueError(f"unknown kernel {name!r}; one of {sorted(specs)}")
-    fn, consts, pointers, scalars, default_warps = specs[name]
+    fn, consts, pointers, scalars, default_warps = spec
     num_warps = default_warps if num_warps is None else num_warps
-    gpu = parse_target(target) if isinstance(target, str) else target
+    gpu: Any = parse_target(target) if isinstance(target, str) else target
     sig, constexprs = _signature(fn, dict(consts, **constants), pointers, scalars)
     t0 = time.perf_counter()
     compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=gpu,
@@ -214,9 +175,11 @@ WARP_CANDIDATES = (4, 8, 16)
 _WARPS: dict = {}
 
 
-def spill_free_warps(name: str, device, default: int = 4, candidates: Iterable[int] = WARP_CANDIDATES) -> int:
+def spill_free_warps(name: str, specs: Callable[[], dict], device, default: int = 4,
+                     candidates: Iterable[int] = WARP_CANDIDATES) -> int:
     """The fewest warps (wavefronts on AMD) per program, of ``candidates``, at which kernel ``name``
-    compiles for ``device`` without spilling; more warps share a tile's work, so each thread holds
+    of ``specs()`` (the calling module's kernel_specs, read on a cache miss) compiles for ``device``
+    without spilling; more warps share a tile's work, so each thread holds
     less. ``default`` on CPU / the interpreter, when every candidate spills, or (with a warning)
     when the compile probe fails. Cached per (kernel, device); Triton caches the compiles."""
     import warnings
@@ -234,7 +197,7 @@ def spill_free_warps(name: str, device, default: int = 4, candidates: Iterable[i
         try:
             target = device_target(dev)
             for w in candidates:
-                if compile_kernel(name, target, w)["spill_bytes"] == 0:
+                if compile_spec(name, specs()[name], target, w)["spill_bytes"] == 0:
                     chosen = w
                     break
         except Exception as e:  # pragma: no cover - depends on the GPU toolchain

@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -70,7 +71,7 @@ def parse(argv):
 def _fused_configs(specs) -> list:
     """'default' -> ("fused (default)", {}) per spec. Raises ValueError on anything else (the Triton
     kernel's STREAM_CHUNK:NUM_WARPS[:BUDGET] tuning configurations are gone with it)."""
-    out = []
+    out: list[tuple[str, dict]] = []
     for spec in specs:
         if spec != "default":
             raise ValueError(f"--fused {spec!r}: the native fused kernel has no tuning configurations; "
@@ -83,7 +84,7 @@ def capture_inputs(args) -> dict:
     """One batch's records, tile lists and ground truth, as the trainer hands them to rasterization."""
     from splat_train.scripts.bench import build_scene
     from splat_train.trainer import checkpoint
-    from splat_train.trainer.cli import parse_args
+    from splat_train.trainer.config import from_argv
     from splat_train.trainer.launch import DistContext
     from splat_train.trainer.loop import Trainer
     from splat_train.trainer.model import activated
@@ -93,7 +94,7 @@ def capture_inputs(args) -> dict:
     if args.device == "cuda" and device.type != "cuda":
         raise ValueError("--device cuda: no CUDA/ROCm device is visible")
     scene = build_scene(argparse.Namespace(**dict(vars(args), device=device.type)))
-    cfg = parse_args(["default", "--batch_size", str(args.batch_size)] + (["--packed"] if args.packed else []))
+    cfg = from_argv(["default", "--batch_size", str(args.batch_size)] + (["--packed"] if args.packed else []))
     trainer = Trainer(cfg, DistContext(device=device), scene)
     if args.ckpt:
         trainer.load_state_dict(checkpoint.load_shard([Path(f) for f in args.ckpt], 0, 1), restore_rng=False)
@@ -144,7 +145,7 @@ def fused_step(inputs, ssim_lambda, config):
     return loss.detach(), torch.autograd.grad(loss, leaves), stats
 
 
-def time_calls(fn, device, warmup: int, repeats: int) -> tuple[list, object]:
+def time_calls(fn, device, warmup: int, repeats: int) -> tuple[list, Any]:
     """Per-call milliseconds of ``repeats`` calls after ``warmup``; and the last call's output."""
     out = None
     for _ in range(warmup):

@@ -24,7 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-from splat_train.kernels.resources import compile_kernel, kernel_specs, parse_target
+from splat_train.kernels.registry import compile_kernel, kernel_specs
+from splat_train.kernels.resources import parse_target
 
 
 def _error(e: Exception) -> str:

@@ -126,9 +126,11 @@ def score(run_dir: Path, step: int, region, moving: bool = False) -> dict:
     whole, inside = [], []
     for path in files:
         pair = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if pair is None:
+            raise ValueError(f"cannot read {path}")
         w = pair.shape[1] // 2
         gt, render = pair[:, :w], pair[:, w:]
-        keep = np.zeros(pair.shape[:2], bool)[:, :w]
+        keep = np.zeros(pair.shape[:2], dtype=np.bool_)[:, :w]
         for box in _regions(region, moving):
             x0, y0, x1, y1 = _pixels(box, w, pair.shape[0])
             keep[y0:y1, x0:x1] = True

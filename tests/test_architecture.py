@@ -4,33 +4,22 @@ TYPE_CHECKING count)."""
 
 from splat_train.scripts import import_graph
 
-# Cycles that wait for other work; the test fails when one disappears (delete it here) or a new
-# one appears. Both wait for the native fused kernel, which replaces kernels/fused_raster.py,
-# kernels/resources.py and scripts/bench_raster.py (issue 18, item 5): then resources splits into
-# runtime budget and compile tooling, and bench_raster takes config.from_argv and
-# data.scene_from_config as scripts/bench.py does.
-KNOWN_CYCLES = [
-    ["kernels.fused_raster", "kernels.fused_ssim", "kernels.resources"],
-    ["scripts.bench_raster", "trainer.cli"],
-]
-PENDING_CLI_USERS = {"scripts.bench_raster"}  # see KNOWN_CYCLES
-
 
 def test_only_exchange_and_launch_import_torch_distributed():
     _, external = import_graph.graph()
     assert import_graph.distributed_importers(external) == sorted(import_graph.DISTRIBUTED_HOMES)
 
 
-def test_no_new_dependency_cycle():
+def test_no_dependency_cycle():
     edges, _ = import_graph.graph()
-    assert import_graph.cycles(edges) == KNOWN_CYCLES
+    assert import_graph.cycles(edges) == []
 
 
 def test_scripts_use_the_library_not_the_cli():
     """scripts/ build configs with config.from_argv and scenes with data.scene_from_config."""
     edges, _ = import_graph.graph()
     users = {m for m, targets in edges.items() if m.startswith("scripts.") and "trainer.cli" in targets}
-    assert users == PENDING_CLI_USERS
+    assert users == set()
 
 
 def test_library_config_and_scene_from_argv():

@@ -9,7 +9,7 @@ import pytest
 triton = pytest.importorskip("triton")
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
-from splat_train.kernels import resources  # noqa: E402
+from splat_train.kernels import fused_ssim, registry, resources  # noqa: E402
 from splat_train.scripts import kernel_resources  # noqa: E402
 
 needs_cuobjdump = pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton wheel ships no cuobjdump")
@@ -17,13 +17,13 @@ needs_cuobjdump = pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton
 
 @needs_cuobjdump
 def test_compiles_for_sm90_and_reads_registers_and_spills():
-    row = resources.compile_kernel("ssim_backward", "cuda:90", 4)
+    row = registry.compile_kernel("ssim_backward", "cuda:90", 4)
     assert row["target"] == "cuda:90" and row["threads"] == 128
     assert 0 < row["registers"] <= 255 and row["spill_bytes"] >= 0 and row["shared_bytes"] >= 0
 
 
 def test_compiles_for_gfx942_with_64_wide_wavefronts():
-    row = resources.compile_kernel("ssim_forward", "hip:gfx942", 4)
+    row = registry.compile_kernel("ssim_forward", "hip:gfx942", 4)
     assert row["target"] == "hip:gfx942" and row["threads"] == 256
     assert row["registers"] > 0 and row["spill_bytes"] >= 0
 
@@ -73,33 +73,33 @@ def test_largest_spill_free_rule():
 def test_every_triton_kernel_compiles_for_both_vendors(target):
     """Portability: every kernel of the package builds for NVIDIA sm_90 and AMD gfx942 (64-wide
     wavefronts) at the configuration its host code launches."""
-    for name in resources.kernel_specs():
-        row = resources.compile_kernel(name, target)
+    for name in registry.kernel_specs():
+        row = registry.compile_kernel(name, target)
         assert row["kernel"] == name and row["registers"] > 0 and row["spill_bytes"] >= 0, row
 
 
 @needs_cuobjdump
 def test_spill_free_warps_takes_the_fewest_warps_that_do_not_spill(fake_sm90_device, monkeypatch):
     monkeypatch.setattr(resources, "_WARPS", {})
-    assert resources.spill_free_warps("ssim_backward", "cpu") == 4  # CPU / interpreter: the default
-    warps = resources.spill_free_warps("ssim_backward", "cuda:0")
+    assert resources.spill_free_warps("ssim_backward", fused_ssim.kernel_specs, "cpu") == 4  # CPU / interpreter: the default
+    warps = resources.spill_free_warps("ssim_backward", fused_ssim.kernel_specs, "cuda:0")
     assert warps in resources.WARP_CANDIDATES
-    assert resources.compile_kernel("ssim_backward", "cuda:90", warps)["spill_bytes"] == 0
+    assert registry.compile_kernel("ssim_backward", "cuda:90", warps)["spill_bytes"] == 0
     for fewer in (w for w in resources.WARP_CANDIDATES if w < warps):
-        assert resources.compile_kernel("ssim_backward", "cuda:90", fewer)["spill_bytes"] > 0
+        assert registry.compile_kernel("ssim_backward", "cuda:90", fewer)["spill_bytes"] > 0
     assert resources._WARPS == {("ssim_backward", "cuda:0"): warps}
 
 
 def test_unknown_kernel_is_refused():
     with pytest.raises(ValueError, match="unknown kernel"):
-        resources.compile_kernel("no_such_kernel", "cuda:90")
+        registry.compile_kernel("no_such_kernel", "cuda:90")
 
 
 def test_script_all_kernels_lists_each_kernel_once_per_target(tmp_path, capsys):
     out = tmp_path / "rows.json"
     assert kernel_resources.main(["--all_kernels", "--targets", "hip:gfx942", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
-    assert [r["kernel"] for r in rows] == list(resources.kernel_specs())
+    assert [r["kernel"] for r in rows] == list(registry.kernel_specs())
     assert "| hip:gfx942 | ssim_forward |" in capsys.readouterr().out
 
 

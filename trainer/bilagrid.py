@@ -38,6 +38,7 @@ class BilateralGrid(torch.nn.Module):
         super().__init__()
         identity = torch.tensor([1.0, 0, 0, 0, 0, 1.0, 0, 0, 0, 0, 1.0, 0])  # row-major 3x4 [I | 0]
         self.grids = torch.nn.Parameter(identity[None, :, None, None, None].repeat(num, 1, grid_w, grid_y, grid_x))
+        self.gray: torch.Tensor  # a buffer: follows .to() and state_dict
         self.register_buffer("gray", torch.tensor(GRAY))
 
     def forward(self, images: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

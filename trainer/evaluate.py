@@ -45,6 +45,7 @@ def render_views(shard: "GaussianShard", setup: RenderSetup, cams: list[CameraBa
     out = []
     for cam in cams:
         res = setup(gaussians, cam)
+        assert res.colors is not None
         out.append(res.colors[0].clamp(0, 1).float().cpu().numpy())
     return out
 
@@ -180,6 +181,7 @@ class Evaluation:
             t0 = time.perf_counter()
             with torch.no_grad():
                 res = self.setup(gaussians, self.setup.camera_batch(testset.batch([i], images=False)))
+                assert res.colors is not None
                 pred = res.colors[0].clamp(0, 1).float().cpu()
             elapsed += time.perf_counter() - t0
             if r >= len(mine):

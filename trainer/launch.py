@@ -275,7 +275,7 @@ def init_context(rank: int, world_size: int, local_rank: int, device: str, store
     if world_size == 1:
         return DistContext(device=dev, stop=stop)
     backend = "nccl" if dev.type == "cuda" else "gloo"
-    kwargs = dict(backend=backend, rank=rank, world_size=world_size,
+    kwargs: dict[str, Any] = dict(backend=backend, rank=rank, world_size=world_size,
                   timeout=datetime.timedelta(seconds=timeout_s))
     if store is not None:
         kwargs["store"] = store

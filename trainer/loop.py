@@ -319,7 +319,9 @@ class Trainer:
         if cfg.scale_reg > 0:
             total = total + scale_reg(torch.exp(self.params["scales"]), cfg.scale_reg) * shard_share
         if "bilagrid" in self.aux:  # replicated: each rank adds 1/W of the regularizer
-            total = total + TV_WEIGHT * _unwrapped(self.aux["bilagrid"]).tv_loss() / self.ctx.world_size
+            grid = _unwrapped(self.aux["bilagrid"])
+            assert isinstance(grid, BilateralGrid)
+            total = total + TV_WEIGHT * grid.tv_loss() / self.ctx.world_size
         self.ctx.stats.phase = "backward"
         timer.begin("backward_raster")
         total.backward()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional, Union, cast
 
 import numpy as np
 import torch
@@ -264,10 +264,10 @@ def optimizer_step(optimizers: dict[str, torch.optim.Optimizer], visible: Option
 
     params = [p for o in opts for g in o.param_groups for p in g["params"]]
     if params and _uses_adam_kernel(params[0].device) and all(adam.supported(o) for o in opts):
-        adam.adam_step(opts, visible)
+        adam.adam_step(cast(list[torch.optim.Adam], opts), visible)  # adam.supported checked each
         _mark_stepped(opts)
     elif visible is not None:
-        _selective_adam_reference(opts, visible)
+        _selective_adam_reference(cast(list[torch.optim.Adam], opts), visible)
         _mark_stepped(opts)
     else:
         for opt in opts:
@@ -280,7 +280,7 @@ def _mark_stepped(optimizers: list[torch.optim.Optimizer]) -> None:
     """Record that the optimizers stepped without their step(): torch's LR schedulers read this
     flag (set by step()'s wrapper) and warn of a scheduler step before an optimizer step."""
     for opt in optimizers:
-        opt._opt_called = True
+        opt._opt_called = True  # type: ignore[attr-defined]  # torch's private flag, set as step() does
 
 
 @torch.no_grad()
@@ -303,7 +303,7 @@ def means_lr_scheduler(optimizer: torch.optim.Optimizer, max_steps: int) -> torc
     return torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.01 ** (1.0 / max_steps))
 
 
-def activated(params: torch.nn.ParameterDict, sh_degree: Optional[int] = None) -> dict[str, torch.Tensor]:
+def activated(params: Union[torch.nn.ParameterDict, Mapping[str, torch.Tensor]], sh_degree: Optional[int] = None) -> dict[str, torch.Tensor]:
     """Render-ready tensors: means [N,3], quats [N,4] (unnormalized), scales = exp [N,3],
     opacities = sigmoid [N], colors = SH coefficients [N, K, 3] (all degrees stored)."""
     return dict(

@@ -35,7 +35,7 @@ class PhaseTimer:
         self._marks: list[tuple[str, object]] = []
         self._pending: list[list[tuple[str, object]]] = []
         self._range: Any = None
-        self._nvtx = None  # id of the open NVTX / roctx range
+        self._nvtx: Optional[int] = None  # id of the open NVTX / roctx range
 
     def _stamp(self):
         if self.cuda:

@@ -135,8 +135,8 @@ def padding_only_radii(radii: torch.Tensor, means2d: torch.Tensor, ox: int, oy: 
 
 @dataclass
 class RenderResult:
-    colors: torch.Tensor  # [C, H, W, 3]
-    alphas: torch.Tensor  # [C, H, W, 1]
+    colors: Optional[torch.Tensor]  # [C, H, W, 3]; None when called with rasterize=False
+    alphas: Optional[torch.Tensor]  # [C, H, W, 1]; None likewise
     info: dict = field(default_factory=dict)
     depths: Optional[torch.Tensor] = None  # [C, H, W, 1] expected depth (render_depth=True)
 

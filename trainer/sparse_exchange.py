@@ -57,10 +57,10 @@ def sparse_all_to_all_rows(ctx: DistContext, grad: torch.Tensor, recv_rows: list
     # 1. encode every peer's chunk and exchange the nonzero-row counts
     encoded = [None if j == me else encode(chunks[j]) for j in range(world_size)]
     send_nnz = torch.tensor([0 if e is None else e[1].shape[0] for e in encoded], dtype=torch.int64)
-    recv_nnz = torch.empty_like(send_nnz, device=ctx.comm_device)
-    dist.all_to_all_single(recv_nnz, send_nnz.to(ctx.comm_device), group=ctx.group)
+    recv_counts = torch.empty_like(send_nnz, device=ctx.comm_device)
+    dist.all_to_all_single(recv_counts, send_nnz.to(ctx.comm_device), group=ctx.group)
     ctx.stats.record("all_to_all_sparse", 8 * (world_size - 1), 8 * (world_size - 1))
-    recv_nnz = recv_nnz.cpu().tolist()
+    recv_nnz: list[int] = recv_counts.cpu().tolist()
 
     # 2. one all_to_all of [bitmap bits | packed rows] per peer; nothing to or from self
     parts = []

@@ -98,6 +98,7 @@ class SplatViewer:
         gaussians, sh_degree = self.gaussians_fn()
         result = render(gaussians, CameraBatch(viewmat[None], K[None], width, height),
                         DistContext(device=self.device), self.ops, sh_degree, near=self.near, far=self.far)
+        assert result.colors is not None
         return (result.colors[0].clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
 
     def before_step(self) -> None:
