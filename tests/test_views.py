@@ -9,6 +9,7 @@ import torch
 
 from splat_train.trainer.data import CameraSampler, Dataset
 from splat_train.trainer.data.synthetic import make_synthetic_scene
+from splat_train.trainer.data import views as views_module
 from splat_train.trainer.data.views import TrainViews
 
 
@@ -29,13 +30,15 @@ def test_host_views_are_the_decoded_images_and_cameras(scene):
     assert torch.equal(views.item_ids([5, 3]), torch.tensor([5, 3]))
 
 
-@pytest.mark.parametrize("batch_size", [1, 2])
-def test_streamed_views_stay_within_their_cache_and_match(scene, batch_size):
+@pytest.mark.parametrize("batch_size,threads", [(1, 0), (2, 1)])
+def test_streamed_views_stay_within_their_cache_and_match(scene, batch_size, threads):
     data = Dataset(scene, list(range(24)), preload=False)
     sampler = CameraSampler(data, batch_size, seed=3)
     image = 32 * 32 * 3
-    views = TrainViews(data, torch.device("cpu"), host_cache_bytes=8 * image, items_at=sampler.batch_at, lookahead=16)
+    views = TrainViews(data, torch.device("cpu"), host_cache_bytes=8 * image, items_at=sampler.batch_at, lookahead=16,
+                       decode_threads=threads)
     assert views.where == "stream" and data._images is None
+    assert views._pool._max_workers == (threads or views_module.DECODE_THREADS)  # --decode_threads
     for step in range(60):  # 2.5 epochs: images leave the cache and come back
         items = sampler.batch_at(step)
         got = views.images_of(items, step)
@@ -46,6 +49,11 @@ def test_streamed_views_stay_within_their_cache_and_match(scene, batch_size):
     assert views.decodes >= 24 and views.waits <= views.decodes  # every image at least once
     assert views.stream_summary().startswith(f"image cache: {views.decodes:,} decodes")
     views.close()
+
+
+def test_negative_decode_threads_are_refused(scene):
+    with pytest.raises(ValueError, match="--decode_threads"):
+        TrainViews(Dataset(scene, list(range(4))), torch.device("cpu"), decode_threads=-1)
 
 
 def test_a_cache_smaller_than_two_batches_is_refused(scene):

@@ -228,6 +228,8 @@ class Config:
     """Weight of the scale regularizer mean(exp(scales))."""
     image_cache_gb: float = 0.0
     """Host memory (GiB) a rank may keep decoded images in; 0 keeps them all (decoded once at the start). With a bound, training images are decoded on background threads a few steps ahead of their use and test images when evaluated, so a dataset of any size fits; a GPU still takes every training image when they fit --device_images_share."""
+    decode_threads: int = 0
+    """Threads that decode training images on each rank (the preload at the start, and the background decoding under --image_cache_gb); 0 = min(8, CPU cores)."""
     device_images_share: float = 0.25
     """Largest share of a GPU's memory the training images may take on it, as uint8 (uploaded once; the loss reads them there). Beyond it (or at 0) they stay in pinned host memory and each batch is copied one step ahead on a side stream."""
     random_bkgd: bool = False
@@ -359,6 +361,7 @@ def validate(cfg: Config) -> None:
         (cfg.prune.prune_rounds >= 1, "--prune_rounds must be >= 1"),
         (0.0 <= cfg.device_images_share <= 1.0, "--device_images_share must be in [0, 1]"),
         (cfg.image_cache_gb >= 0, "--image_cache_gb must be >= 0 (0 = keep every image)"),
+        (cfg.decode_threads >= 0, "--decode_threads must be >= 0 (0 = min(8, CPU cores))"),
         (0.0 < cfg.prune.prune_fraction <= 1.0, "--prune_fraction must be in (0, 1]"),
         (cfg.prune.tile_budget >= 0, "--tile_budget must be >= 0 (0 = from the device)"),
         (not (cfg.raster == "fused" and cfg.app_opt),

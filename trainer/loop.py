@@ -82,7 +82,7 @@ class Trainer:
         self.sampler = self.samplers[ctx.rank]
         self.depth_targets = DepthTargets(self.trainset, cfg.camera_model, self.device) if cfg.depth_loss else None
         self.views = TrainViews(self.trainset, self.device, cfg.device_images_share,
-                                host_cache_bytes=int(cfg.image_cache_gb * 2**30),
+                                host_cache_bytes=int(cfg.image_cache_gb * 2**30), decode_threads=cfg.decode_threads,
                                 items_at=lambda step: self.sampler.batch_at(step))
         if self.views.channels == 4 and cfg.raster == "fused":
             raise ValueError("the training views have loss masks (masks/ files, alpha channels or fisheye borders), "

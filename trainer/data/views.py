@@ -59,10 +59,13 @@ class TrainViews:
 
     def __init__(self, dataset: Dataset, device: torch.device, device_share: float = 0.25,
                  host_cache_bytes: int = 0, items_at: Optional[Callable[[int], list[int]]] = None,
-                 lookahead: int = 16):
+                 lookahead: int = 16, decode_threads: int = 0):
         if not 0.0 <= device_share <= 1.0:
             raise ValueError(f"--device_images_share must be in [0, 1], got {device_share}")
         self.dataset, self.device = dataset, device
+        if decode_threads < 0:
+            raise ValueError(f"--decode_threads must be >= 0, got {decode_threads}")
+        self.decode_threads = decode_threads or DECODE_THREADS
         cameras = [dataset.scene.cameras[i] for i in dataset.indices]
         self.camtoworlds = torch.from_numpy(np.stack([c.camtoworld for c in cameras]).astype(np.float32)).to(device)
         self.Ks = torch.from_numpy(np.stack([c.K for c in cameras]).astype(np.float32)).to(device)
@@ -88,7 +91,7 @@ class TrainViews:
             self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
             self._pending: dict[int, Future] = {}
             self._lock = threading.Lock()
-            self._pool = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="decode")
+            self._pool = ThreadPoolExecutor(max_workers=self.decode_threads, thread_name_prefix="decode")
             self.peak_cache_bytes = 0
             self.decodes, self.waits, self.wait_seconds = 0, 0, 0.0  # decodes made; times a step waited for one
             self._planned_until = -1
@@ -114,12 +117,12 @@ class TrainViews:
         return torch.from_numpy(np.ascontiguousarray(image))
 
     def _decoded(self, place: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
-        """Every image, decoded on DECODE_THREADS threads and ``place``d one at a time (only the
+        """Every image, decoded on ``decode_threads`` threads and ``place``d one at a time (only the
         images in flight are held on the host besides what ``place`` keeps)."""
         def one(i):
             return place(self._load(i))
 
-        with ThreadPoolExecutor(max_workers=DECODE_THREADS) as pool:
+        with ThreadPoolExecutor(max_workers=self.decode_threads) as pool:
             return list(pool.map(one, range(len(self.dataset))))
 
     def __len__(self) -> int:
