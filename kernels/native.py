@@ -82,9 +82,13 @@ def load(verbose: bool = False, quiet: bool = False):
         if _MODULE is None:
             LOAD_ERROR = reason
             if not quiet:
-                print(f"warning: --raster fused: the native kernel is unavailable ({reason}); "
-                      "using the unfused path", file=sys.stderr, flush=True)
+                print(unavailable_warning(), file=sys.stderr, flush=True)
         return _MODULE
+
+
+def unavailable_warning() -> str:
+    """The one line saying that the native kernel could not be built, and why (:data:`LOAD_ERROR`)."""
+    return f"warning: --raster fused: the native kernel is unavailable ({LOAD_ERROR}); using the unfused path"
 
 
 def available() -> bool:

@@ -66,6 +66,7 @@ class Trainer:
     def __init__(self, cfg: Config, ctx: DistContext, scene: Scene):
         self.cfg, self.ctx, self.device = cfg, ctx, ctx.device
         self.result_dir = Path(cfg.result_dir)
+        self.report = Reporter(self.result_dir, ctx.rank)  # rank 0 writes; a no-op elsewhere
         self.backend = resolve_backend(cfg.backend, self.device)
         self.ops = ops_for(cfg.backend, self.device)
         self.raster = self._raster_mode(cfg)
@@ -124,7 +125,6 @@ class Trainer:
         self.aux, self.aux_optimizers = self._make_aux_modules()
         self.step = 0  # completed steps
         self._stats_step = 0  # step of the previous train stats file
-        self.report = Reporter(self.result_dir, ctx.rank)  # rank 0 writes; a no-op elsewhere
         self.evaluation = evaluate.Evaluation(cfg, self.setup, scene, self.scene_scale, self.trainset, self.testset,
                                               self.report)
         self.last_stats: dict = {}
@@ -357,14 +357,15 @@ class Trainer:
 
     def _raster_mode(self, cfg) -> str:
         """cfg.raster, except "unfused" when --raster fused asks for the native kernel on a GPU
-        where it cannot be built (kernels/native.py prints the one line saying why; rank 0 adds
-        that training goes on unfused, full-image SSIM, without --random_tile_shift)."""
+        where it cannot be built (rank 0 prints kernels/native.py's one line saying why; training goes
+        on unfused, full-image SSIM, without --random_tile_shift)."""
         if cfg.raster != "fused" or self.device.type != "cuda":
             return cfg.raster
         from ..kernels import native
 
-        if native.load(quiet=not self.ctx.is_main) is not None:
+        if native.load(quiet=True) is not None:
             return "fused"
+        self.report.warn(native.unavailable_warning())
         return "unfused"
 
     def tile_shift(self, step: int) -> tuple[int, int]:

@@ -14,6 +14,7 @@ progress bar), ``print`` through ``print(..., flush=True)``; tests and users gre
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -90,6 +91,11 @@ class Reporter:
         """A line on stdout, flushed (rank 0)."""
         if self.active:
             print(text, flush=True)
+
+    def warn(self, text: str) -> None:
+        """A line on stderr, flushed (rank 0)."""
+        if self.active:
+            print(text, file=sys.stderr, flush=True)
 
     def outputs(self, written: list, world_size: int) -> None:
         """The last line of a run, ``outputs: ...``, naming the files of the final step (a
