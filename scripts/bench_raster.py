@@ -107,13 +107,14 @@ def capture_inputs(args) -> dict:
         result = render(activated(trainer.params), cams, trainer.ctx, trainer.ops,
                         trainer.sh_degree_at(trainer.step), packed=cfg.packed, near=cfg.near_plane,
                         far=cfg.far_plane, rasterize=False)
-    info, rec = result.info, result.info["records"]
-    fields = {k: rec[k].detach().float().contiguous() for k in GRAD_FIELDS}
-    return dict(fields, isect_offsets=info["tile_offsets"], flatten_ids=info["flatten_ids"],
-                gts=batch["image"].to(device).float(), width=int(info["width"]), height=int(info["height"]),
+    info, rec, tiles = result.info, result.info.records, result.info.tiles
+    assert rec is not None and tiles is not None
+    fields = {k: getattr(rec, k).detach().float().contiguous() for k in GRAD_FIELDS}
+    return dict(fields, isect_offsets=tiles.offsets, flatten_ids=tiles.flatten_ids,
+                gts=batch["image"].to(device).float(), width=int(info.width), height=int(info.height),
                 packed=cfg.packed, ops=trainer.ops, backend=trainer.backend, device=device,
                 num_gaussians=int(trainer.params["means"].shape[0]),
-                num_isects=int(info["flatten_ids"].numel()), step=trainer.step)
+                num_isects=int(tiles.flatten_ids.numel()), step=trainer.step)
 
 
 def _leaves(inputs):

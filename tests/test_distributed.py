@@ -191,8 +191,8 @@ def test_training_steps_equal_single_process(tmp_path, variant):
 
 
 def _route_values(records):
-    visible = (records["radii"] > 0).all(dim=-1).float()
-    return torch.stack([visible, records["opacities"].detach() * visible], dim=-1)  # [..., 2]
+    visible = (records.radii > 0).all(dim=-1).float()
+    return torch.stack([visible, records.opacities.detach() * visible], dim=-1)  # [..., 2]
 
 
 def _route_rank(ctx: DistContext, params, cams_per_rank, packed, out_dir):
@@ -204,7 +204,7 @@ def _route_rank(ctx: DistContext, params, cams_per_rank, packed, out_dir):
     batch = CameraBatch(torch.stack([c[0] for c in cams]), torch.stack([c[1] for c in cams]), cams[0][2], cams[0][3])
     res = render(shard, batch, ctx, reference, 1, packed=packed, rasterize=False)
     assert res.colors is None
-    routed = route_to_owners(ctx, res.info, _route_values(res.info["records"]))
+    routed = route_to_owners(ctx, res.info, _route_values(res.info.records))
     torch.save(routed, f"{out_dir}/route{ctx.rank}.pt")
 
 
@@ -224,7 +224,7 @@ def test_route_to_owners_equals_single_process(tmp_path, world_size, packed):
     single = {k: v[order] for k, v in params.items()}
     batch = CameraBatch(torch.stack([c[0] for c in cams]), torch.stack([c[1] for c in cams]), 40, 32)
     res = render(single, batch, DistContext(), reference, 1, packed=packed, rasterize=False)
-    expected = route_to_owners(DistContext(), res.info, _route_values(res.info["records"]))
+    expected = route_to_owners(DistContext(), res.info, _route_values(res.info.records))
     got = torch.cat([torch.load(tmp_path / f"route{r}.pt") for r in range(world_size)])
     assert expected[:, 0].sum() > 0
     assert torch.allclose(got, expected, rtol=1e-6, atol=1e-6)
@@ -237,9 +237,9 @@ def _fused_step(params, cams, ctx, packed, c_total):
     w, h = cams[0][2], cams[0][3]
     batch = CameraBatch(torch.stack([c[0] for c in cams]), torch.stack([c[1] for c in cams]), w, h)
     res = render(leaves, batch, ctx, reference, 1, packed=packed, rasterize=False)
-    rec, info = res.info["records"], res.info
-    loss, _ = fused_raster_loss(rec["means2d"], rec["conics"], rec["colors"], rec["opacities"], info["tile_offsets"],
-                                info["flatten_ids"], torch.stack([c[4] for c in cams]), w, h, 0.2, packed=packed)
+    rec, tiles = res.info.records, res.info.tiles
+    loss, _ = fused_raster_loss(rec.means2d, rec.conics, rec.colors, rec.opacities, tiles.offsets,
+                                tiles.flatten_ids, torch.stack([c[4] for c in cams]), w, h, 0.2, packed=packed)
     loss = loss * len(cams) / c_total
     loss.backward()
     return loss.detach(), {k: v.grad.detach().clone() for k, v in leaves.items()}

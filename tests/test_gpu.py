@@ -98,15 +98,15 @@ def test_fused_raster_kernel_matches_reference_on_gpu(packed, origin):
     gts = torch.rand(2, cams.height - origin[1], cams.width - origin[0], 3, device="cuda")
     res = render(params, cams, DistContext(device=torch.device("cuda")), ops_for("gsplat", torch.device("cuda")),
                  sh_degree=3, packed=packed, rasterize=False)
-    rec, info = res.info["records"], res.info
+    rec, tiles = res.info.records, res.info.tiles
     names = ("means2d", "conics", "colors", "opacities", "backgrounds")
     backgrounds = torch.rand(2, 3, device="cuda")
     outs = []
     for fn in ("kernel", "reference"):
-        leaves = {k: rec[k].detach().clone().requires_grad_(True) for k in names[:4]}
+        leaves = {k: getattr(rec, k).detach().clone().requires_grad_(True) for k in names[:4]}
         leaves["backgrounds"] = backgrounds.clone().requires_grad_(True)
-        args = (leaves["means2d"], leaves["conics"], leaves["colors"], leaves["opacities"], info["tile_offsets"],
-                info["flatten_ids"], gts, cams.width, cams.height, 0.2)
+        args = (leaves["means2d"], leaves["conics"], leaves["colors"], leaves["opacities"], tiles.offsets,
+                tiles.flatten_ids, gts, cams.width, cams.height, 0.2)
         if fn == "kernel":
             loss, stats = fr.fused_raster_loss(*args, packed=packed, absgrad=True, backgrounds=leaves["backgrounds"],
                                                origin=origin)

@@ -38,7 +38,7 @@ def test_gsplat_and_reference_agree_on_camera_models_antialiasing_absgrad_depth(
         res = render(leaves, batch, DistContext(device=device), ops_for(backend, device), 3, packed=packed,
                      camera_model=model, antialiased=antialiased, absgrad=True, render_depth=True)
         ((res.colors - gt).abs().mean() + 0.01 * res.depths.mean()).backward()
-        outs[backend] = (res.colors.detach(), res.depths.detach(), res.info["absgrad"].grad,
+        outs[backend] = (res.colors.detach(), res.depths.detach(), res.info.absgrad.grad,
                          {k: v.grad for k, v in leaves.items()})
     a, b = outs["gsplat"], outs["reference"]
     assert b[0].abs().sum() > 0 and b[2].abs().sum() > 0

@@ -95,8 +95,8 @@ def test_antialiased_scales_opacities_by_the_compensation():
     _, _, _, _, comp = reference.fully_fused_projection(
         params["means"], None, params["quats"], params["scales"], viewmat[None], K[None], w, h,
         calc_compensations=True, opacities=params["opacities"])
-    seen = aa.info["radii"][0].all(-1) > 0
-    torch.testing.assert_close(aa.info["records"]["opacities"][0][seen], (params["opacities"] * comp[0])[seen])
+    seen = aa.info.radii[0].all(-1) > 0
+    torch.testing.assert_close(aa.info.records.opacities[0][seen], (params["opacities"] * comp[0])[seen])
     assert float(comp[0][seen].max()) <= 1.0 and float(comp[0][seen].min()) < 0.9
     assert float((aa.alphas - classic.alphas).max()) <= 1e-6  # fainter, never brighter
     assert float((classic.alphas - aa.alphas).max()) > 1e-3

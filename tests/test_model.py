@@ -8,6 +8,7 @@ import torch
 
 from splat_train.trainer.config import Config, Schedule, StrategyConfig
 from splat_train.trainer.data import DataError, Scene
+from splat_train.trainer.render import RenderInfo
 from splat_train.trainer.densify import DefaultStrategy, initialize_state, make_strategy, ndc_scales, strategy_info
 from splat_train.trainer.model import (InitPoints, batch_rule, bytes_per_gaussian, create_optimizers,
                                        create_shard, initial_points, knn_mean_distance)
@@ -82,9 +83,8 @@ def _toy_strategy_run(steps, reset_every):
     history = []
     for step in range(steps):
         means2d = torch.zeros(1, 20, 2)
-        info = dict(means2d=means2d, radii=torch.ones(1, 20, 2, dtype=torch.int32), packed=False,
-                    n_cameras=1, gaussian_ids=None, camera_ids=None,
-                    widths=[32], heights=[32])
+        info = RenderInfo(means2d=means2d, radii=torch.ones(1, 20, 2, dtype=torch.int32), packed=False,
+                          n_cameras=1, widths=[32], heights=[32])
         means2d.grad = torch.full_like(means2d, 1e-3)
         strategy.step_post_backward(params, opts, state, step, strategy_info(info), packed=False)
         history.append(float(torch.sigmoid(params["opacities"].detach()).max()))
@@ -142,8 +142,8 @@ def test_update_state_equals_gsplats(packed):
             g, r = grad, radii
         means2d = torch.zeros_like(g)
         means2d.grad = g.clone()
-        info = dict(means2d=means2d, radii=r, packed=packed, n_cameras=C, gaussian_ids=gs_ids, camera_ids=cam_ids,
-                    widths=[width] * C, heights=[height] * C)
+        info = RenderInfo(means2d=means2d, radii=r, packed=packed, n_cameras=C, gaussian_ids=gs_ids,
+                          camera_ids=cam_ids, widths=[width] * C, heights=[height] * C)
         ours._update_state(params, state_ours, strategy_info(info), packed=packed)
         theirs._update_state(params, state_theirs, dict(means2d=means2d, radii=r, gaussian_ids=gs_ids,
                                                          width=width, height=height, n_cameras=C), packed=packed)

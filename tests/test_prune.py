@@ -36,11 +36,11 @@ def make_trainer(flags=(), ctx=None, result_dir=None):
 def brute_force(info):
     """Per record: pixels won and sum of alpha * T, by compositing each pixel's tile list front to
     back with gsplat's rules (RasterizeToPixels3DGSFwd.cu), one Gaussian at a time."""
-    rec, W, H, ts = info["records"], info["width"], info["height"], 16
-    m2d, con, opa = rec["means2d"].reshape(-1, 2), rec["conics"].reshape(-1, 3), rec["opacities"].reshape(-1)
-    offsets, flat = info["tile_offsets"].reshape(-1).tolist(), info["flatten_ids"].tolist()
+    rec, W, H, ts = info.records, info.width, info.height, 16
+    m2d, con, opa = rec.means2d.reshape(-1, 2), rec.conics.reshape(-1, 3), rec.opacities.reshape(-1)
+    offsets, flat = info.tiles.offsets.reshape(-1).tolist(), info.tiles.flatten_ids.tolist()
     ends = offsets[1:] + [len(flat)]
-    tw = info["tile_width"]
+    tw = info.tiles.tile_width
     wins, importance = torch.zeros(opa.numel()), torch.zeros(opa.numel(), dtype=torch.float64)
     for y in range(H):
         for x in range(W):
@@ -78,9 +78,9 @@ def test_winners_match_brute_force():
     # overload lane: per record, sum over its tiles of max(0, n_t - budget)
     excess = (counts - 10).clamp_min(0).double()
     tiles_of = {}
-    starts = res.info["tile_offsets"].reshape(-1).tolist() + [res.info["flatten_ids"].numel()]
+    starts = res.info.tiles.offsets.reshape(-1).tolist() + [res.info.tiles.flatten_ids.numel()]
     for t in range(len(starts) - 1):
-        for r in res.info["flatten_ids"][starts[t]:starts[t + 1]].tolist():
+        for r in res.info.tiles.flatten_ids[starts[t]:starts[t + 1]].tolist():
             tiles_of.setdefault(r, []).append(t)
     expected = torch.zeros(values[..., 2].numel(), dtype=torch.float64)
     for r, ts in tiles_of.items():
@@ -167,7 +167,7 @@ def test_measurement_sums_the_over_budget_tiles_and_sizes_the_round():
         cam = tr.camera_batch(tr.trainset.batch([i]))
         res = render(activated(tr.params), cam, tr.ctx, tr.ops, 0, packed=tr.cfg.packed, near=tr.cfg.near_plane,
                      far=tr.cfg.far_plane, rasterize=False)
-        counts = prune.tile_counts(res.info["tile_offsets"], res.info["flatten_ids"].numel())
+        counts = prune.tile_counts(res.info.tiles.offsets, res.info.tiles.flatten_ids.numel())
         excess += int((counts[counts > budget] - budget).sum())
         over += int(counts[counts > budget].sum())
     assert excess > 0 and (m.excess, m.over_isects) == (excess, over)

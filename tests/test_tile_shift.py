@@ -72,7 +72,7 @@ def test_training_step_scores_the_shifted_render(monkeypatch):
     real_info, real_mask = densify.strategy_info, loop.padding_only_radii
 
     def info_spy(info):
-        seen.append((info["widths"], info["heights"], info["radii"].clone(), info["means2d"].detach().clone()))
+        seen.append((info.widths, info.heights, info.radii.clone(), info.means2d.detach().clone()))
         return real_info(info)
 
     def mask_spy(radii, means2d, ox, oy):

@@ -29,6 +29,7 @@ from ..kernels.reference import densify_stats_update
 from .config import Config
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .render import RenderInfo
     from .shard import GaussianShard
 
 
@@ -111,33 +112,33 @@ class _GradHolder:
         self.grad, self.absgrad = grad, absgrad
 
 
-def strategy_info(info: dict) -> dict[str, Any]:
-    """The info dict the strategies read, from a render's info after backward: the local 2D
-    means (their ``.grad``, and with absgrad ``.absgrad``, the absolute gradients the exchange
-    brought back to this owner, render.AbsGradRelay; zeros when none arrived), radii, ids, and
-    each camera's size for :func:`ndc_scales` (``width = height = 2``, ``n_cameras = 1`` are what
-    gsplat's own normalization would need to be the identity)."""
-    means2d = info["means2d"]
-    lanes = info.get("absgrad")
+def strategy_info(info: "RenderInfo") -> dict[str, Any]:
+    """The info dict gsplat's strategies read, from a render's :class:`render.RenderInfo` after
+    backward: the local 2D means (their ``.grad``, and with absgrad ``.absgrad``, the absolute
+    gradients the exchange brought back to this owner, render.AbsGradRelay; zeros when none
+    arrived), radii, ids, and each camera's size for :func:`ndc_scales` (``width = height = 2``,
+    ``n_cameras = 1`` are what gsplat's own normalization would need to be the identity)."""
+    means2d: Any = info.means2d
+    lanes = info.absgrad
     if means2d.grad is None or lanes is not None:
         zeros = torch.zeros_like(means2d)
         absgrad = None if lanes is None else (zeros if lanes.grad is None else lanes.grad)
         means2d = _GradHolder(zeros if means2d.grad is None else means2d.grad, absgrad)
     return {
         "means2d": means2d,
-        "radii": info["radii"],
-        "gaussian_ids": info["gaussian_ids"],
-        "camera_ids": info.get("camera_ids"),
-        "packed": info["packed"],
-        "widths": info["widths"],
-        "heights": info["heights"],
-        "n_cameras": info["n_cameras"],
+        "radii": info.radii,
+        "gaussian_ids": info.gaussian_ids,
+        "camera_ids": info.camera_ids,
+        "packed": info.packed,
+        "widths": info.widths,
+        "heights": info.heights,
+        "n_cameras": info.n_cameras,
         "width": 2.0,
         "height": 2.0,
     }
 
 
-def post_backward(shard: "GaussianShard", cfg: Config, step: int, render_info: dict) -> None:
+def post_backward(shard: "GaussianShard", cfg: Config, step: int, render_info: "RenderInfo") -> None:
     """The strategy's step after backward on ``shard`` (grow, prune, relocate at its steps;
     gsplat's ops do the parameter and Adam surgery), from the render's info (:func:`strategy_info`).
     MCMC reads the means' current learning rate; the default strategy the packed flag."""

@@ -282,9 +282,10 @@ class Trainer:
                             **self.render_options)
         if origin != (0, 0):  # densification sees the images, not the padded renders: their size
             # (NDC scaling of the 2D-mean gradients) and only the projections that reach them
-            result.info["widths"] = [w - origin[0] for w in result.info["widths"]]
-            result.info["heights"] = [h - origin[1] for h in result.info["heights"]]
-            result.info["radii"] = padding_only_radii(result.info["radii"], result.info["means2d"], *origin)
+            info = result.info
+            info.widths = [w - origin[0] for w in info.widths]
+            info.heights = [h - origin[1] for h in info.heights]
+            info.radii = padding_only_radii(info.radii, info.means2d, *origin)
         if fused:
             loss, parts = self._fused_loss(result, uint8_to_unit(gts), backgrounds, origin)
         else:
@@ -311,9 +312,9 @@ class Trainer:
         # The loss of the global batch is the mean over every rank's images, and a regularizer is
         # a mean over every rank's Gaussians; this rank contributes its share of each, so that the
         # gradients summed at the owners equal those of one process holding everything.
-        weight = C / sum(result.info["C_world"])
+        weight = C / sum(result.info.C_world)
         total = loss if weight == 1.0 else loss * weight
-        shard_share = self.params["means"].shape[0] / sum(result.info["N_world"])
+        shard_share = self.params["means"].shape[0] / sum(result.info.N_world)
         if cfg.opacity_reg > 0:
             total = total + opacity_reg(torch.sigmoid(self.params["opacities"]), cfg.opacity_reg) * shard_share
         if cfg.scale_reg > 0:
@@ -339,7 +340,7 @@ class Trainer:
         self.last_phases = timer.end_step()
         # tensors stay on the device: converting them here would synchronize every step
         return dict(loss=loss.detach(), l1=parts["l1"], ssim=parts["ssim"],
-                    num_gaussians=int(self.params["means"].shape[0]), num_isects=result.info["num_isects"],
+                    num_gaussians=int(self.params["means"].shape[0]), num_isects=result.info.num_isects,
                     **({"depth": parts["depth"].detach()} if "depth" in parts else {}))
 
     def _depth_loss(self, rendered: torch.Tensor, items: list[int], windows: list) -> torch.Tensor:
@@ -386,15 +387,17 @@ class Trainer:
         from ..kernels.fused_raster import fused_raster_loss
         from .render import relay_absgrad
 
-        info, rec = result.info, result.info["records"]
+        info, rec, tiles = result.info, result.info.records, result.info.tiles
+        assert rec is not None and tiles is not None  # render(..., rasterize=False) of the ours pipeline
         absgrad = self.cfg.densify.absgrad
-        means2d = rec["means2d"]
+        means2d = rec.means2d
         if absgrad:
-            means2d = relay_absgrad(means2d, rec["absgrad_lanes"])
-            info["raster_means2d"] = means2d  # the relay finds its output here until backward
+            assert rec.absgrad_lanes is not None
+            means2d = relay_absgrad(means2d, rec.absgrad_lanes)
+            info.raster_means2d = means2d  # the relay finds its output here until backward
         loss, stats = fused_raster_loss(
-            means2d, rec["conics"], rec["colors"], rec["opacities"], info["tile_offsets"],
-            info["flatten_ids"], gts, info["width"], info["height"], self.cfg.ssim_lambda,
+            means2d, rec.conics, rec.colors, rec.opacities, tiles.offsets,
+            tiles.flatten_ids, gts, info.width, info.height, self.cfg.ssim_lambda,
             backgrounds=backgrounds, packed=self.cfg.packed, budget=self.cfg.prune.tile_budget or None,
             fallback=self.ops, origin=origin, absgrad=absgrad)
         if absgrad and stats["absgrad"] is not None:
@@ -411,7 +414,7 @@ class Trainer:
         from gsplat.rendering import rasterization
 
         from .exchange import gather_metadata
-        from .render import RenderResult
+        from .render import RenderInfo, RenderResult
 
         self.timer.begin("projection")  # gsplat's pass is one opaque forward
         g = activated(self.params)
@@ -426,9 +429,11 @@ class Trainer:
         C = cams.viewmats.shape[0]
         N_world = ([n] * self.ctx.world_size if not (self.cfg.opacity_reg or self.cfg.scale_reg)
                    else gather_metadata(self.ctx, [n])[:, 0].tolist())
-        info = dict(means2d=means2d, radii=meta["radii"], packed=False, n_cameras=C_all, gaussian_ids=None,
-                    camera_ids=None, widths=[cams.width] * C_all, heights=[cams.height] * C_all,
-                    num_isects=int(meta["isect_ids"].numel()), N_world=N_world, C_world=[C] * self.ctx.world_size)
+        info = RenderInfo(means2d=means2d, radii=meta["radii"], packed=False, n_cameras=C_all,
+                          widths=[cams.width] * C_all, heights=[cams.height] * C_all,
+                          num_isects=int(meta["isect_ids"].numel()), N_world=N_world,
+                          C_world=[C] * self.ctx.world_size, width=cams.width, height=cams.height,
+                          num_local_cameras=C)
         return RenderResult(colors, alphas, info)
 
     # ------------------------------------------------------------------ the run

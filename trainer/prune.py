@@ -58,7 +58,7 @@ import torch
 from ..kernels import resources
 from ..kernels.reference import compositing_weights
 from . import evaluate, exchange, metrics
-from .render import TILE_SIZE, RenderSetup, route_to_owners
+from .render import TILE_SIZE, RenderInfo, RenderSetup, route_to_owners
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import Config
@@ -130,30 +130,34 @@ def tile_counts(tile_offsets: torch.Tensor, num_isects: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def record_statistics(info: dict, budget: int, composite: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def record_statistics(info: RenderInfo, budget: int, composite: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-record statistics of one pass and its tile counts.
 
     info: a ``render(..., rasterize=False)`` info. Returns values [*records, 3] float64 with lanes
     (pixels won, importance = sum of alpha * T over pixels, overload = sum over the record's tiles
-    of max(0, n_t - budget)), aligned with ``info["records"]`` for route_to_owners (the first two
+    of max(0, n_t - budget)), aligned with ``info.records`` for route_to_owners (the first two
     lanes stay 0 without ``composite``); and the tile counts [C * th * tw] int64.
+    Raises ValueError for a pass without records (gsplat's own, ``--pipeline gsplat-dist``).
     """
-    rec = info["records"]
-    lead = rec["opacities"].shape  # [C, N_all] dense or [R] packed
-    num_records = rec["opacities"].numel()
-    device = rec["opacities"].device
-    flatten_ids = info["flatten_ids"]
-    counts = tile_counts(info["tile_offsets"], flatten_ids.numel())
+    rec, tiles = info.records, info.tiles
+    if rec is None or tiles is None:
+        raise ValueError("pruning statistics need a pass of this trainer's exchange (--pipeline ours)")
+    lead = rec.opacities.shape  # [C, N_all] dense or [R] packed
+    num_records = rec.opacities.numel()
+    device = rec.opacities.device
+    flatten_ids = tiles.flatten_ids
+    counts = tile_counts(tiles.offsets, flatten_ids.numel())
     excess = (counts - budget).clamp_min(0).double()
     tile_of_isect = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts)
     values = torch.zeros(num_records, 3, dtype=torch.float64, device=device)
     values[:, 2].index_add_(0, flatten_ids.long(), excess[tile_of_isect])
     if composite:
         pixel_ids, record_ids, weights, _ = compositing_weights(
-            rec["means2d"], rec["conics"], rec["opacities"], info["width"], info["height"], TILE_SIZE,
-            info["tile_offsets"], flatten_ids, packed=info["packed"])
-        if info["packed"]:
-            keys = rec["gaussian_ids"].long()
+            rec.means2d, rec.conics, rec.opacities, info.width, info.height, TILE_SIZE,
+            tiles.offsets, flatten_ids, packed=info.packed)
+        if info.packed:
+            assert rec.gaussian_ids is not None
+            keys = rec.gaussian_ids.long()
         else:
             keys = torch.arange(num_records, device=device) % lead[-1]  # global Gaussian index
         values[:, 0] = torch.bincount(pixel_winners(pixel_ids, record_ids, weights, keys),

@@ -134,10 +134,85 @@ def padding_only_radii(radii: torch.Tensor, means2d: torch.Tensor, ox: int, oy: 
 
 
 @dataclass
+class Records:
+    """The records this rank received for its C cameras: [C, N_all, ...] (dense) or [R, ...]
+    (packed, one per visible (camera, Gaussian) pair). Units: pixels (radii, means2d), camera-z
+    depth in scene units, conics in px^-2, colours after SH (+0.5, clamped at 0)."""
+
+    radii: torch.Tensor  # [..., 2] int32
+    means2d: torch.Tensor  # [..., 2]
+    depths: torch.Tensor  # [...]
+    conics: torch.Tensor  # [..., 3]
+    opacities: torch.Tensor  # [...]
+    colors: torch.Tensor  # [..., 3]
+    absgrad_lanes: Optional[torch.Tensor] = None  # [..., 2] the radii as differentiable lanes (absgrad)
+    image_ids: Optional[torch.Tensor] = None  # packed: [R] the receiver's local camera of each record
+    gaussian_ids: Optional[torch.Tensor] = None  # packed: [R] the global Gaussian id of each record
+
+
+@dataclass(frozen=True)
+class ExchangeLayout:
+    """How a pass's records travelled, for :func:`route_to_owners`: rows sent to / received from
+    each rank, the shard sizes, and (packed) the local Gaussian of each sent record."""
+
+    packed: bool
+    N_local: int
+    N_world: list[int]
+    send_rows: list[int]
+    recv_rows: list[int]
+    sent_gaussian_ids: Optional[torch.Tensor] = None  # packed: [nnz] int
+
+
+@dataclass(frozen=True)
+class TileLists:
+    """gsplat's tile lists of the received records (isect_tiles / isect_offset_encode)."""
+
+    offsets: torch.Tensor  # [C, tile_height, tile_width] int32: first list position of each tile
+    flatten_ids: torch.Tensor  # [n_isects] int32: record index per list position, depth-sorted per tile
+    tile_width: int  # tiles per image row
+    tile_height: int  # tiles per image column
+
+
+@dataclass
+class RenderInfo:
+    """What a pass leaves for the loss, densification, pruning and SelectiveAdam.
+
+    The owner's side: ``means2d`` (the local, pre-exchange 2D means, [C_all, N, 2] or [nnz, 2],
+    pixels; their ``.grad`` after backward), ``radii`` ([C_all, N, 2] or [nnz, 2] int),
+    ``gaussian_ids`` / ``camera_ids`` (packed), ``absgrad`` (the radii lanes whose ``.grad`` is
+    the absolute 2D-mean gradient; :class:`AbsGradRelay`), ``widths`` / ``heights`` (per camera of
+    the pass, pixels), ``n_cameras`` (C_all). The renderer's side: ``records``, ``tiles``,
+    ``layout``, ``width`` / ``height`` (this rank's image size), ``num_local_cameras``,
+    ``raster_means2d`` (the relay's output, kept alive until backward). ``records``, ``tiles`` and
+    ``layout`` are None for gsplat's own distributed pass (``--pipeline gsplat-dist``).
+    """
+
+    means2d: torch.Tensor
+    radii: torch.Tensor
+    packed: bool
+    n_cameras: int
+    widths: list[int]
+    heights: list[int]
+    N_world: list[int] = field(default_factory=list)  # Gaussians per rank
+    C_world: list[int] = field(default_factory=list)  # cameras per rank
+    num_isects: int = 0
+    gaussian_ids: Optional[torch.Tensor] = None
+    camera_ids: Optional[torch.Tensor] = None
+    absgrad: Optional[torch.Tensor] = None
+    width: int = 0
+    height: int = 0
+    num_local_cameras: int = 0
+    records: Optional[Records] = None
+    layout: Optional[ExchangeLayout] = None
+    tiles: Optional[TileLists] = None
+    raster_means2d: Optional[torch.Tensor] = None
+
+
+@dataclass
 class RenderResult:
     colors: Optional[torch.Tensor]  # [C, H, W, 3]; None when called with rasterize=False
     alphas: Optional[torch.Tensor]  # [C, H, W, 1]; None likewise
-    info: dict = field(default_factory=dict)
+    info: RenderInfo
     depths: Optional[torch.Tensor] = None  # [C, H, W, 1] expected depth (render_depth=True)
 
 
@@ -249,18 +324,18 @@ def render(
     gaussians: this rank's shard, activated (see model.activated): means [N,3], quats [N,4],
     scales [N,3], opacities [N], colors (SH coefficients) [N,K,3]. backgrounds [C,3] or None.
     Every rank must call this collectively. ``keep_means2d_grad`` keeps the gradient of the local
-    (pre-exchange) 2D means for densification (``info["means2d"].grad`` after backward).
+    (pre-exchange) 2D means for densification (``info.means2d.grad`` after backward).
     ``timer`` (profiling.PhaseTimer) is told where each phase begins, forward and backward.
-    ``rasterize=False`` stops after tile intersection (colors/alphas None): ``info["records"]``
-    (the received records) and the tile lists feed a fused rasterize+loss kernel instead.
-    ``info["layout"]`` describes the exchange, for :func:`route_to_owners`.
+    ``rasterize=False`` stops after tile intersection (colors/alphas None): ``info.records``
+    (the received records) and ``info.tiles`` feed a fused rasterize+loss kernel instead.
+    ``info.layout`` describes the exchange, for :func:`route_to_owners`.
     ``layout`` (:class:`PassLayout`): the pass's sizes and cameras as every rank knows them;
     None gathers them (one all_gather of four ints per rank, read on the host, and one of the
     cameras).
     gsplat's rasterization options: ``camera_model`` ("pinhole" | "ortho" | "fisheye"),
     ``antialiased`` (opacities times the projection's compensations), ``absgrad`` (after
-    backward, ``info["absgrad"].grad`` holds each local record's absolute 2D-mean gradient, the
-    shape of ``info["means2d"]``; :class:`AbsGradRelay`), ``render_depth`` (``result.depths``
+    backward, ``info.absgrad.grad`` holds each local record's absolute 2D-mean gradient, the
+    shape of ``info.means2d``; :class:`AbsGradRelay`), ``render_depth`` (``result.depths``
     [C, H, W, 1]: the expected camera-z depth, accumulated depth / alpha, gsplat's "ED").
     ``sparse_grad_comm``: the backward exchange elides zero gradient rows (sparse_exchange.py).
     """
@@ -308,39 +383,41 @@ def render(
     fields = [proj["radii"], means2d, proj["depths"][..., None], proj["conics"], opacities[..., None], colors]
     timer.begin("forward_exchange")
     if packed:
-        recv = _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes, sparse_grad_comm)
+        recv, xlayout = _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes,
+                                         sparse_grad_comm)
     else:
-        recv = _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes, sparse_grad_comm)
+        recv, xlayout = _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes, sparse_grad_comm)
     timer.begin("rasterization")
 
     tile_w, tile_h = math.ceil(cams.width / TILE_SIZE), math.ceil(cams.height / TILE_SIZE)
-    radii_r = recv["radii"]
     _, isect_ids, flatten_ids = ops.isect_tiles(
-        recv["means2d"], radii_r, recv["depths"], TILE_SIZE, tile_w, tile_h,
-        packed=packed, n_images=C, image_ids=recv.get("image_ids"), gaussian_ids=recv.get("gaussian_ids"))
+        recv.means2d, recv.radii, recv.depths, TILE_SIZE, tile_w, tile_h,
+        packed=packed, n_images=C, image_ids=recv.image_ids, gaussian_ids=recv.gaussian_ids)
     offsets = ops.isect_offset_encode(isect_ids, C, tile_w, tile_h)
     render_colors = render_alphas = render_depths = raster_means2d = None
     if rasterize:
-        raster_means2d = relay_absgrad(recv["means2d"], recv["absgrad_lanes"]) if absgrad else recv["means2d"]
-        channels = torch.cat([recv["colors"], recv["depths"][..., None]], -1) if render_depth else recv["colors"]
+        raster_means2d = recv.means2d
+        if absgrad:
+            assert recv.absgrad_lanes is not None
+            raster_means2d = relay_absgrad(recv.means2d, recv.absgrad_lanes)
+        channels = torch.cat([recv.colors, recv.depths[..., None]], -1) if render_depth else recv.colors
         render_colors, render_alphas = ops.rasterize_to_pixels(
-            raster_means2d, recv["conics"], channels, recv["opacities"], cams.width, cams.height,
+            raster_means2d, recv.conics, channels, recv.opacities, cams.width, cams.height,
             TILE_SIZE, offsets, flatten_ids, packed=packed, absgrad=absgrad)
         if render_depth:  # gsplat's "ED": accumulated depth over accumulated alpha
             render_colors, render_depths = render_colors[..., :3], render_colors[..., 3:]
             render_depths = render_depths / render_alphas.clamp_min(1e-10)
         # composited here: gsplat 1.5.3 rejects per-image [C, 3] backgrounds when packed
         render_colors = composite_background(render_colors, render_alphas, backgrounds)
-    layout = recv.pop("layout")
-    info = dict(
+    info = RenderInfo(
         means2d=means2d, radii=proj["radii"], packed=packed, n_cameras=C_all,
         gaussian_ids=proj["gaussian_ids"] if packed else None,
         camera_ids=proj["camera_ids"] if packed else None,
-        widths=[s[0] for s in sizes], heights=[s[1] for s in sizes],  # per camera of the pass, pixels
+        widths=[s[0] for s in sizes], heights=[s[1] for s in sizes],
         num_isects=int(isect_ids.numel()), N_world=N_world, C_world=C_world,
-        tile_offsets=offsets, flatten_ids=flatten_ids, tile_width=tile_w, tile_height=tile_h,
-        records=recv, layout=layout, width=cams.width, height=cams.height, num_local_cameras=C,
-        absgrad=absgrad_lanes, raster_means2d=raster_means2d,  # the latter keeps the relay's output alive
+        tiles=TileLists(offsets, flatten_ids, tile_w, tile_h),
+        records=recv, layout=xlayout, width=cams.width, height=cams.height, num_local_cameras=C,
+        absgrad=absgrad_lanes, raster_means2d=raster_means2d,
     )
     return RenderResult(render_colors, render_alphas, info, render_depths)
 
@@ -371,16 +448,17 @@ class RenderSetup:
                            int(batch["width"]), int(batch["height"]))
 
 
-def visible_gaussians(info: dict) -> torch.Tensor:
+def visible_gaussians(info: RenderInfo) -> torch.Tensor:
     """bool [N_local]: the local Gaussians that some camera of the pass sees (radii > 0 on both
     axes in a dense projection, or a packed record), gsplat simple_trainer's visibility mask for
     SelectiveAdam. The owner projects its Gaussians against every camera of the global batch, so
     this needs no collective and equals one process's mask."""
-    radii = info["radii"]
-    if not info["packed"]:
+    radii = info.radii
+    if not info.packed:
         return (radii > 0).all(dim=-1).any(dim=0)
-    visible = torch.zeros(info["layout"]["N_local"], dtype=torch.bool, device=radii.device)
-    return visible.index_fill_(0, info["gaussian_ids"], True)
+    assert info.gaussian_ids is not None and info.layout is not None
+    visible = torch.zeros(info.layout.N_local, dtype=torch.bool, device=radii.device)
+    return visible.index_fill_(0, info.gaussian_ids, True)
 
 
 def check_camera_model(scene, camera_model: str) -> Optional[str]:
@@ -404,37 +482,41 @@ def check_camera_model(scene, camera_model: str) -> Optional[str]:
     return None
 
 
-def route_to_owners(ctx: DistContext, info: dict, values: torch.Tensor) -> torch.Tensor:
+def route_to_owners(ctx: DistContext, info: RenderInfo, values: torch.Tensor) -> torch.Tensor:
     """Send per-record values measured where the records were rendered back to the Gaussians'
     owners, the way gradients travel (the reverse all_to_all), and sum them per local Gaussian.
 
-    values: [C, N_all, K] (dense) or [R_recv, K] (packed), aligned with ``info["records"]``.
+    values: [C, N_all, K] (dense) or [R_recv, K] (packed), aligned with ``info.records``.
     Returns [N_local, K] on this rank: the sum over every camera of every rank. Collective.
     Non-differentiable (used for pruning statistics).
     """
-    layout, K = info["layout"], values.shape[-1]
+    layout, K = info.layout, values.shape[-1]
+    if layout is None:
+        raise ValueError("route_to_owners needs a pass of this trainer's exchange (--pipeline ours)")
     rows = values.reshape(-1, K).detach().contiguous()
     if ctx.world_size == 1:
         back = rows
     else:
-        if not layout["packed"]:
-            C = info["num_local_cameras"]
-            chunks = torch.split(values.detach(), layout["N_world"], dim=1)  # per owner: [C, N_j, K]
+        if not layout.packed:
+            C = info.num_local_cameras
+            chunks = torch.split(values.detach(), layout.N_world, dim=1)  # per owner: [C, N_j, K]
             rows = torch.cat([c.reshape(-1, K) for c in chunks], dim=0).contiguous()
-            assert rows.shape[0] == sum(layout["recv_rows"]) and C * sum(layout["N_world"]) == rows.shape[0]
-        back = exchange.all_to_all_rows(ctx, rows, layout["recv_rows"], layout["send_rows"])
-    n_local = layout["N_local"]
-    if layout["packed"]:
+            assert rows.shape[0] == sum(layout.recv_rows) and C * sum(layout.N_world) == rows.shape[0]
+        back = exchange.all_to_all_rows(ctx, rows, layout.recv_rows, layout.send_rows)
+    n_local = layout.N_local
+    if layout.packed:
+        assert layout.sent_gaussian_ids is not None
         out = torch.zeros(n_local, K, dtype=values.dtype, device=values.device)
-        return out.index_add_(0, layout["sent_gaussian_ids"], back)
+        return out.index_add_(0, layout.sent_gaussian_ids, back)
     return back.reshape(-1, n_local, K).sum(dim=0)  # [C_all, N_local, K] -> [N_local, K]
 
 
-def _split_fields(rows: torch.Tensor, lead_shape) -> dict:
-    """[..., 12] record lanes -> named fields (radii back to int32; ``absgrad_lanes`` the radii
-    lanes themselves, differentiable, for :class:`AbsGradRelay`)."""
+def _split_fields(rows: torch.Tensor, lead_shape, **ids) -> Records:
+    """[..., 12] record lanes -> :class:`Records` (radii back to int32; ``absgrad_lanes`` the radii
+    lanes themselves, differentiable, for :class:`AbsGradRelay`); ``ids``: image_ids /
+    gaussian_ids (packed)."""
     rows = rows.reshape(*lead_shape, RECORD_LANES)
-    return dict(
+    return Records(
         radii=rows[..., 0:2].detach().round().to(torch.int32),
         absgrad_lanes=rows[..., 0:2],
         means2d=rows[..., 2:4],
@@ -442,22 +524,17 @@ def _split_fields(rows: torch.Tensor, lead_shape) -> dict:
         conics=rows[..., 5:8],
         opacities=rows[..., 8],
         colors=rows[..., 9:12],
+        **ids,
     )
 
 
-def _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes=None, sparse=False) -> dict:
+def _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes=None,
+                    sparse=False) -> tuple[Records, ExchangeLayout]:
     """Dense all_to_all: rank r sends all N local records of every camera rank j renders.
     ``absgrad_lanes``: the radii as float lanes that require grad (absgrad), sent in their place."""
     if ctx.world_size == 1:
-        names = ["radii", "means2d", "depths", "conics", "opacities", "colors"]
-        fields = list(fields)
-        fields[1] = boundary(boundary(fields[1], timer, "backward_projection"), timer, "backward_exchange")
-        out = dict(zip(names, fields))  # radii stay int32
-        out["depths"], out["opacities"] = fields[2][..., 0], fields[4][..., 0]
-        out["absgrad_lanes"] = absgrad_lanes
-        out["layout"] = dict(packed=False, N_local=N, N_world=N_world, send_rows=[N * c for c in C_world],
-                             recv_rows=[C_world[0] * N])
-        return out
+        return (_local_records(fields, timer, absgrad_lanes),
+                ExchangeLayout(False, N, N_world, send_rows=[N * c for c in C_world], recv_rows=[C_world[0] * N]))
     lanes = fields[0].float() if absgrad_lanes is None else absgrad_lanes
     payload = torch.cat([lanes, *fields[1:]], dim=-1).reshape(-1, RECORD_LANES)  # [C_all * N, 12]
     C = C_world[ctx.rank]
@@ -465,9 +542,16 @@ def _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes=None,
     recv_rows = [C * n for n in N_world]
     recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad_lanes is not None, sparse)
     chunks = [chunk.reshape(C, n, RECORD_LANES) for chunk, n in zip(torch.split(recv, recv_rows), N_world)]
-    out = _split_fields(torch.cat(chunks, dim=1), (C, sum(N_world)))
-    out["layout"] = dict(packed=False, N_local=N, N_world=N_world, send_rows=send_rows, recv_rows=recv_rows)
-    return out
+    return (_split_fields(torch.cat(chunks, dim=1), (C, sum(N_world))),
+            ExchangeLayout(False, N, N_world, send_rows, recv_rows))
+
+
+def _local_records(fields, timer, absgrad_lanes, **ids) -> Records:
+    """World size 1: the projected fields are the records (radii stay int32); the 2D means get
+    the backward phase boundaries the exchange would have put around them."""
+    radii, means2d, depths, conics, opacities, colors = fields
+    means2d = boundary(boundary(means2d, timer, "backward_projection"), timer, "backward_exchange")
+    return Records(radii, means2d, depths[..., 0], conics, opacities[..., 0], colors, absgrad_lanes, **ids)
 
 
 def _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad=False, sparse=False):
@@ -481,21 +565,16 @@ def _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad=False, 
     return boundary(recv, timer, "backward_exchange")
 
 
-def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes=None, sparse=False) -> dict:
+def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes=None,
+                     sparse=False) -> tuple[Records, ExchangeLayout]:
     """Packed all_to_all: only visible records travel, with the indices the receiver needs.
 
     Camera ids are rebased global -> the receiver's local ids and Gaussian ids local -> global
     before sending (gsplat rendering.py does the same with two more all_to_alls; here they ride
     in the payload buffer, bit-cast into float lanes)."""
     if ctx.world_size == 1:  # local ids are global ids: nothing to rebase, nothing to send
-        fields = list(fields)
-        fields[1] = boundary(boundary(fields[1], timer, "backward_projection"), timer, "backward_exchange")
-        out = dict(radii=fields[0], means2d=fields[1], depths=fields[2][..., 0], conics=fields[3],
-                   opacities=fields[4][..., 0], colors=fields[5], absgrad_lanes=absgrad_lanes)
-        out.update(image_ids=cam_ids, gaussian_ids=gs_ids)
-        out["layout"] = dict(packed=True, N_local=N_world[0], N_world=N_world, send_rows=[cam_ids.shape[0]],
-                             recv_rows=[cam_ids.shape[0]], sent_gaussian_ids=gs_ids)
-        return out
+        return (_local_records(fields, timer, absgrad_lanes, image_ids=cam_ids, gaussian_ids=gs_ids),
+                ExchangeLayout(True, N_world[0], N_world, [cam_ids.shape[0]], [cam_ids.shape[0]], gs_ids))
     device = cam_ids.device
     cam_offsets = torch.tensor([0] + C_world, device=device).cumsum(0)  # [W + 1]
     dest = torch.searchsorted(cam_offsets[1:], cam_ids, right=True)  # rank rendering each record
@@ -509,8 +588,6 @@ def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absg
         [exchange.ids_to_float_lanes(local_cam), exchange.ids_to_float_lanes(global_gs), lanes, *fields[1:]], dim=-1
     )  # [nnz, 14]
     recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad_lanes is not None, sparse)
-    out = _split_fields(recv[:, 2:], (recv.shape[0],))
-    out.update(image_ids=exchange.float_lanes_to_ids(recv[:, 0]), gaussian_ids=exchange.float_lanes_to_ids(recv[:, 1]))
-    out["layout"] = dict(packed=True, N_local=N_world[ctx.rank], N_world=N_world, send_rows=send_rows,
-                         recv_rows=recv_rows, sent_gaussian_ids=gs_ids)
-    return out
+    records = _split_fields(recv[:, 2:], (recv.shape[0],), image_ids=exchange.float_lanes_to_ids(recv[:, 0]),
+                            gaussian_ids=exchange.float_lanes_to_ids(recv[:, 1]))
+    return records, ExchangeLayout(True, N_world[ctx.rank], N_world, send_rows, recv_rows, gs_ids)
