@@ -341,39 +341,37 @@ def _launch(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_off
     return loss, grads, stats
 
 
-class FusedRasterLoss(torch.autograd.Function):
-    """loss = tile-local (1 - l) L1 + l D-SSIM of the composited images (module docstring).
+class KnownGradients(torch.autograd.Function):
+    """A loss whose gradients were computed with it: forward returns ``loss`` (a copy, in
+    ``inputs[0]``'s dtype); backward hands each input its precomputed gradient times the incoming
+    one, so autograd carries them on to the projection, SH and the exchange. The fused kernel
+    computes the loss AND all its gradients in one launch (:func:`fused_raster_loss`).
 
-    forward runs the fused kernel, which computes the loss AND all its gradients at once; they
-    are saved and backward scales them by the incoming gradient, so autograd carries them on to
-    the projection, SH and the exchange unchanged. Gradients: means2d, conics, colors, opacities,
-    backgrounds (in the inputs' shapes and dtypes). ``meta`` (dict) holds the non-tensor
-    arguments and receives the stats.
-    """
+    apply(loss, grads, *inputs): ``grads`` a list aligned with ``inputs`` (each the input's shape;
+    None for an input without gradient)."""
 
     @staticmethod
-    def forward(ctx, means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, meta):
-        loss, grads, stats = _launch(
-            meta["ext"], means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids,
-            meta["width"], meta["height"], meta["ssim_lambda"], meta["return_image"], meta["absgrad"],
-            meta["origin"], meta.get("warp_size"),
-        )  # fmt: skip
-        meta["stats"] = stats
-        shaped = [grads["means2d"].reshape(means2d.shape).to(means2d.dtype),
-                  grads["conics"].reshape(conics.shape).to(conics.dtype),
-                  grads["colors"].reshape(colors.shape).to(colors.dtype),
-                  grads["opacities"].reshape(opacities.shape).to(opacities.dtype)]  # fmt: skip
-        if backgrounds is not None:
-            shaped.append(grads["backgrounds"].to(backgrounds.dtype))
-        ctx.has_bg = backgrounds is not None
-        ctx.save_for_backward(*shaped)
-        return loss.to(means2d.dtype)
+    def forward(ctx, loss, grads, *inputs):
+        ctx.save_for_backward(*[torch.zeros(0) if g is None else g for g in grads])
+        ctx.present = [g is not None for g in grads]
+        return loss.detach().clone().to(inputs[0].dtype)
 
     @staticmethod
     def backward(ctx, grad_loss):
-        saved = [g * grad_loss for g in ctx.saved_tensors]
-        v_bg = saved[4] if ctx.has_bg else None
-        return saved[0], saved[1], saved[2], saved[3], v_bg, None, None, None, None
+        scaled = [g * grad_loss if present else None for g, present in zip(ctx.saved_tensors, ctx.present)]
+        return (None, None, *scaled)
+
+
+def _native_loss(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width,
+                 height, ssim_lambda, return_image, absgrad, origin, warp_size=None) -> Tuple[Tensor, Dict]:
+    """The kernel ``ext`` launched now (:func:`_launch`), its loss tied to its gradients by
+    :class:`KnownGradients`. Returns (loss, stats)."""
+    loss, grads, stats = _launch(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
+                                 flatten_ids, width, height, float(ssim_lambda), return_image, absgrad, origin,
+                                 warp_size)
+    inputs = [means2d, conics, colors, opacities] + ([backgrounds] if backgrounds is not None else [])
+    shaped = [grads[name].reshape(x.shape).to(x.dtype) for name, x in zip(GRAD_NAMES, inputs)]
+    return KnownGradients.apply(loss, shaped, *inputs), stats
 
 
 def _unfused(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height, ssim_lambda,
@@ -471,11 +469,8 @@ def fused_raster_loss(
         ops = default_fallback(means2d.device) if fallback is None else fallback
         return _unfused(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
                         ssim_lambda, backgrounds, packed, origin, ops, return_image, absgrad, budget)
-    meta = dict(ext=ext, width=width, height=height, ssim_lambda=float(ssim_lambda), return_image=return_image,
-                absgrad=absgrad, origin=origin)
-    loss = FusedRasterLoss.apply(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
-                                 flatten_ids, meta)
-    return loss, meta["stats"]
+    return _native_loss(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width,
+                        height, ssim_lambda, return_image, absgrad, origin)
 
 
 def default_fallback(device) -> ModuleType:
@@ -499,8 +494,6 @@ def emulated_fused_raster_loss(means2d, conics, colors, opacities, isect_offsets
     origin = (int(origin[0]), int(origin[1]))
     _check_inputs(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
                   ssim_lambda, backgrounds, packed, origin)
-    meta = dict(ext=native.load_cpu_emulation(), width=width, height=height, ssim_lambda=float(ssim_lambda),
-                return_image=return_image, absgrad=absgrad, origin=origin, warp_size=warp_size)
-    loss = FusedRasterLoss.apply(means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
-                                 flatten_ids, meta)
-    return loss, meta["stats"]
+    return _native_loss(native.load_cpu_emulation(), means2d, conics, colors, opacities, backgrounds, gts,
+                        isect_offsets, flatten_ids, width, height, ssim_lambda, return_image, absgrad, origin,
+                        warp_size)

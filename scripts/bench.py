@@ -93,8 +93,7 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
     _sync(ctx.device)
     ms_per_iter = (time.perf_counter() - t0) * 1000.0 / (steps - warmup)
     window = rows[warmup:]
-    trainer.timer.enabled = True
-    trainer.timer.cuda = ctx.device.type == "cuda"
+    trainer.timer.switch(True)
     timed: list[dict[str, Any]] = []
     for step in range(start + steps, start + steps + phase_steps):
         _sync(ctx.device)
@@ -105,9 +104,8 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
         ctx.stats.reset()
     steady = window
     peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
-    trainer.step = start + steps + phase_steps
-    trainer.timer.enabled = False
-    metrics = trainer.evaluation.run(trainer.shard, trainer.step) if len(trainer.testset) else None
+    trainer.timer.switch(False)
+    metrics = trainer.evaluation.run(trainer.shard, start + steps + phase_steps) if len(trainer.testset) else None
     phases = {}
     for name in timed[0]["phases"]:
         phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in timed)

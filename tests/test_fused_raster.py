@@ -340,7 +340,7 @@ def test_cpu_uses_reference():
 
 
 def test_autograd_function_scales_the_saved_gradients():
-    """FusedRasterLoss hands the kernel's gradients to autograd, scaled by the incoming gradient, in
+    """KnownGradients hands the kernel's gradients to autograd, scaled by the incoming gradient, in
     the inputs' shapes and dtypes, and None for the non-differentiable inputs (a stand-in kernel)."""
     scene = make_scene(I=2, H=20, W=24, N=30, seed=9, packed=False, bg=True)
 
@@ -353,10 +353,8 @@ def test_autograd_function_scales_the_saved_gradients():
             assert args[25] == 3 and args[26:29] == (0, 8, 0)  # every phase; one launch over the 2 x 4 tiles
 
     names, leaves = _leaves(scene)
-    meta = dict(ext=FakeExt(), width=24, height=20, ssim_lambda=0.2, return_image=False, absgrad=False,
-                origin=(0, 0))
-    loss = fr.FusedRasterLoss.apply(*leaves[:4], leaves[4], scene["gts"], scene["isect_offsets"],
-                                    scene["flatten_ids"], meta)
+    loss, _ = fr._native_loss(FakeExt(), *leaves[:4], leaves[4], scene["gts"], scene["isect_offsets"],
+                              scene["flatten_ids"], 24, 20, 0.2, False, False, (0, 0))
     n_pix = 20 * 24
     assert loss.item() == pytest.approx(0.8 * 0.5 * 4 / (3 * n_pix) + 0.2 * (1 - 0.5 * 4 / (3 * n_pix)))
     grads = torch.autograd.grad(3.0 * loss, leaves)

@@ -487,9 +487,9 @@ class Trainer:
         out, written = {}, []
         for step in bar:
             if profiler is not None:
-                self.timer.enabled = s.profile_start_step <= step < s.profile_start_step + s.profile_num_steps
-                self.timer.cuda = self.timer.enabled and self.device.type == "cuda"
-                self.timer.deferred = True  # no synchronization per step in the profiled window
+                # no synchronization per step in the profiled window
+                self.timer.switch(s.profile_start_step <= step < s.profile_start_step + s.profile_num_steps,
+                                  deferred=True)
             if viewer is not None:
                 viewer.before_step()  # holds the viewer's lock: frames show the model between steps
             out = self.train_step(step)

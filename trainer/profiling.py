@@ -37,6 +37,13 @@ class PhaseTimer:
         self._range: Any = None
         self._nvtx: Optional[int] = None  # id of the open NVTX / roctx range
 
+    def switch(self, enabled: bool, deferred: bool = False) -> None:
+        """Turn the per-phase timing on or off (CUDA events on a GPU); ``deferred`` keeps the
+        steps' events to read them all in :meth:`collect` instead of synchronizing each step."""
+        self.enabled = enabled
+        self.cuda = enabled and self.device.type == "cuda"
+        self.deferred = deferred
+
     def _stamp(self):
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
