@@ -448,7 +448,9 @@ class Trainer:
         if self.step == 0 and 0 in s.eval_steps:
             self.evaluation.run(self.shard, 0)  # the initial model, before any step
         profiler = self._start_profiler() if cfg.profile else None
-        viewer = start_training_viewer(self)  # --no_disable_viewer: rank 0 of a one-process run
+        viewer = start_training_viewer(  # --no_disable_viewer: rank 0 of a one-process run
+            cfg, self.report, lambda: (self.shard.activated(), self.sh_degree_at(self.step)), self.device, self.ops,
+            self.result_dir, self.scene.cameras[self.trainset.indices[0]].camtoworld, self.scene.points)
         first_step = self.step
         self._last_save = time.monotonic()
         try:

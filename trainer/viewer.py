@@ -140,22 +140,18 @@ def check_training_viewer(cfg, world_size: int) -> None:
     require_viewer("--no_disable_viewer")
 
 
-def start_training_viewer(trainer) -> Optional[SplatViewer]:
-    """Rank 0 of a single-process run with --no_disable_viewer: the live viewer, opened at the
-    first training camera (None otherwise). Prints where it is served. Raises OSError when the
-    port cannot be bound."""
-    cfg = trainer.cfg
-    if cfg.disable_viewer or not trainer.ctx.is_main:
+def start_training_viewer(cfg, report, model: Callable[[], tuple], device, ops, result_dir: Path,
+                          camtoworld, points: Optional[np.ndarray]) -> Optional[SplatViewer]:
+    """Rank 0 (``report.active``) with --no_disable_viewer: the live viewer (None otherwise).
+    ``model()`` gives (activated Gaussians, SH degree) of the model between steps; the view opens
+    at ``camtoworld`` [4, 4] looking at the median of ``points`` [P, 3] (the origin without them).
+    Says where it is served through ``report``. Raises OSError when the port cannot be bound."""
+    if cfg.disable_viewer or not report.active:
         return None
-    from .model import activated
-
-    viewer = SplatViewer(cfg.port, lambda: (activated(trainer.params), trainer.sh_degree_at(trainer.step)),
-                         trainer.device, trainer.ops, mode="training", output_dir=trainer.result_dir,
+    viewer = SplatViewer(cfg.port, model, device, ops, mode="training", output_dir=result_dir,
                          near=cfg.near_plane, far=cfg.far_plane)
-    first = trainer.scene.cameras[trainer.trainset.indices[0]]
-    points = trainer.scene.points
-    viewer.look_from(first.camtoworld, np.median(points, axis=0) if points is not None and len(points) else np.zeros(3))
-    print(f"viewer: http://localhost:{viewer.port} (the model between steps; it stops with the run)", flush=True)
+    viewer.look_from(camtoworld, np.median(points, axis=0) if points is not None and len(points) else np.zeros(3))
+    report.print(f"viewer: http://localhost:{viewer.port} (the model between steps; it stops with the run)")
     return viewer
 
 
