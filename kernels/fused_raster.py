@@ -77,20 +77,14 @@ from torch import Tensor
 
 from . import native
 from . import reference as ref
-from .resources import CPU_TILE_BUDGET, TILE_SIZE, tile_budget  # noqa: F401 (re-exported)
-
-SSIM_WINDOW = 11  # Gaussian window side, pixels (Wang et al. 2004)
-SSIM_SIGMA = 1.5  # window standard deviation, pixels
-SSIM_C1 = 0.01**2
-SSIM_C2 = 0.03**2
+from .constants import SSIM_C1, SSIM_C2, SSIM_WINDOW, TILE_SIZE, gaussian_window_1d
+from .resources import CPU_TILE_BUDGET, tile_budget  # noqa: F401 (re-exported)
 GRAD_NAMES = ("means2d", "conics", "colors", "opacities", "backgrounds")  # the differentiable inputs
 
 
 def ssim_window_1d(dtype: torch.dtype = torch.float32) -> Tensor:
     """Normalized 1D Gaussian window [SSIM_WINDOW] (sigma 1.5 px), computed in float64, cast to dtype."""
-    offsets = torch.arange(SSIM_WINDOW, dtype=torch.float64) - (SSIM_WINDOW - 1) / 2
-    g = torch.exp(-(offsets**2) / (2.0 * SSIM_SIGMA**2))
-    return (g / g.sum()).to(dtype)
+    return gaussian_window_1d().to(dtype)
 
 
 # ------------------------------------------------------------------------------------------------

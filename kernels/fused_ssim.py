@@ -67,6 +67,7 @@ import os
 import torch
 from torch import Tensor
 
+from .constants import SSIM_C1, SSIM_C2, SSIM_WINDOW, gaussian_window_1d
 from .resources import spill_free_warps
 
 try:  # the CPU-only torch wheel may ship without Triton; then nothing here can run
@@ -75,10 +76,7 @@ try:  # the CPU-only torch wheel may ship without Triton; then nothing here can 
 except ImportError:  # pragma: no cover - depends on the environment
     triton = None
 
-WINDOW = 11  # Gaussian window side, pixels (Wang et al. 2004)
-SIGMA = 1.5  # Gaussian window standard deviation, pixels
-C1 = 0.01**2  # (K1 L)^2, L = 1
-C2 = 0.03**2  # (K2 L)^2
+WINDOW, C1, C2 = SSIM_WINDOW, SSIM_C1, SSIM_C2  # the kernels' constexpr names (kernels/constants.py)
 PADDINGS = ("same", "valid")
 BLOCK = 32  # input tile side, pixels (power of two, for tl.arange / tl.dot)
 TILE = BLOCK - WINDOW + 1  # output tile side: 22 pixels
@@ -112,9 +110,7 @@ def available() -> bool:
 def _gaussian_taps(device: torch.device) -> Tensor:
     """float32 [11]: the normalized 1D window, the same float32 taps the PyTorch SSIM uses. Made
     once per device (a host-to-device copy at every call would stall the step)."""
-    offsets = torch.arange(WINDOW, dtype=torch.float64) - (WINDOW - 1) / 2
-    g = torch.exp(-(offsets**2) / (2.0 * SIGMA**2))
-    return (g / g.sum()).to(device=device, dtype=torch.float32)
+    return gaussian_window_1d().to(device=device, dtype=torch.float32)
 
 
 def output_size(height: int, width: int, padding: str) -> tuple[int, int, int]:

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
 
-TILE_SIZE = 16  # pixels per tile side (the fused kernel's pixel block is TILE_SIZE^2 = 256)
-RECORD_BYTES = 9 * 4  # a resident record: means2d (2), conic (3), opacity (1), colour (3) fp32
+from .constants import RASTER_RECORD_BYTES, TILE_SIZE
+
 # On chip per resident Gaussian: its record plus its column of the [256, budget] alpha state.
-RESIDENT_BYTES_PER_GAUSSIAN = RECORD_BYTES + TILE_SIZE * TILE_SIZE * 4
+RESIDENT_BYTES_PER_GAUSSIAN = RASTER_RECORD_BYTES + TILE_SIZE * TILE_SIZE * 4
 CPU_TILE_BUDGET = 64  # budget on CPU: small, so pruning tests have tiles over it
 
 

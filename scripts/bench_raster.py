@@ -123,7 +123,7 @@ def _leaves(inputs):
 
 def unfused_step(inputs, ssim_lambda, ssim_backend):
     """gsplat rasterize_to_pixels -> (1 - l) L1 + l (1 - SSIM) -> backward. Returns (loss, grads)."""
-    from splat_train.kernels.resources import TILE_SIZE
+    from splat_train.kernels.constants import TILE_SIZE
     from splat_train.trainer.losses import photometric_loss
 
     leaves = _leaves(inputs)

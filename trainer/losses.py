@@ -25,8 +25,9 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-SSIM_C1 = 0.01**2  # (K1 * L)^2 with dynamic range L = 1 (Wang et al. 2004, eq. 7)
-SSIM_C2 = 0.03**2  # (K2 * L)^2
+from ..kernels.constants import SSIM_C1, SSIM_C2, SSIM_SIGMA, SSIM_WINDOW
+from ..kernels.constants import gaussian_window_1d as gaussian_kernel_1d  # noqa: F401 (the tests' name)
+
 SSIM_PADDINGS = ("same", "valid")
 SSIM_BACKENDS = ("fused_ssim", "triton", "pytorch")
 
@@ -80,20 +81,6 @@ def training_loss_backend(device: torch.device | str, ssim_backend_flag: str = "
     return ssim_backend_flag
 
 
-def gaussian_kernel_1d(window_size: int = 11, sigma: float = 1.5) -> torch.Tensor:
-    """Normalized 1D Gaussian, float64 [window_size], centered, entries summing to 1.
-
-    Raises ValueError for an even or non-positive size or a non-positive sigma.
-    """
-    if window_size < 1 or window_size % 2 == 0:
-        raise ValueError(f"SSIM window_size must be a positive odd integer, got {window_size}")
-    if sigma <= 0:
-        raise ValueError(f"SSIM sigma must be positive, got {sigma}")
-    offsets = torch.arange(window_size, dtype=torch.float64) - (window_size - 1) / 2
-    g = torch.exp(-(offsets**2) / (2.0 * sigma**2))
-    return g / g.sum()
-
-
 def _check_images(img1: torch.Tensor, img2: torch.Tensor, name: str) -> None:
     if img1.dim() != 4 or img1.shape[-1] != 3:
         raise ValueError(f"{name}: expected images [B, H, W, 3], got {tuple(img1.shape)}")
@@ -137,8 +124,8 @@ def _gaussian_filter(images: torch.Tensor, window_size: int, sigma: float) -> to
 def ssim_map(
     img1: torch.Tensor,
     img2: torch.Tensor,
-    window_size: int = 11,
-    sigma: float = 1.5,
+    window_size: int = SSIM_WINDOW,
+    sigma: float = SSIM_SIGMA,
     padding: str = "same",
 ) -> torch.Tensor:
     """Per-pixel, per-channel SSIM map in plain PyTorch (Wang et al. 2004, eq. 13).
@@ -187,8 +174,8 @@ def ssim_map(
 def ssim(
     img1: torch.Tensor,
     img2: torch.Tensor,
-    window_size: int = 11,
-    sigma: float = 1.5,
+    window_size: int = SSIM_WINDOW,
+    sigma: float = SSIM_SIGMA,
     padding: str = "same",
     backend: str | None = None,
 ) -> torch.Tensor:
@@ -213,7 +200,7 @@ def ssim(
     _check_images(img1, img2, "ssim")
     if backend is None:
         backend = ssim_backend(img1.device)
-        if window_size != 11 or sigma != 1.5:
+        if (window_size, sigma) != (SSIM_WINDOW, SSIM_SIGMA):
             backend = "pytorch"
         if backend == "triton" and (img1.dtype != torch.float32 or img2.dtype != torch.float32):
             backend = "pytorch"
@@ -225,14 +212,14 @@ def ssim(
         triton_ssim = _triton_ssim_fn()
         if triton_ssim is None:
             raise ImportError("ssim backend 'triton' requested but Triton is missing")
-        if window_size != 11 or sigma != 1.5:
+        if (window_size, sigma) != (SSIM_WINDOW, SSIM_SIGMA):
             raise ValueError("the triton ssim backend supports only window_size=11, sigma=1.5")
         return triton_ssim(img1, img2, padding=padding)  # [B, H, W, 3] as is
 
     fused = _fused_ssim_fn()
     if fused is None:
         raise ImportError("ssim backend 'fused_ssim' requested but the fused_ssim package is missing")
-    if window_size != 11 or sigma != 1.5:
+    if (window_size, sigma) != (SSIM_WINDOW, SSIM_SIGMA):
         raise ValueError("the fused_ssim backend supports only window_size=11, sigma=1.5")
     if padding not in SSIM_PADDINGS:
         raise ValueError(f"ssim padding must be one of {SSIM_PADDINGS}, got {padding!r}")

@@ -42,7 +42,7 @@ from typing import Optional
 import torch
 
 from ..kernels import reference
-from ..kernels.resources import TILE_SIZE
+from ..kernels.constants import TILE_SIZE
 
 MAX_CAMERAS = 16  # training cameras sampled for the largest footprint
 MAX_ESTIMATE_GAUSSIANS = 200_000  # larger initial models are measured on a strided sample

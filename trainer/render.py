@@ -30,12 +30,11 @@ from typing import Optional
 import torch
 
 from ..kernels.reference import composite_background
-from ..kernels.resources import TILE_SIZE
+from ..kernels.constants import RECORD_FIELDS, RECORD_LANES, TILE_SIZE
 from . import exchange
 from .launch import DistContext
 from .profiling import PhaseTimer, boundary
 
-RECORD_LANES = 12
 
 
 def ops_for(backend: str, device: torch.device) -> ModuleType:
@@ -516,16 +515,13 @@ def _split_fields(rows: torch.Tensor, lead_shape, **ids) -> Records:
     lanes themselves, differentiable, for :class:`AbsGradRelay`); ``ids``: image_ids /
     gaussian_ids (packed)."""
     rows = rows.reshape(*lead_shape, RECORD_LANES)
-    return Records(
-        radii=rows[..., 0:2].detach().round().to(torch.int32),
-        absgrad_lanes=rows[..., 0:2],
-        means2d=rows[..., 2:4],
-        depths=rows[..., 4],
-        conics=rows[..., 5:8],
-        opacities=rows[..., 8],
-        colors=rows[..., 9:12],
-        **ids,
-    )
+    parts, start = {}, 0
+    for name, lanes in RECORD_FIELDS:
+        part = rows[..., start:start + lanes]
+        parts[name] = part[..., 0] if lanes == 1 else part
+        start += lanes
+    radii = parts.pop("radii")
+    return Records(radii=radii.detach().round().to(torch.int32), absgrad_lanes=radii, **parts, **ids)
 
 
 def _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes=None,
