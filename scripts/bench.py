@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from splat_train.trainer import checkpoint
 from splat_train.trainer.fileio import atomic_write_bytes
 
 DEFAULT_VARIANTS = {
@@ -60,7 +61,6 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
     ahead of the device), then ``phase_steps`` steps each closed by a synchronization with the
     per-phase timer on (ms_median / ms_p90 and the phase split: a step that cannot overlap the
     next)."""
-    from splat_train.trainer import checkpoint
     from splat_train.trainer.config import from_argv
     from splat_train.trainer.loop import Trainer
     from splat_train.trainer.profiling import memory_model
@@ -280,12 +280,12 @@ def ckpt_step(files: list) -> int:
     Raises ValueError naming a missing file or a set that mixes steps."""
     steps = set()
     for f in files:
-        m = re.fullmatch(r"ckpt_(\d+)_rank\d+\.pt", Path(f).name)
+        parsed = checkpoint.parse_name(Path(f).name)
         if not Path(f).is_file():
             raise ValueError(f"--ckpt: no such file: {f}")
-        if m is None:
+        if parsed is None:
             raise ValueError(f"--ckpt: {f} is not named ckpt_<step>_rank<r>.pt")
-        steps.add(int(m.group(1)))
+        steps.add(parsed[0])
     if len(steps) != 1:
         raise ValueError(f"--ckpt: the files mix steps {sorted(steps)}; pass every rank's file of one step")
     return steps.pop()

@@ -30,7 +30,18 @@ import torch
 from .fileio import atomic_write
 from .shard import PER_GAUSSIAN_STATE
 
-CKPT_RE = re.compile(r"ckpt_(\d+)_rank(\d+)\.pt$")
+CKPT_RE = re.compile(r"ckpt_(\d+)_rank(\d+)\.pt$")  # the one naming of checkpoint files: file_name, parse_name
+
+
+def file_name(step: int, rank: int) -> str:
+    """``ckpt_<step>_rank<rank>.pt``: rank ``rank``'s checkpoint after ``step`` completed steps."""
+    return f"ckpt_{step}_rank{rank}.pt"
+
+
+def parse_name(name: str) -> Optional[tuple[int, int]]:
+    """(step, rank) of a checkpoint file name (:func:`file_name`), None for any other name."""
+    m = CKPT_RE.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 PER_GAUSSIAN_STRATEGY_KEYS = PER_GAUSSIAN_STATE  # one home: shard.py
 RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "profile", "cfg.yml", "point_cloud",
                "cameras.json", "cfg_args")
@@ -42,9 +53,9 @@ def list_checkpoints(ckpt_dir: Path) -> dict[int, dict[int, Path]]:
     if not Path(ckpt_dir).is_dir():
         return found
     for p in Path(ckpt_dir).iterdir():
-        m = CKPT_RE.match(p.name)
-        if m:
-            found.setdefault(int(m.group(1)), {})[int(m.group(2))] = p
+        parsed = parse_name(p.name)
+        if parsed:
+            found.setdefault(parsed[0], {})[parsed[1]] = p
     return found
 
 
@@ -152,7 +163,7 @@ def _to_cpu(obj: Any) -> Any:
 
 def save(ckpt_dir: Path, step: int, rank: int, world_size: int, state: dict) -> Path:
     """Write this rank's checkpoint for ``step`` completed steps; returns its path."""
-    path = Path(ckpt_dir) / f"ckpt_{step}_rank{rank}.pt"
+    path = Path(ckpt_dir) / file_name(step, rank)
     payload = _to_cpu(dict(state, step=step, rank=rank, world_size=world_size))
     atomic_write(path, lambda tmp: torch.save(payload, tmp))
     return path
