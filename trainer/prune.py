@@ -40,6 +40,10 @@ applied) and colours play no part (SH degree 0). Stage 3 gathers the candidates'
 rank (16 bytes per candidate); the measurement uses the plain-PyTorch compositing of
 kernels/reference.py on any device.
 
+The per-pass statistics and the scores are pure functions in trainer/prune_scores.py; this module
+runs the collective stages around them (measurement over every view, routing to the owners, the
+global top-k, the removals, the reports).
+
 Tile statistics count the (record, tile) intersections of tile binning (``tile_offsets``): the
 Gaussians a rasterizer loads for the tile, which is what must fit on chip. Each stage writes
 ``stats/prune_stage<k>.json`` and TensorBoard scalars ``prune/stage<k>/...`` and prints one line
@@ -50,15 +54,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from ..kernels import resources
-from ..kernels.reference import compositing_weights
 from . import evaluate, exchange, metrics
-from .render import TILE_SIZE, RenderInfo, RenderSetup, route_to_owners
+from .prune_scores import (EPS, Measurement, pixel_winners, record_statistics,  # noqa: F401 (re-exported)
+                           stage3_scores, tile_counts)
+from .render import RenderSetup, route_to_owners
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import Config
@@ -66,8 +70,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .report import Reporter
     from .shard import GaussianShard
 
-EPS = 1e-6
-"""Added to the importance (pixels) in the stage-3 score so unseen Gaussians score finitely."""
+
 
 
 # ---------------------------------------------------------------- budget, surgery, densification
@@ -99,101 +102,6 @@ def limit_densification(strategy, cfg) -> None:
 
 
 # ---------------------------------------------------------------- measurement
-
-
-def pixel_winners(pixel_ids: torch.Tensor, record_ids: torch.Tensor, weights: torch.Tensor,
-                  keys: torch.Tensor) -> torch.Tensor:
-    """Each pixel's largest-contribution record.
-
-    pixel_ids, record_ids, weights: [M] (kernels.reference.compositing_weights: the contributing
-    (pixel, record) pairs and their alpha * T). keys: [R] int64 tie-break per record (the global
-    Gaussian index; the lower wins an exact tie). Returns the winning record ids, [P] int64, one per
-    pixel that has any pair."""
-    if pixel_ids.numel() == 0:
-        return record_ids[:0]
-    num_pixels = int(pixel_ids.max()) + 1
-    best = torch.full((num_pixels,), -math.inf, dtype=weights.dtype, device=weights.device)
-    best.scatter_reduce_(0, pixel_ids, weights, "amax")
-    is_best = weights == best[pixel_ids]
-    rec_keys = keys[record_ids]
-    big = torch.iinfo(torch.int64).max
-    best_key = torch.full((num_pixels,), big, dtype=torch.int64, device=keys.device)
-    best_key.scatter_reduce_(0, pixel_ids, torch.where(is_best, rec_keys, big), "amin")
-    return record_ids[is_best & (rec_keys == best_key[pixel_ids])]
-
-
-def tile_counts(tile_offsets: torch.Tensor, num_isects: int) -> torch.Tensor:
-    """Gaussians listed in each tile: [C, th, tw] int32 offsets -> [C * th * tw] int64 counts."""
-    starts = tile_offsets.reshape(-1).long()
-    ends = torch.cat([starts[1:], starts.new_full((1,), num_isects)])
-    return ends - starts
-
-
-@torch.no_grad()
-def record_statistics(info: RenderInfo, budget: int, composite: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-record statistics of one pass and its tile counts.
-
-    info: a ``render(..., rasterize=False)`` info. Returns values [*records, 3] float64 with lanes
-    (pixels won, importance = sum of alpha * T over pixels, overload = sum over the record's tiles
-    of max(0, n_t - budget)), aligned with ``info.records`` for route_to_owners (the first two
-    lanes stay 0 without ``composite``); and the tile counts [C * th * tw] int64.
-    Raises ValueError for a pass without records (gsplat's own, ``--pipeline gsplat-dist``).
-    """
-    rec, tiles = info.records, info.tiles
-    if rec is None or tiles is None:
-        raise ValueError("pruning statistics need a pass of this trainer's exchange (--pipeline ours)")
-    lead = rec.opacities.shape  # [C, N_all] dense or [R] packed
-    num_records = rec.opacities.numel()
-    device = rec.opacities.device
-    flatten_ids = tiles.flatten_ids
-    counts = tile_counts(tiles.offsets, flatten_ids.numel())
-    excess = (counts - budget).clamp_min(0).double()
-    tile_of_isect = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts)
-    values = torch.zeros(num_records, 3, dtype=torch.float64, device=device)
-    values[:, 2].index_add_(0, flatten_ids.long(), excess[tile_of_isect])
-    if composite:
-        pixel_ids, record_ids, weights, _ = compositing_weights(
-            rec.means2d, rec.conics, rec.opacities, info.width, info.height, TILE_SIZE,
-            tiles.offsets, flatten_ids, packed=info.packed)
-        if info.packed:
-            assert rec.gaussian_ids is not None
-            keys = rec.gaussian_ids.long()
-        else:
-            keys = torch.arange(num_records, device=device) % lead[-1]  # global Gaussian index
-        values[:, 0] = torch.bincount(pixel_winners(pixel_ids, record_ids, weights, keys),
-                                      minlength=num_records).double()
-        values[:, 1].index_add_(0, record_ids, weights.double())
-    return values.reshape(*lead, 3), counts
-
-
-@dataclass
-class Measurement:
-    """Stage statistics over every training view. Per local Gaussian [N] float64: ``wins``
-    (pixels won), ``importance`` (sum alpha * T, pixels), ``overload`` (sum of max(0, n_t - B)).
-    Tile statistics are global (every rank holds the same numbers)."""
-
-    wins: torch.Tensor
-    importance: torch.Tensor
-    overload: torch.Tensor
-    num_tiles: int
-    num_within: int
-    mean_per_tile: float
-    max_per_tile: int
-    excess: int = 0  # sum over over-budget (view, tile) pairs of n_t - B
-    over_isects: int = 0  # sum over over-budget (view, tile) pairs of n_t
-
-    def removals_needed(self, num_candidates: int) -> int:
-        """Estimated removals still needed: removing the fraction excess / over_isects of the
-        num_candidates Gaussians of over-budget tiles takes those tiles down by their average
-        excess fraction, which clears the total excess in expectation; tiles with an above-average
-        excess stay over and are re-measured for the next round. 0 when every tile fits."""
-        if self.over_isects == 0:
-            return 0
-        return math.ceil(num_candidates * self.excess / self.over_isects)
-
-    def tile_summary(self) -> dict:
-        return dict(fraction_within_budget=self.num_within / max(self.num_tiles, 1),
-                    mean_per_tile=self.mean_per_tile, max_per_tile=self.max_per_tile, num_tiles=self.num_tiles)
 
 
 @torch.no_grad()
@@ -237,11 +145,6 @@ def global_offset(ctx, num: int) -> tuple[int, int]:
     from this shard's ``num`` Gaussians. Collective."""
     sizes = exchange.gather_metadata(ctx, [num])[:, 0].tolist()
     return sum(sizes[: ctx.rank]), sum(sizes)
-
-
-def stage3_scores(m: Measurement, budget: int) -> torch.Tensor:
-    """score = (overload / budget) / (importance + EPS), [N] float64; 0 where overload is 0."""
-    return (m.overload / budget) / (m.importance + EPS)
 
 
 def select_top(ctx, scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
