@@ -78,7 +78,7 @@ from torch import Tensor
 from . import native
 from . import reference as ref
 from .constants import SSIM_C1, SSIM_C2, SSIM_WINDOW, TILE_SIZE, gaussian_window_1d
-from .resources import CPU_TILE_BUDGET, tile_budget  # noqa: F401 (re-exported)
+from .budget import CPU_TILE_BUDGET, tile_budget  # noqa: F401 (re-exported)
 GRAD_NAMES = ("means2d", "conics", "colors", "opacities", "backgrounds")  # the differentiable inputs
 
 

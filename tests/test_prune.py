@@ -291,11 +291,11 @@ def test_tile_budget(monkeypatch):
     that have no ``shared_memory_per_block_optin``."""
     from types import SimpleNamespace
 
-    from splat_train.kernels import resources
+    from splat_train.kernels import budget
 
     cpu = torch.device("cpu")
     assert prune.tile_budget(cpu, override=7) == 7
-    assert prune.tile_budget(cpu) == resources.CPU_TILE_BUDGET == 64
+    assert prune.tile_budget(cpu) == budget.CPU_TILE_BUDGET == 64
     rocm = SimpleNamespace(shared_memory_per_block=65536)  # MI300X: 64 KiB LDS, no opt-in field
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: rocm)
     assert prune.tile_budget(torch.device("cuda", 0)) == 32  # 65536 // 1060 = 61 -> 32

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from ..kernels import resources
+from ..kernels import budget as device_budget
 from . import evaluate, exchange, metrics
 from .prune_scores import (EPS, Measurement, pixel_winners, record_statistics,  # noqa: F401 (re-exported)
                            stage3_scores, tile_counts)
@@ -78,13 +78,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def tile_budget(device: torch.device, override: int = 0) -> int:
     """Stage 3's target of Gaussians per 16x16 tile: ``override`` > 0 (``--tile_budget``), else
-    ``kernels.resources.tile_budget(device)`` (ByteSplat's on-chip figure: shared memory over a
+    ``kernels.budget.tile_budget(device)`` (ByteSplat's on-chip figure: shared memory over a
     resident Gaussian's bytes; the native fused kernel runs longer tiles too, module docstring).
     Raises ValueError (naming ``--tile_budget``) when the device's figure is below 1.
     """
     if override > 0:
         return int(override)
-    budget = resources.tile_budget(device)
+    budget = device_budget.tile_budget(device)
     if budget < 1:
         raise ValueError(f"the fused kernel fits no Gaussian per tile on {device}; set --tile_budget")
     return budget
