@@ -46,8 +46,23 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _update(p_ptr, g_ptr, m_ptr, v_ptr, n, block, step_size, inv_bc2_sqrt, beta1, beta2, eps,
-                vis_ptr, row, BLOCK: tl.constexpr, SELECTIVE: tl.constexpr):
+    def _update(
+        p_ptr,
+        g_ptr,
+        m_ptr,
+        v_ptr,
+        n,
+        block,
+        step_size,
+        inv_bc2_sqrt,
+        beta1,
+        beta2,
+        eps,
+        vis_ptr,
+        row,
+        BLOCK: tl.constexpr,
+        SELECTIVE: tl.constexpr,
+    ):
         # 64-bit offsets: shN alone passes 2^31 elements at about 48 M Gaussians on one rank
         offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
@@ -69,10 +84,65 @@ if triton is not None:
     # sizes change at every densification: no recompilation for their divisibility
     @triton.jit(do_not_specialize=_SIZES)
     def _adam_kernel(
-        p0, g0, m0, v0, p1, g1, m1, v1, p2, g2, m2, v2, p3, g3, m3, v3, p4, g4, m4, v4, p5, g5, m5, v5,
-        n0, n1, n2, n3, n4, n5, e1, e2, e3, e4, e5,
-        s0, s1, s2, s3, s4, s5, c0, c1, c2, c3, c4, c5,
-        beta1, beta2, eps, vis, r0, r1, r2, r3, r4, r5, BLOCK: tl.constexpr, SELECTIVE: tl.constexpr,
+        p0,
+        g0,
+        m0,
+        v0,
+        p1,
+        g1,
+        m1,
+        v1,
+        p2,
+        g2,
+        m2,
+        v2,
+        p3,
+        g3,
+        m3,
+        v3,
+        p4,
+        g4,
+        m4,
+        v4,
+        p5,
+        g5,
+        m5,
+        v5,
+        n0,
+        n1,
+        n2,
+        n3,
+        n4,
+        n5,
+        e1,
+        e2,
+        e3,
+        e4,
+        e5,
+        s0,
+        s1,
+        s2,
+        s3,
+        s4,
+        s5,
+        c0,
+        c1,
+        c2,
+        c3,
+        c4,
+        c5,
+        beta1,
+        beta2,
+        eps,
+        vis,
+        r0,
+        r1,
+        r2,
+        r3,
+        r4,
+        r5,
+        BLOCK: tl.constexpr,
+        SELECTIVE: tl.constexpr,
     ):
         """Program pid updates block pid - e_i of tensor i, where e_i (e_0 = 0) is the first
         program of tensor i; s_i = lr_i / (1 - beta1^t_i), c_i = 1 / sqrt(1 - beta2^t_i)
@@ -138,8 +208,17 @@ def _entries(optimizers: Iterable[torch.optim.Adam], selective: bool = False) ->
             continue
         state["step"] += 1
         t = float(state["step"])
-        out.append((p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], lr / (1.0 - beta1**t),
-                    1.0 / math.sqrt(1.0 - beta2**t), hyper))
+        out.append(
+            (
+                p,
+                p.grad.contiguous(),
+                state["exp_avg"],
+                state["exp_avg_sq"],
+                lr / (1.0 - beta1**t),
+                1.0 / math.sqrt(1.0 - beta2**t),
+                hyper,
+            )
+        )
     return out
 
 
@@ -177,6 +256,16 @@ def _launch(entries: list[tuple], beta1: float, beta2: float, eps: float, visibl
     else:
         rows, vis = [1] * MAX_TENSORS, entries[0][0]  # unused pointer
     _adam_kernel[(total,)](
-        *tensors, *sizes, *[min(s, total) for s in starts],
-        *[e[4] for e in slots], *[e[5] for e in slots], beta1, beta2, eps, vis, *rows, BLOCK=BLOCK,
-        SELECTIVE=visible is not None)
+        *tensors,
+        *sizes,
+        *[min(s, total) for s in starts],
+        *[e[4] for e in slots],
+        *[e[5] for e in slots],
+        beta1,
+        beta2,
+        eps,
+        vis,
+        *rows,
+        BLOCK=BLOCK,
+        SELECTIVE=visible is not None,
+    )

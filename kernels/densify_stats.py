@@ -34,8 +34,7 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit(do_not_specialize=["num", "num_cameras"])
-    def _dense_kernel(grad_ptr, radii_ptr, scale_ptr, grad2d_ptr, count_ptr, num, num_cameras,
-                      BLOCK: tl.constexpr):
+    def _dense_kernel(grad_ptr, radii_ptr, scale_ptr, grad2d_ptr, count_ptr, num, num_cameras, BLOCK: tl.constexpr):
         offs = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)  # C x N x 2 may pass 2^31
         mask = offs < num
         acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -58,15 +57,23 @@ if triton is not None:
         mask = offs < num
         cam = tl.load(cams_ptr + offs, mask=mask, other=0)
         gx = tl.load(grad_ptr + 2 * offs, mask=mask, other=0.0) * tl.load(scale_ptr + 2 * cam, mask=mask, other=0.0)
-        gy = tl.load(grad_ptr + 2 * offs + 1, mask=mask, other=0.0) * tl.load(scale_ptr + 2 * cam + 1, mask=mask,
-                                                                                 other=0.0)
+        gy = tl.load(grad_ptr + 2 * offs + 1, mask=mask, other=0.0) * tl.load(
+            scale_ptr + 2 * cam + 1, mask=mask, other=0.0
+        )
         ids = tl.load(ids_ptr + offs, mask=mask, other=0)
         tl.atomic_add(grad2d_ptr + ids, tl.sqrt(gx * gx + gy * gy), mask=mask)
         tl.atomic_add(count_ptr + ids, tl.full([BLOCK], 1.0, tl.float32), mask=mask)
 
 
-def accumulate(grad2d: Tensor, count: Tensor, grads: Tensor, scales: Tensor, radii: Tensor | None = None,
-               gaussian_ids: Tensor | None = None, camera_ids: Tensor | None = None) -> None:
+def accumulate(
+    grad2d: Tensor,
+    count: Tensor,
+    grads: Tensor,
+    scales: Tensor,
+    radii: Tensor | None = None,
+    gaussian_ids: Tensor | None = None,
+    camera_ids: Tensor | None = None,
+) -> None:
     """kernels.reference.densify_stats_update in one launch on a CUDA/ROCm device (or the CPU under
     TRITON_INTERPRET=1). All float tensors float32; radii int32; ids int32 or int64."""
     grads = grads.contiguous()
@@ -75,11 +82,13 @@ def accumulate(grad2d: Tensor, count: Tensor, grads: Tensor, scales: Tensor, rad
         assert camera_ids is not None, "packed statistics need camera_ids"
         num = grads.shape[0]
         if num:
-            _packed_kernel[(triton.cdiv(num, BLOCK),)](grads, gaussian_ids.contiguous(), camera_ids.contiguous(),
-                                                      scales, grad2d, count, num, BLOCK=BLOCK)
+            _packed_kernel[(triton.cdiv(num, BLOCK),)](
+                grads, gaussian_ids.contiguous(), camera_ids.contiguous(), scales, grad2d, count, num, BLOCK=BLOCK
+            )
         return
     assert radii is not None, "dense statistics need radii"
     num_cameras, num = grads.shape[0], grads.shape[1]
     if num:
-        _dense_kernel[(triton.cdiv(num, BLOCK),)](grads, radii.contiguous(), scales, grad2d, count, num, num_cameras,
-                                                 BLOCK=BLOCK)
+        _dense_kernel[(triton.cdiv(num, BLOCK),)](
+            grads, radii.contiguous(), scales, grad2d, count, num, num_cameras, BLOCK=BLOCK
+        )

@@ -79,6 +79,7 @@ from . import native
 from . import reference as ref
 from .constants import SSIM_C1, SSIM_C2, SSIM_WINDOW, TILE_SIZE, gaussian_window_1d
 from .budget import CPU_TILE_BUDGET, tile_budget  # noqa: F401 (re-exported)
+
 GRAD_NAMES = ("means2d", "conics", "colors", "opacities", "backgrounds")  # the differentiable inputs
 
 
@@ -92,8 +93,13 @@ def ssim_window_1d(dtype: torch.dtype = torch.float32) -> Tensor:
 # ------------------------------------------------------------------------------------------------
 
 
-def tile_window(first: int, stop: int, tile_size: int = TILE_SIZE, dtype: torch.dtype = torch.float32,
-                device: "torch.device | str" = "cpu") -> Tensor:
+def tile_window(
+    first: int,
+    stop: int,
+    tile_size: int = TILE_SIZE,
+    dtype: torch.dtype = torch.float32,
+    device: "torch.device | str" = "cpu",
+) -> Tensor:
     """The tile-restricted, renormalized filter matrix [tile_size, tile_size] of a tile whose rows
     (or columns) ``first <= i < stop`` have ground truth:
     ``G[i, j] = g(i - j) / sum_{first <= j' < stop} g(i - j')`` for ``first <= i, j < stop`` and
@@ -119,8 +125,9 @@ def window_taps() -> list:
     return [float(v) for v in ssim_window_1d()]
 
 
-def tile_local_ssim_map(img: Tensor, gt: Tensor, tile_size: int = TILE_SIZE,
-                        origin: Tuple[int, int] = (0, 0)) -> Tensor:
+def tile_local_ssim_map(
+    img: Tensor, gt: Tensor, tile_size: int = TILE_SIZE, origin: Tuple[int, int] = (0, 0)
+) -> Tensor:
     """REFERENCE tile-local SSIM map of the pixels with ground truth (module docstring).
 
     img: the render [I, H, W, C]; gt: [I, H - oy, W - ox, C], the ground truth of render pixels
@@ -142,10 +149,17 @@ def tile_local_ssim_map(img: Tensor, gt: Tensor, tile_size: int = TILE_SIZE,
         return x.reshape(I, Ch, th, tile_size, tw, tile_size).permute(0, 1, 2, 4, 3, 5)
 
     def windows(o, n, count):  # one matrix per tile row (column): its pixels in [o, n) have ground truth
-        return torch.stack([tile_window(max(o - t * tile_size, 0), min(n - t * tile_size, tile_size), tile_size,
-                                        img.dtype, img.device) if o < (t + 1) * tile_size
-                            else torch.zeros(tile_size, tile_size, dtype=img.dtype, device=img.device)
-                            for t in range(count)])
+        return torch.stack(
+            [
+                tile_window(
+                    max(o - t * tile_size, 0), min(n - t * tile_size, tile_size), tile_size, img.dtype, img.device
+                )
+                if o < (t + 1) * tile_size
+                else torch.zeros(tile_size, tile_size, dtype=img.dtype, device=img.device)
+                for t in range(count)
+            ]
+        )
+
     Gy = windows(oy, H, th)[:, None]  # [th, 1, ts, ts]
     Gx = windows(ox, W, tw)[None, :]  # [1, tw, ts, ts]
 
@@ -173,10 +187,20 @@ def tile_local_loss(img: Tensor, gt: Tensor, ssim_lambda: float, origin: Tuple[i
 
 
 def reference_fused_loss(
-    means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor,
-    isect_offsets: Tensor, flatten_ids: Tensor, gts: Tensor, width: int, height: int,
-    ssim_lambda: float = 0.2, backgrounds: Optional[Tensor] = None, packed: bool = False,
-    origin: Tuple[int, int] = (0, 0), absgrad: bool = False,
+    means2d: Tensor,
+    conics: Tensor,
+    colors: Tensor,
+    opacities: Tensor,
+    isect_offsets: Tensor,
+    flatten_ids: Tensor,
+    gts: Tensor,
+    width: int,
+    height: int,
+    ssim_lambda: float = 0.2,
+    backgrounds: Optional[Tensor] = None,
+    packed: bool = False,
+    origin: Tuple[int, int] = (0, 0),
+    absgrad: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """REFERENCE of the fused kernel: kernels.reference.rasterize_to_pixels + tile_local_loss.
 
@@ -191,8 +215,21 @@ def reference_fused_loss(
     return tile_local_loss(image, gts, ssim_lambda, origin), image
 
 
-def _check_inputs(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
-                  ssim_lambda, backgrounds, packed, origin=(0, 0)):
+def _check_inputs(
+    means2d,
+    conics,
+    colors,
+    opacities,
+    isect_offsets,
+    flatten_ids,
+    gts,
+    width,
+    height,
+    ssim_lambda,
+    backgrounds,
+    packed,
+    origin=(0, 0),
+):
     """Raises ValueError on inconsistent shapes / arguments. Returns the number of images I."""
     ox, oy = origin
     if not (0 <= ox < width and 0 <= oy < height):
@@ -231,8 +268,6 @@ def _isect_share(counts: Tensor, within: Tensor) -> float:
     the part of the rasterization work the fused kernel does; the rest is the fallback's."""
     total = int(counts.sum())
     return float(counts[within].sum()) / total if total else 1.0
-
-
 
 
 # ------------------------------------------------------------------------------------------------
@@ -287,8 +322,24 @@ def tile_chunks(offsets: Tensor, num_isects: int, cap_floats: int) -> list:
     return chunks
 
 
-def _launch(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width, height,
-            ssim_lambda, return_image, absgrad, origin=(0, 0), warp_size=None):
+def _launch(
+    ext,
+    means2d,
+    conics,
+    colors,
+    opacities,
+    backgrounds,
+    gts,
+    isect_offsets,
+    flatten_ids,
+    width,
+    height,
+    ssim_lambda,
+    return_image,
+    absgrad,
+    origin=(0, 0),
+    warp_size=None,
+):
     """Runs the native kernel (``ext``: kernels.native.load(), or the CPU emulation with
     ``warp_size``). Returns loss (0-dim), grads dict (GRAD_NAMES, float32, flattened records),
     stats dict. Outputs the kernel must write (image, per-tile partial sums) start NaN-filled; the
@@ -297,8 +348,10 @@ def _launch(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_off
     I, th, tw = isect_offsets.shape
     num_tiles = th * tw
     f32 = dict(dtype=torch.float32, device=device)
-    m2d, con, col, opa = (t.detach().reshape(shape).to(torch.float32).contiguous() for t, shape in
-                          ((means2d, (-1, 2)), (conics, (-1, 3)), (colors, (-1, 3)), (opacities, (-1,))))
+    m2d, con, col, opa = (
+        t.detach().reshape(shape).to(torch.float32).contiguous()
+        for t, shape in ((means2d, (-1, 2)), (conics, (-1, 3)), (colors, (-1, 3)), (opacities, (-1,)))
+    )
     R = m2d.shape[0]
     none = torch.empty(0, **f32)
     bg = backgrounds.detach().to(torch.float32).contiguous() if backgrounds is not None else none
@@ -318,9 +371,34 @@ def _launch(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_off
     ox, oy = origin
     num_pixels = (height - oy) * (width - ox)  # the pixels with ground truth, per image
     denom = float(I * 3 * num_pixels)
-    args = (m2d, con, col, opa, bg, gt, offsets, fids, I, width, height, ox, oy, (1.0 - ssim_lambda) / denom,
-            ssim_lambda / denom, window_taps(), grads["means2d"], grads["conics"], grads["colors"],
-            grads["opacities"], grads["backgrounds"], abs_buf, image, partial, scratch, _phases())
+    args = (
+        m2d,
+        con,
+        col,
+        opa,
+        bg,
+        gt,
+        offsets,
+        fids,
+        I,
+        width,
+        height,
+        ox,
+        oy,
+        (1.0 - ssim_lambda) / denom,
+        ssim_lambda / denom,
+        window_taps(),
+        grads["means2d"],
+        grads["conics"],
+        grads["colors"],
+        grads["opacities"],
+        grads["backgrounds"],
+        abs_buf,
+        image,
+        partial,
+        scratch,
+        _phases(),
+    )
     for chunk in chunks:
         if warp_size is None:
             ext.fused_raster_loss(*args, *chunk)
@@ -329,9 +407,14 @@ def _launch(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_off
     del scratch
     sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * num_pixels)  # [I, 2]: L1_i, SSIM_i
     loss = ((1.0 - ssim_lambda) * sums[:, 0] + ssim_lambda * (1.0 - sums[:, 1])).mean()
-    stats = {"fraction_fused": 1.0, "fraction_isects_fused": 1.0, "fraction_resident": None,
-             "num_tiles": I * num_tiles, "image": image if return_image else None,
-             "absgrad": abs_buf if absgrad else None}
+    stats = {
+        "fraction_fused": 1.0,
+        "fraction_isects_fused": 1.0,
+        "fraction_resident": None,
+        "num_tiles": I * num_tiles,
+        "image": image if return_image else None,
+        "absgrad": abs_buf if absgrad else None,
+    }
     return loss, grads, stats
 
 
@@ -356,20 +439,68 @@ class KnownGradients(torch.autograd.Function):
         return (None, None, *scaled)
 
 
-def _native_loss(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width,
-                 height, ssim_lambda, return_image, absgrad, origin, warp_size=None) -> Tuple[Tensor, Dict]:
+def _native_loss(
+    ext,
+    means2d,
+    conics,
+    colors,
+    opacities,
+    backgrounds,
+    gts,
+    isect_offsets,
+    flatten_ids,
+    width,
+    height,
+    ssim_lambda,
+    return_image,
+    absgrad,
+    origin,
+    warp_size=None,
+) -> Tuple[Tensor, Dict]:
     """The kernel ``ext`` launched now (:func:`_launch`), its loss tied to its gradients by
     :class:`KnownGradients`. Returns (loss, stats)."""
-    loss, grads, stats = _launch(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_offsets,
-                                 flatten_ids, width, height, float(ssim_lambda), return_image, absgrad, origin,
-                                 warp_size)
+    loss, grads, stats = _launch(
+        ext,
+        means2d,
+        conics,
+        colors,
+        opacities,
+        backgrounds,
+        gts,
+        isect_offsets,
+        flatten_ids,
+        width,
+        height,
+        float(ssim_lambda),
+        return_image,
+        absgrad,
+        origin,
+        warp_size,
+    )
     inputs = [means2d, conics, colors, opacities] + ([backgrounds] if backgrounds is not None else [])
     shaped = [grads[name].reshape(x.shape).to(x.dtype) for name, x in zip(GRAD_NAMES, inputs)]
     return KnownGradients.apply(loss, shaped, *inputs), stats
 
 
-def _unfused(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height, ssim_lambda,
-             backgrounds, packed, origin, ops, return_image, absgrad, budget):
+def _unfused(
+    means2d,
+    conics,
+    colors,
+    opacities,
+    isect_offsets,
+    flatten_ids,
+    gts,
+    width,
+    height,
+    ssim_lambda,
+    backgrounds,
+    packed,
+    origin,
+    ops,
+    return_image,
+    absgrad,
+    budget,
+):
     """The same function without the native kernel: ``ops.rasterize_to_pixels`` (gsplat's on a GPU,
     else the PyTorch reference), the PyTorch tile-local loss, autograd. Returns (loss, stats)."""
     image, alphas = ops.rasterize_to_pixels(
@@ -379,10 +510,14 @@ def _unfused(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts
     loss = tile_local_loss(image, gts, ssim_lambda, origin)
     _, counts = _tile_counts(isect_offsets, flatten_ids.numel())
     within = counts <= budget
-    stats = {"fraction_fused": float(within.float().mean()), "num_tiles": counts.numel(),
-             "fraction_isects_fused": _isect_share(counts, within), "fraction_resident": None,
-             "image": image.detach() if return_image else None,
-             "absgrad": means2d.absgrad.reshape(-1, 2) if absgrad else None}  # type: ignore[attr-defined]
+    stats = {
+        "fraction_fused": float(within.float().mean()),
+        "num_tiles": counts.numel(),
+        "fraction_isects_fused": _isect_share(counts, within),
+        "fraction_resident": None,
+        "image": image.detach() if return_image else None,
+        "absgrad": means2d.absgrad.reshape(-1, 2) if absgrad else None,
+    }  # type: ignore[attr-defined]
     return loss, stats
 
 
@@ -444,27 +579,90 @@ def fused_raster_loss(
     [0, 1] or a negative budget.
     """
     origin = (int(origin[0]), int(origin[1]))
-    _check_inputs(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
-                  ssim_lambda, backgrounds, packed, origin)
+    _check_inputs(
+        means2d,
+        conics,
+        colors,
+        opacities,
+        isect_offsets,
+        flatten_ids,
+        gts,
+        width,
+        height,
+        ssim_lambda,
+        backgrounds,
+        packed,
+        origin,
+    )
     budget = tile_budget(means2d.device) if budget is None else int(budget)
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     if means2d.device.type == "cpu":
-        loss, image = reference_fused_loss(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts,
-                                           width, height, ssim_lambda, backgrounds, packed, origin, absgrad)
+        loss, image = reference_fused_loss(
+            means2d,
+            conics,
+            colors,
+            opacities,
+            isect_offsets,
+            flatten_ids,
+            gts,
+            width,
+            height,
+            ssim_lambda,
+            backgrounds,
+            packed,
+            origin,
+            absgrad,
+        )
         _, counts = _tile_counts(isect_offsets, flatten_ids.numel())
-        stats = {"fraction_fused": float((counts <= budget).float().mean()), "num_tiles": counts.numel(),
-                 "fraction_isects_fused": _isect_share(counts, counts <= budget), "fraction_resident": None,
-                 "image": image.detach() if return_image else None,
-                 "absgrad": means2d.absgrad.reshape(-1, 2) if absgrad else None}  # type: ignore[attr-defined]
+        stats = {
+            "fraction_fused": float((counts <= budget).float().mean()),
+            "num_tiles": counts.numel(),
+            "fraction_isects_fused": _isect_share(counts, counts <= budget),
+            "fraction_resident": None,
+            "image": image.detach() if return_image else None,
+            "absgrad": means2d.absgrad.reshape(-1, 2) if absgrad else None,  # type: ignore[attr-defined]
+        }
         return loss, stats
     ext = native.load()
     if ext is None:
         ops = default_fallback(means2d.device) if fallback is None else fallback
-        return _unfused(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
-                        ssim_lambda, backgrounds, packed, origin, ops, return_image, absgrad, budget)
-    return _native_loss(ext, means2d, conics, colors, opacities, backgrounds, gts, isect_offsets, flatten_ids, width,
-                        height, ssim_lambda, return_image, absgrad, origin)
+        return _unfused(
+            means2d,
+            conics,
+            colors,
+            opacities,
+            isect_offsets,
+            flatten_ids,
+            gts,
+            width,
+            height,
+            ssim_lambda,
+            backgrounds,
+            packed,
+            origin,
+            ops,
+            return_image,
+            absgrad,
+            budget,
+        )
+    return _native_loss(
+        ext,
+        means2d,
+        conics,
+        colors,
+        opacities,
+        backgrounds,
+        gts,
+        isect_offsets,
+        flatten_ids,
+        width,
+        height,
+        ssim_lambda,
+        return_image,
+        absgrad,
+        origin,
+    )
 
 
 def default_fallback(device) -> ModuleType:
@@ -480,14 +678,57 @@ def default_fallback(device) -> ModuleType:
     return ref
 
 
-def emulated_fused_raster_loss(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
-                               ssim_lambda=0.2, backgrounds=None, packed=False, return_image=False, absgrad=False,
-                               origin=(0, 0), warp_size=32):
+def emulated_fused_raster_loss(
+    means2d,
+    conics,
+    colors,
+    opacities,
+    isect_offsets,
+    flatten_ids,
+    gts,
+    width,
+    height,
+    ssim_lambda=0.2,
+    backgrounds=None,
+    packed=False,
+    return_image=False,
+    absgrad=False,
+    origin=(0, 0),
+    warp_size=32,
+):
     """TESTS ONLY: :func:`fused_raster_loss` with the native kernel's source run on the CPU
     (kernels.native.load_cpu_emulation) at ``warp_size`` lanes per warp. Same returns."""
     origin = (int(origin[0]), int(origin[1]))
-    _check_inputs(means2d, conics, colors, opacities, isect_offsets, flatten_ids, gts, width, height,
-                  ssim_lambda, backgrounds, packed, origin)
-    return _native_loss(native.load_cpu_emulation(), means2d, conics, colors, opacities, backgrounds, gts,
-                        isect_offsets, flatten_ids, width, height, ssim_lambda, return_image, absgrad, origin,
-                        warp_size)
+    _check_inputs(
+        means2d,
+        conics,
+        colors,
+        opacities,
+        isect_offsets,
+        flatten_ids,
+        gts,
+        width,
+        height,
+        ssim_lambda,
+        backgrounds,
+        packed,
+        origin,
+    )
+    return _native_loss(
+        native.load_cpu_emulation(),
+        means2d,
+        conics,
+        colors,
+        opacities,
+        backgrounds,
+        gts,
+        isect_offsets,
+        flatten_ids,
+        width,
+        height,
+        ssim_lambda,
+        return_image,
+        absgrad,
+        origin,
+        warp_size,
+    )

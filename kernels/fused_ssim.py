@@ -96,8 +96,13 @@ def kernel_specs() -> dict:
         # the training loss: L1 + D-SSIM against uint8 ground truth (fused_l1_ssim_loss)
         "l1_ssim_forward": (_ssim_fwd_kernel, dict(ssim_fwd, L1=True), u8_gt, scalars, 4),
         "l1_ssim_backward": (_ssim_bwd_kernel, dict(ssim_bwd, L1=True), u8_gt, scalars, 4),
-        "loss_combine": (_combine_kernel, dict(BLOCK=COMBINE_BLOCK), {},
-                         {n: "fp32" for n in ("lam", "inv_ssim", "inv_l1")}, 4),
+        "loss_combine": (
+            _combine_kernel,
+            dict(BLOCK=COMBINE_BLOCK),
+            {},
+            {n: "fp32" for n in ("lam", "inv_ssim", "inv_l1")},
+            4,
+        ),
     }
 
 
@@ -139,11 +144,32 @@ if triton is not None:
 
     @triton.jit
     def _ssim_fwd_kernel(
-        x_ptr, y_ptr, g_ptr, partial_ptr, maps_ptr,
-        height, width, out_h, out_w, origin, map_plane, y_scale,
-        sxb, sxh, sxw, sxc, syb, syh, syw, syc,
-        C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr, BLOCK: tl.constexpr,
-        SAVE: tl.constexpr, L1: tl.constexpr,
+        x_ptr,
+        y_ptr,
+        g_ptr,
+        partial_ptr,
+        maps_ptr,
+        height,
+        width,
+        out_h,
+        out_w,
+        origin,
+        map_plane,
+        y_scale,
+        sxb,
+        sxh,
+        sxw,
+        sxc,
+        syb,
+        syh,
+        syw,
+        syc,
+        C1: tl.constexpr,
+        C2: tl.constexpr,
+        WINDOW: tl.constexpr,
+        BLOCK: tl.constexpr,
+        SAVE: tl.constexpr,
+        L1: tl.constexpr,
     ):
         TILE: tl.constexpr = BLOCK - WINDOW + 1
         HALF: tl.constexpr = WINDOW // 2
@@ -154,10 +180,13 @@ if triton is not None:
         ox = origin + tx * TILE + offs
         iy = oy - HALF  # image row of input-tile row r
         ix = ox - HALF
-        in_mask = ((iy[:, None] >= 0) & (iy[:, None] < height)
-                   & (ix[None, :] >= 0) & (ix[None, :] < width))
-        out_mask = ((offs[:, None] < TILE) & (offs[None, :] < TILE)
-                    & (oy[:, None] < origin + out_h) & (ox[None, :] < origin + out_w))
+        in_mask = (iy[:, None] >= 0) & (iy[:, None] < height) & (ix[None, :] >= 0) & (ix[None, :] < width)
+        out_mask = (
+            (offs[:, None] < TILE)
+            & (offs[None, :] < TILE)
+            & (oy[:, None] < origin + out_h)
+            & (ox[None, :] < origin + out_w)
+        )
         x_offs = b * sxb + iy[:, None] * sxh + ix[None, :] * sxw
         y_offs = b * syb + iy[:, None] * syh + ix[None, :] * syw
         m_offs = (oy[:, None] - origin) * out_w + (ox[None, :] - origin)
@@ -168,8 +197,7 @@ if triton is not None:
             hi_y = tl.where(ty == tl.num_programs(1) - 1, height, origin + ty * TILE + TILE)
             lo_x = tl.where(tx == 0, 0, origin + tx * TILE)
             hi_x = tl.where(tx == tl.num_programs(0) - 1, width, origin + tx * TILE + TILE)
-            own = (in_mask & (iy[:, None] >= lo_y) & (iy[:, None] < hi_y)
-                   & (ix[None, :] >= lo_x) & (ix[None, :] < hi_x))
+            own = in_mask & (iy[:, None] >= lo_y) & (iy[:, None] < hi_y) & (ix[None, :] >= lo_x) & (ix[None, :] < hi_x)
             l1_acc = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
         for c in tl.static_range(3):
             x = tl.load(x_ptr + x_offs + c * sxc, mask=in_mask, other=0.0)
@@ -190,8 +218,9 @@ if triton is not None:
             if SAVE:
                 d_sq = -s / b2  # dS / d(w * x^2)
                 d_xy = 2.0 * a1 / (a2 * b2)  # dS / d(w * xy)
-                d_mu = (2.0 * mu_y * b1 / (a2 * b2) - 2.0 * mu_x * s / a2
-                        - 2.0 * mu_x * d_sq - mu_y * d_xy)  # dS / d mu_x
+                d_mu = (
+                    2.0 * mu_y * b1 / (a2 * b2) - 2.0 * mu_x * s / a2 - 2.0 * mu_x * d_sq - mu_y * d_xy
+                )  # dS / d mu_x
                 plane = (b * 3 + c) * out_h * out_w
                 tl.store(maps_ptr + plane + m_offs, d_mu, mask=out_mask)
                 tl.store(maps_ptr + map_plane + plane + m_offs, d_sq, mask=out_mask)
@@ -204,10 +233,32 @@ if triton is not None:
 
     @triton.jit
     def _ssim_bwd_kernel(
-        x_ptr, y_ptr, g_ptr, maps_ptr, gout_ptr, grad_ptr,
-        height, width, out_h, out_w, origin, map_plane, y_scale, ssim_factor, l1_factor,
-        sxb, sxh, sxw, sxc, syb, syh, syw, syc,
-        WINDOW: tl.constexpr, BLOCK: tl.constexpr, L1: tl.constexpr,
+        x_ptr,
+        y_ptr,
+        g_ptr,
+        maps_ptr,
+        gout_ptr,
+        grad_ptr,
+        height,
+        width,
+        out_h,
+        out_w,
+        origin,
+        map_plane,
+        y_scale,
+        ssim_factor,
+        l1_factor,
+        sxb,
+        sxh,
+        sxw,
+        sxc,
+        syb,
+        syh,
+        syw,
+        syc,
+        WINDOW: tl.constexpr,
+        BLOCK: tl.constexpr,
+        L1: tl.constexpr,
     ):
         TILE: tl.constexpr = BLOCK - WINDOW + 1
         HALF: tl.constexpr = WINDOW // 2
@@ -218,10 +269,8 @@ if triton is not None:
         qx = tx * TILE + offs
         py = qy - HALF - origin  # output-domain row of map-tile row r
         px = qx - HALF - origin
-        m_mask = ((py[:, None] >= 0) & (py[:, None] < out_h)
-                  & (px[None, :] >= 0) & (px[None, :] < out_w))
-        q_mask = ((offs[:, None] < TILE) & (offs[None, :] < TILE)
-                  & (qy[:, None] < height) & (qx[None, :] < width))
+        m_mask = (py[:, None] >= 0) & (py[:, None] < out_h) & (px[None, :] >= 0) & (px[None, :] < out_w)
+        q_mask = (offs[:, None] < TILE) & (offs[None, :] < TILE) & (qy[:, None] < height) & (qx[None, :] < width)
         m_offs = py[:, None] * out_w + px[None, :]
         x_offs = b * sxb + qy[:, None] * sxh + qx[None, :] * sxw
         y_offs = b * syb + qy[:, None] * syh + qx[None, :] * syw
@@ -234,8 +283,9 @@ if triton is not None:
             d_xy = tl.load(maps_ptr + 2 * map_plane + plane + m_offs, mask=m_mask, other=0.0)
             x = tl.load(x_ptr + x_offs + c * sxc, mask=q_mask, other=0.0)
             y = tl.load(y_ptr + y_offs + c * syc, mask=q_mask, other=0).to(tl.float32) * y_scale
-            grad = ssim_factor * (_blur(d_mu, band, band_t) + 2.0 * x * _blur(d_sq, band, band_t)
-                                  + y * _blur(d_xy, band, band_t))
+            grad = ssim_factor * (
+                _blur(d_mu, band, band_t) + 2.0 * x * _blur(d_sq, band, band_t) + y * _blur(d_xy, band, band_t)
+            )
             if L1:  # d|x - y|/dx = sign(x - y), 0 where equal (as torch's abs)
                 grad += l1_factor * tl.where(x > y, 1.0, tl.where(x < y, -1.0, 0.0))
             tl.store(grad_ptr + g_offs + c, gout * grad, mask=q_mask)
@@ -249,34 +299,43 @@ def _check(img1: Tensor, img2: Tensor, padding: str, saves_maps: bool = True) ->
     for name, img, dtypes in (("img1", img1, (torch.float32,)), ("img2", img2, (torch.float32, torch.uint8))):
         if img.dim() != 4 or img.shape[-1] != 3 or img.dtype not in dtypes:
             kinds = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
-            raise ValueError(f"fused_ssim: {name} must be {kinds} [B, H, W, 3] (pass NCHW images as "
-                             f"img.permute(0, 2, 3, 1)), got {img.dtype} {tuple(img.shape)}")
+            raise ValueError(
+                f"fused_ssim: {name} must be {kinds} [B, H, W, 3] (pass NCHW images as "
+                f"img.permute(0, 2, 3, 1)), got {img.dtype} {tuple(img.shape)}"
+            )
     if img1.shape != img2.shape or img1.device != img2.device:
-        raise ValueError(f"fused_ssim: images differ: {tuple(img1.shape)} on {img1.device} vs "
-                         f"{tuple(img2.shape)} on {img2.device}")
+        raise ValueError(
+            f"fused_ssim: images differ: {tuple(img1.shape)} on {img1.device} vs {tuple(img2.shape)} on {img2.device}"
+        )
     if padding not in PADDINGS:
         raise ValueError(f"fused_ssim padding must be one of {PADDINGS}, got {padding!r}")
     height, width = img1.shape[1:3]
     if padding == "valid" and (height < WINDOW or width < WINDOW):
-        raise ValueError(f"fused_ssim padding='valid' needs images of at least {WINDOW}x{WINDOW} "
-                         f"pixels, got {height}x{width}")
+        raise ValueError(
+            f"fused_ssim padding='valid' needs images of at least {WINDOW}x{WINDOW} pixels, got {height}x{width}"
+        )
     if (MAX_OFFSET_FACTOR if saves_maps else 1) * img1.numel() >= 2**31:  # the third map starts at 2 x numel
-        raise ValueError(f"fused_ssim: {img1.numel()} elements: its saved maps (3 x that) overflow the kernels' "
-                         f"int32 offsets; split the batch (at most {(2**31 - 1) // MAX_OFFSET_FACTOR} elements)")
+        raise ValueError(
+            f"fused_ssim: {img1.numel()} elements: its saved maps (3 x that) overflow the kernels' "
+            f"int32 offsets; split the batch (at most {(2**31 - 1) // MAX_OFFSET_FACTOR} elements)"
+        )
     if triton is None:
         raise RuntimeError("fused_ssim needs Triton, which is not installed")
     if img1.device.type == "cpu" and not _INTERPRETED:
-        raise RuntimeError("fused_ssim runs on CUDA/ROCm tensors, or on CPU tensors when "
-                           "TRITON_INTERPRET=1 was set before splat_train.kernels.fused_ssim "
-                           "was imported")
+        raise RuntimeError(
+            "fused_ssim runs on CUDA/ROCm tensors, or on CPU tensors when "
+            "TRITON_INTERPRET=1 was set before splat_train.kernels.fused_ssim "
+            "was imported"
+        )
 
 
 def _grid(height: int, width: int, batch: int) -> tuple[int, int, int]:
     return triton.cdiv(width, TILE), triton.cdiv(height, TILE), batch
 
 
-def ssim_forward_into(img1: Tensor, img2: Tensor, padding: str, partials: Tensor,
-                      maps: Tensor | None, with_l1: bool = False) -> Tensor | None:
+def ssim_forward_into(
+    img1: Tensor, img2: Tensor, padding: str, partials: Tensor, maps: Tensor | None, with_l1: bool = False
+) -> Tensor | None:
     """Run the forward kernel into caller-given buffers; return the mean SSIM (0-dim float32), or
     None with ``with_l1`` (then :func:`combine_loss` reads the partial sums).
 
@@ -296,10 +355,26 @@ def ssim_forward_into(img1: Tensor, img2: Tensor, padding: str, partials: Tensor
     assert partials.numel() == rows * grid[0] * grid[1] * grid[2] and partials.dtype == torch.float32
     assert maps is None or (maps.shape == (3, batch, 3, out_h, out_w) and maps.is_contiguous())
     _ssim_fwd_kernel[grid](
-        img1, img2, _gaussian_taps(img1.device), partials, partials if maps is None else maps,
-        height, width, out_h, out_w, origin, batch * 3 * out_h * out_w, _gt_scale(img2),
-        *img1.stride(), *img2.stride(),
-        C1=C1, C2=C2, WINDOW=WINDOW, BLOCK=BLOCK, SAVE=maps is not None, L1=with_l1,
+        img1,
+        img2,
+        _gaussian_taps(img1.device),
+        partials,
+        partials if maps is None else maps,
+        height,
+        width,
+        out_h,
+        out_w,
+        origin,
+        batch * 3 * out_h * out_w,
+        _gt_scale(img2),
+        *img1.stride(),
+        *img2.stride(),
+        C1=C1,
+        C2=C2,
+        WINDOW=WINDOW,
+        BLOCK=BLOCK,
+        SAVE=maps is not None,
+        L1=with_l1,
         num_warps=spill_free_warps("l1_ssim_forward" if with_l1 else "ssim_forward", kernel_specs, img1.device),
     )
     if with_l1:
@@ -307,9 +382,16 @@ def ssim_forward_into(img1: Tensor, img2: Tensor, padding: str, partials: Tensor
     return (partials.double().sum() / (batch * 3 * out_h * out_w)).float()
 
 
-def ssim_backward_into(grad_output: Tensor, img1: Tensor, img2: Tensor, padding: str,
-                       maps: Tensor, grad: Tensor, ssim_factor: float | None = None,
-                       l1_factor: float = 0.0) -> Tensor:
+def ssim_backward_into(
+    grad_output: Tensor,
+    img1: Tensor,
+    img2: Tensor,
+    padding: str,
+    maps: Tensor,
+    grad: Tensor,
+    ssim_factor: float | None = None,
+    l1_factor: float = 0.0,
+) -> Tensor:
     """Run the backward kernel: grad (float32 [B, H, W, 3], contiguous, every element written)
     becomes grad_output * (ssim_factor * d(sum of the SSIM map)/d img1 + l1_factor *
     sign(img1 - img2)), from the forward's ``maps``; ``ssim_factor`` defaults to 1 / (number of
@@ -322,11 +404,26 @@ def ssim_backward_into(grad_output: Tensor, img1: Tensor, img2: Tensor, padding:
     if ssim_factor is None:
         ssim_factor = 1.0 / (batch * 3 * out_h * out_w)
     _ssim_bwd_kernel[_grid(height, width, batch)](
-        img1, img2, _gaussian_taps(img1.device), maps, grad_output.detach().reshape(1), grad,
-        height, width, out_h, out_w, origin, batch * 3 * out_h * out_w, _gt_scale(img2),
-        float(ssim_factor), float(l1_factor),
-        *img1.stride(), *img2.stride(),
-        WINDOW=WINDOW, BLOCK=BLOCK, L1=l1_factor != 0.0,
+        img1,
+        img2,
+        _gaussian_taps(img1.device),
+        maps,
+        grad_output.detach().reshape(1),
+        grad,
+        height,
+        width,
+        out_h,
+        out_w,
+        origin,
+        batch * 3 * out_h * out_w,
+        _gt_scale(img2),
+        float(ssim_factor),
+        float(l1_factor),
+        *img1.stride(),
+        *img2.stride(),
+        WINDOW=WINDOW,
+        BLOCK=BLOCK,
+        L1=l1_factor != 0.0,
         num_warps=spill_free_warps("l1_ssim_backward" if l1_factor else "ssim_backward", kernel_specs, img1.device),
     )
     return grad
@@ -352,8 +449,7 @@ def buffers(img1: Tensor, padding: str, train: bool) -> tuple[Tensor, Tensor | N
     out_h, out_w, _ = output_size(height, width, padding)
     gx, gy, gb = _grid(out_h, out_w, batch)
     partials = torch.empty(gx * gy * gb, dtype=torch.float32, device=img1.device)
-    maps = (torch.empty(3, batch, 3, out_h, out_w, dtype=torch.float32, device=img1.device)
-            if train else None)
+    maps = torch.empty(3, batch, 3, out_h, out_w, dtype=torch.float32, device=img1.device) if train else None
     return partials, maps
 
 
@@ -432,13 +528,13 @@ class _FusedL1SSIMLoss(torch.autograd.Function):
         gx, gy, gb = _grid(out_h, out_w, batch)
         partials = torch.empty(2, gx * gy * gb, dtype=torch.float32, device=render.device)
         train = ctx.needs_input_grad[0]
-        maps = (torch.empty(3, batch, 3, out_h, out_w, dtype=torch.float32, device=render.device)
-                if train else None)
+        maps = torch.empty(3, batch, 3, out_h, out_w, dtype=torch.float32, device=render.device) if train else None
         ssim_forward_into(render, gt, padding, partials, maps, with_l1=True)
         out = torch.empty(3, dtype=torch.float32, device=render.device)
         num_ssim, num_l1 = batch * 3 * out_h * out_w, render.numel()
-        _combine_kernel[(1,)](partials, out, partials.shape[1], float(ssim_lambda), 1.0 / num_ssim, 1.0 / num_l1,
-                              BLOCK=COMBINE_BLOCK)
+        _combine_kernel[(1,)](
+            partials, out, partials.shape[1], float(ssim_lambda), 1.0 / num_ssim, 1.0 / num_l1, BLOCK=COMBINE_BLOCK
+        )
         ctx.padding, ctx.factors = padding, (-ssim_lambda / num_ssim, (1.0 - ssim_lambda) / num_l1)
         if train:
             ctx.save_for_backward(render, gt, maps)
@@ -454,8 +550,9 @@ class _FusedL1SSIMLoss(torch.autograd.Function):
         return grad, None, None, None
 
 
-def fused_l1_ssim_loss(render: Tensor, gt: Tensor, ssim_lambda: float = 0.2,
-                       padding: str = "valid") -> tuple[Tensor, dict[str, Tensor]]:
+def fused_l1_ssim_loss(
+    render: Tensor, gt: Tensor, ssim_lambda: float = 0.2, padding: str = "valid"
+) -> tuple[Tensor, dict[str, Tensor]]:
     """(1 - lambda) mean|render - gt| + lambda (1 - mean SSIM) in two kernels forward and one
     backward (Kerbl et al. 2023, eq. 7; the SSIM as :func:`fused_ssim`).
 

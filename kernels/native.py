@@ -73,9 +73,14 @@ def load(verbose: bool = False, quiet: bool = False):
 
                 flags = ["-O3", "-std=c++17"]
                 _MODULE = cpp_extension.load(
-                    name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_include_paths=[str(CSRC)],
-                    extra_cflags=["-O3"], extra_cuda_cflags=flags, build_directory=build_directory(NAME),
-                    verbose=verbose)
+                    name=NAME,
+                    sources=[str(CSRC / s) for s in SOURCES],
+                    extra_include_paths=[str(CSRC)],
+                    extra_cflags=["-O3"],
+                    extra_cuda_cflags=flags,
+                    build_directory=build_directory(NAME),
+                    verbose=verbose,
+                )
             except Exception as e:  # noqa: BLE001 - a compiler failure is reported, not raised
                 first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
                 reason = f"build failed ({type(e).__name__}: {first[:200]})"
@@ -109,8 +114,13 @@ def load_cpu_emulation(verbose: bool = False):
 
         tests = Path(__file__).resolve().parent.parent / "tests" / "csrc"
         name = NAME + "_cpu_emu"
-        _EMU = cpp_extension.load(name=name, sources=[str(tests / "emu_ext.cpp")],
-                                  extra_include_paths=[str(CSRC), str(tests)],
-                                  extra_cflags=["-O1", "-std=c++20", "-pthread"], extra_ldflags=["-pthread"],
-                                  build_directory=build_directory(name), verbose=verbose)
+        _EMU = cpp_extension.load(
+            name=name,
+            sources=[str(tests / "emu_ext.cpp")],
+            extra_include_paths=[str(CSRC), str(tests)],
+            extra_cflags=["-O1", "-std=c++20", "-pthread"],
+            extra_ldflags=["-pthread"],
+            build_directory=build_directory(name),
+            verbose=verbose,
+        )
     return _EMU

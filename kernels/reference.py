@@ -222,8 +222,9 @@ def fully_fused_projection(
     )  # fmt: skip
 
 
-def _camera_jacobian(camera_model: str, x: Tensor, y: Tensor, z: Tensor, Ks: Tensor, width: int, height: int
-                     ) -> Tuple[Tensor, Tensor]:
+def _camera_jacobian(
+    camera_model: str, x: Tensor, y: Tensor, z: Tensor, Ks: Tensor, width: int, height: int
+) -> Tuple[Tensor, Tensor]:
     """The projection of camera-space means (x, y, z) [..., C, N] and its Jacobian for the EWA
     covariance: (J [..., C, N, 2, 3], means2d [..., C, N, 2]) in pixels.
 
@@ -247,8 +248,17 @@ def _camera_jacobian(camera_model: str, x: Tensor, y: Tensor, z: Tensor, Ks: Ten
         inv = 1.0 / (x2y2 + z * z)
         b = torch.atan2(rho, z) / rho / x2y2
         a = z * inv / x2y2
-        J = torch.stack([fx * (x2 * a + y2 * b), fx * xy * (a - b), -fx * x * inv,
-                         fy * xy * (a - b), fy * (y2 * a + x2 * b), -fy * y * inv], dim=-1)
+        J = torch.stack(
+            [
+                fx * (x2 * a + y2 * b),
+                fx * xy * (a - b),
+                -fx * x * inv,
+                fy * xy * (a - b),
+                fy * (y2 * a + x2 * b),
+                -fy * y * inv,
+            ],
+            dim=-1,
+        )
         return J.unflatten(-1, (2, 3)), means2d
     lim_x_pos = (width - cx) / fx + 0.3 * (0.5 * width / fx)
     lim_x_neg = cx / fx + 0.3 * (0.5 * width / fx)
@@ -472,9 +482,16 @@ def _segment_exclusive_cumsum(values: Tensor, segment_ids: Tensor) -> Tensor:
 @torch.no_grad()
 def _candidate_pairs(
     table: Tensor,  # [6, R] from _record_table
-    tiles: Tensor, k0: int, k1: int,  # [T] flat (image * n_tiles + tile) ids; depth-list range
-    starts: Tensor, counts: Tensor,  # [I * n_tiles] range of each tile in flatten_ids
-    flatten_ids: Tensor, image_width: int, image_height: int, tile_size: int, tile_width: int,
+    tiles: Tensor,
+    k0: int,
+    k1: int,  # [T] flat (image * n_tiles + tile) ids; depth-list range
+    starts: Tensor,
+    counts: Tensor,  # [I * n_tiles] range of each tile in flatten_ids
+    flatten_ids: Tensor,
+    image_width: int,
+    image_height: int,
+    tile_size: int,
+    tile_width: int,
     n_tiles: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(pixel, Gaussian) pairs of a chunk of tiles whose alpha may reach 1/255.
@@ -528,8 +545,12 @@ def _tiles_done(
 @torch.no_grad()
 def _contributing_pairs(
     table: Tensor,  # [6, R] from _record_table
-    image_width: int, image_height: int, tile_size: int,
-    isect_offsets: Tensor, flatten_ids: Tensor, masks: Optional[Tensor],
+    image_width: int,
+    image_height: int,
+    tile_size: int,
+    isect_offsets: Tensor,
+    flatten_ids: Tensor,
+    masks: Optional[Tensor],
 ) -> List[Tuple[Tensor, Tensor]]:
     """All (pixel, record) pairs that gsplat composites, in waves of WAVE_DEPTH depth ranks.
 
@@ -654,8 +675,10 @@ def compositing_weights(
 def _absgrad_hook(absgrad_into: Tensor, record_ids: Tensor):
     """A tensor hook on a wave's [6, M] pair columns: adds |gradient| of rows 0, 1 (the mean's x,
     y) to ``absgrad_into[record_ids]``; leaves the gradient as it is."""
+
     def hook(grad: Tensor) -> None:
         absgrad_into.index_add_(0, record_ids, grad[:2].t().abs().to(absgrad_into.dtype))
+
     return hook
 
 
@@ -719,7 +742,16 @@ def rasterize_to_pixels(
         absgrad_into = torch.zeros(means2d.reshape(-1, 2).shape, dtype=means2d.dtype, device=means2d.device)
         means2d.absgrad = absgrad_into.view(means2d.shape)  # type: ignore[attr-defined]  # gsplat's attribute
     pixel_ids, record_ids, weights, T_final = compositing_weights(
-        means2d, conics, opacities, image_width, image_height, tile_size, isect_offsets, flatten_ids, masks, packed,
+        means2d,
+        conics,
+        opacities,
+        image_width,
+        image_height,
+        tile_size,
+        isect_offsets,
+        flatten_ids,
+        masks,
+        packed,
         absgrad_into,
     )
     D = colors.shape[-1]
@@ -739,8 +771,17 @@ def rasterize_to_pixels(
 # ------------------------------------------------------------------------------------------------
 
 
-def adam_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int, lr: float,
-                beta1: float, beta2: float, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+def adam_update(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
     """One Adam step (Kingma & Ba 2015, Algorithm 1, eps placed as torch.optim.Adam places it):
     returns the new (param, exp_avg, exp_avg_sq) for step number ``step`` (1 for the first); the
     inputs are not modified. Any shapes, all alike."""
@@ -750,8 +791,17 @@ def adam_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor
     return param - lr / (1.0 - beta1**step) * m / denom, m, v
 
 
-def selective_adam_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, visible: Tensor,
-                          lr: float, beta1: float, beta2: float, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+def selective_adam_update(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    visible: Tensor,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
     """gsplat's SelectiveAdam step (csrc/AdamCUDA.cu; Taming 3DGS, Mallick et al. 2024): rows i
     with ``visible[i]`` get m = beta1 m + (1 - beta1) g, v = beta2 v + (1 - beta2) g^2,
     p = p - lr m / (sqrt(v) + eps) (no bias correction); other rows keep p, m, v. Tensors
@@ -763,8 +813,15 @@ def selective_adam_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_
     return torch.where(rows, p, param), torch.where(rows, m, exp_avg), torch.where(rows, v, exp_avg_sq)
 
 
-def densify_stats_update(grad2d: Tensor, count: Tensor, grads: Tensor, scales: Tensor, radii: Tensor | None = None,
-                         gaussian_ids: Tensor | None = None, camera_ids: Tensor | None = None) -> None:
+def densify_stats_update(
+    grad2d: Tensor,
+    count: Tensor,
+    grads: Tensor,
+    scales: Tensor,
+    radii: Tensor | None = None,
+    gaussian_ids: Tensor | None = None,
+    camera_ids: Tensor | None = None,
+) -> None:
     """Densification statistics (kernels/densify_stats.py): add one step's to ``grad2d`` [N] and
     ``count`` [N] in place.
 

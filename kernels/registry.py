@@ -18,9 +18,14 @@ def kernel_specs() -> dict:
     """name -> spec, for every Triton kernel of the package."""
     ints = {n: "*i32" for n in ("bits_ptr", "bitmap_ptr", "counts_ptr", "offsets_ptr", "packed_ptr")}
     rows = dict(BLOCK_R=sc.BLOCK_ROWS, BLOCK_D=16)
-    adam_args = dict({f"{k}{i}": "*fp32" for k in "pgmv" for i in range(adam.MAX_TENSORS)},
-                     **{f"{k}{i}": "fp32" for k in "sc" for i in range(adam.MAX_TENSORS)},
-                     beta1="fp32", beta2="fp32", eps="fp32", vis="*u8")
+    adam_args = dict(
+        {f"{k}{i}": "*fp32" for k in "pgmv" for i in range(adam.MAX_TENSORS)},
+        **{f"{k}{i}": "fp32" for k in "sc" for i in range(adam.MAX_TENSORS)},
+        beta1="fp32",
+        beta2="fp32",
+        eps="fp32",
+        vis="*u8",
+    )
     ssim = fs.kernel_specs()
     return {
         **{k: ssim[k] for k in ("ssim_forward", "ssim_backward", "l1_ssim_forward", "l1_ssim_backward")},
@@ -33,8 +38,13 @@ def kernel_specs() -> dict:
         "sparse_mark": (sc._mark_kernel, rows, ints, {}, 4),
         "sparse_count": (sc._count_kernel, dict(BLOCK_R=sc.BLOCK_ROWS), ints, {}, 4),
         "sparse_compact": (sc._compact_kernel, rows, ints, {}, 4),
-        "sparse_scatter_add": (sc._scatter_kernel, dict(rows, MODE=2), dict(ints, index_ptr="*i64",
-                                                                            packed_ptr="*fp32"), {}, 4),
+        "sparse_scatter_add": (
+            sc._scatter_kernel,
+            dict(rows, MODE=2),
+            dict(ints, index_ptr="*i64", packed_ptr="*fp32"),
+            {},
+            4,
+        ),
     }
 
 

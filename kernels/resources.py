@@ -45,8 +45,9 @@ def _cuda_usage(cubin: bytes) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        out = subprocess.run([str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(
+            [str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True, check=True
+        ).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
     if m is None:
         raise RuntimeError(f"cuobjdump printed no resource line:\n{out}")
@@ -57,14 +58,18 @@ def _cuda_usage(cubin: bytes) -> dict:
 def _hip_usage(amdgcn: str) -> dict:
     """From the AMDGCN assembly's kernel metadata: VGPRs per lane, scratch (private segment) bytes
     per lane, which is where spilled registers go, and the static LDS (group segment) size."""
+
     def field(name):
         m = re.search(rf"\.{name}:\s+(\d+)", amdgcn)
         if m is None:
             raise RuntimeError(f"the AMDGCN metadata has no .{name}")
         return int(m.group(1))
 
-    return dict(registers=field("vgpr_count"), spill_bytes=field("private_segment_fixed_size"),
-                static_shared_bytes=field("group_segment_fixed_size"))
+    return dict(
+        registers=field("vgpr_count"),
+        spill_bytes=field("private_segment_fixed_size"),
+        static_shared_bytes=field("group_segment_fixed_size"),
+    )
 
 
 def parse_target(target: str):
@@ -83,8 +88,9 @@ def target_name(gpu) -> str:
     return f"{gpu.backend}:{gpu.arch}"
 
 
-def compile_spec(name: str, spec: tuple, target: Union[str, object], num_warps: Optional[int] = None,
-                 **constants) -> dict:
+def compile_spec(
+    name: str, spec: tuple, target: Union[str, object], num_warps: Optional[int] = None, **constants
+) -> dict:
     """Compile kernel ``name`` described by ``spec`` (jit function, constexpr values, pointer element
     types, scalar types, default num_warps; kernels/registry.py holds every kernel's) for ``target``
     (a "cuda:90" / "hip:gfx942" string or a triton GPUTarget), with ``constants`` overriding its
@@ -100,16 +106,23 @@ def compile_spec(name: str, spec: tuple, target: Union[str, object], num_warps: 
     gpu: Any = parse_target(target) if isinstance(target, str) else target
     sig, constexprs = _signature(fn, dict(consts, **constants), pointers, scalars)
     t0 = time.perf_counter()
-    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=gpu,
-                              options=dict(num_warps=num_warps))
+    compiled = triton.compile(
+        ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=gpu, options=dict(num_warps=num_warps)
+    )
     seconds = time.perf_counter() - t0
     if gpu.backend == "cuda":
         usage = _cuda_usage(compiled.asm["cubin"])
     else:
         usage = _hip_usage(compiled.asm["amdgcn"])
     usage["shared_bytes"] = max(int(compiled.metadata.shared), usage.pop("static_shared_bytes"))
-    return dict(kernel=name, target=target_name(gpu), num_warps=num_warps, threads=num_warps * gpu.warp_size,
-                compile_s=round(seconds, 1), **usage)
+    return dict(
+        kernel=name,
+        target=target_name(gpu),
+        num_warps=num_warps,
+        threads=num_warps * gpu.warp_size,
+        compile_s=round(seconds, 1),
+        **usage,
+    )
 
 
 def largest_spill_free(usage: Callable[[int], dict], candidates: Iterable[int]) -> int:
@@ -138,8 +151,9 @@ WARP_CANDIDATES = (4, 8, 16)
 _WARPS: dict = {}
 
 
-def spill_free_warps(name: str, specs: Callable[[], dict], device, default: int = 4,
-                     candidates: Iterable[int] = WARP_CANDIDATES) -> int:
+def spill_free_warps(
+    name: str, specs: Callable[[], dict], device, default: int = 4, candidates: Iterable[int] = WARP_CANDIDATES
+) -> int:
     """The fewest warps (wavefronts on AMD) per program, of ``candidates``, at which kernel ``name``
     of ``specs()`` (the calling module's kernel_specs, read on a cache miss) compiles for ``device``
     without spilling; more warps share a tile's work, so each thread holds
@@ -164,7 +178,9 @@ def spill_free_warps(name: str, specs: Callable[[], dict], device, default: int 
                     chosen = w
                     break
         except Exception as e:  # pragma: no cover - depends on the GPU toolchain
-            warnings.warn(f"{name}: could not measure register use on {dev} ({type(e).__name__}: {e}); "
-                          f"launching with {default} warps")
+            warnings.warn(
+                f"{name}: could not measure register use on {dev} ({type(e).__name__}: {e}); "
+                f"launching with {default} warps"
+            )
         _WARPS[key] = chosen
     return _WARPS[key]

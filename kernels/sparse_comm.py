@@ -61,8 +61,10 @@ def _check_rows(name: str, x: Tensor) -> None:
 
 def _check_bitmap(bitmap: Tensor, num_rows: int) -> None:
     if bitmap.dtype != torch.int32 or bitmap.shape != (num_words(num_rows),):
-        raise ValueError(f"bitmap must be int32 [{num_words(num_rows)}] for {num_rows} rows, "
-                         f"got {bitmap.dtype} {tuple(bitmap.shape)}")
+        raise ValueError(
+            f"bitmap must be int32 [{num_words(num_rows)}] for {num_rows} rows, "
+            f"got {bitmap.dtype} {tuple(bitmap.shape)}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -144,8 +146,7 @@ if triton is not None:
         return ((words >> (rows % 32).to(tl.int32)) & 1) * valid.to(tl.int32)
 
     @triton.jit
-    def _mark_kernel(bits_ptr, bitmap_ptr, counts_ptr, num_rows, D,
-                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _mark_kernel(bits_ptr, bitmap_ptr, counts_ptr, num_rows, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
         """bits int32 [R, D] -> bitmap words of this block and its count of set rows."""
         pid = tl.program_id(0)
         rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -171,8 +172,9 @@ if triton is not None:
         tl.store(counts_ptr + pid, tl.sum(_row_bits(bitmap_ptr, rows, num_rows), axis=0))
 
     @triton.jit
-    def _compact_kernel(bits_ptr, bitmap_ptr, offsets_ptr, packed_ptr, num_rows, D,
-                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _compact_kernel(
+        bits_ptr, bitmap_ptr, offsets_ptr, packed_ptr, num_rows, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr
+    ):
         """Copy the set rows of this block to packed[offsets[pid] + rank among set rows]."""
         pid = tl.program_id(0)
         rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -185,8 +187,18 @@ if triton is not None:
             tl.store(packed_ptr + dest.to(tl.int64)[:, None] * D + lanes[None, :], x, mask=m)
 
     @triton.jit
-    def _scatter_kernel(out_ptr, index_ptr, bitmap_ptr, offsets_ptr, packed_ptr, num_rows, D,
-                        MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _scatter_kernel(
+        out_ptr,
+        index_ptr,
+        bitmap_ptr,
+        offsets_ptr,
+        packed_ptr,
+        num_rows,
+        D,
+        MODE: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
         """Packed rows back to their rows. MODE 0: out[r] = row (bitwise); 1: out[r] += row;
         2: atomic out[index[r]] += row."""
         pid = tl.program_id(0)
@@ -244,13 +256,13 @@ def encode(grad: Tensor) -> tuple[Tensor, Tensor]:
     bits = grad.contiguous().view(torch.int32)
     num_blocks = triton.cdiv(num_rows, BLOCK_ROWS)
     counts = torch.empty(num_blocks, dtype=torch.int32, device=grad.device)
-    _mark_kernel[(num_blocks,)](bits, bitmap, counts, num_rows, d,
-                                BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d))
+    _mark_kernel[(num_blocks,)](bits, bitmap, counts, num_rows, d, BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d))
     offsets, nnz = _exclusive_offsets(counts)
     packed = torch.empty(nnz, d, dtype=torch.int32, device=grad.device)
     if nnz:
-        _compact_kernel[(num_blocks,)](bits, bitmap, offsets, packed, num_rows, d,
-                                       BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d))
+        _compact_kernel[(num_blocks,)](
+            bits, bitmap, offsets, packed, num_rows, d, BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d)
+        )
     return bitmap, packed.view(torch.float32)
 
 
@@ -273,9 +285,18 @@ def _decode(out: Tensor, index: Tensor | None, bitmap: Tensor, rows: Tensor, mod
     if mode == 0:
         dst, src = dst.view(torch.int32), src.view(torch.int32)
     index_arg = index if index is not None else bitmap  # any pointer: only mode 2 reads it
-    _scatter_kernel[(num_blocks,)](dst, index_arg, bitmap, offsets, src,
-                                   num_rows, out.shape[1], MODE=mode, BLOCK_R=BLOCK_ROWS,
-                                   BLOCK_D=_block_d(out.shape[1]))
+    _scatter_kernel[(num_blocks,)](
+        dst,
+        index_arg,
+        bitmap,
+        offsets,
+        src,
+        num_rows,
+        out.shape[1],
+        MODE=mode,
+        BLOCK_R=BLOCK_ROWS,
+        BLOCK_D=_block_d(out.shape[1]),
+    )
     return out
 
 

@@ -78,8 +78,15 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
 
     def step_row(step, ms=None):
         out = trainer.train_step(step)
-        rows.append(dict(ms=ms, phases=trainer.last_phases, isects=out["num_isects"], comm=ctx.stats.reset(),
-                         num_gaussians=out["num_gaussians"]))
+        rows.append(
+            dict(
+                ms=ms,
+                phases=trainer.last_phases,
+                isects=out["num_isects"],
+                comm=ctx.stats.reset(),
+                num_gaussians=out["num_gaussians"],
+            )
+        )
 
     step_row(start)
     _sync(ctx.device)
@@ -118,16 +125,29 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
         return {op: v / len(steady) for op, v in total.items()}
 
     result = dict(
-        rank=ctx.rank, world_size=ctx.world_size, backend=trainer.backend, device=str(ctx.device),
-        ms_per_iter=ms_per_iter, startup_s=startup_s,
-        ms_median=statistics.median(r["ms"] for r in timed), ms_p90=_percentile([r["ms"] for r in timed], 90),
-        phases_median_ms=phases, isects_mean=float(np.mean([r["isects"] for r in steady])),
-        calls_per_iter=per_iter("calls"), bytes_sent_per_iter=per_iter("bytes_sent"),
-        bytes_recv_per_iter=per_iter("bytes_recv"), peak_memory_bytes=peak,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        backend=trainer.backend,
+        device=str(ctx.device),
+        ms_per_iter=ms_per_iter,
+        startup_s=startup_s,
+        ms_median=statistics.median(r["ms"] for r in timed),
+        ms_p90=_percentile([r["ms"] for r in timed], 90),
+        phases_median_ms=phases,
+        isects_mean=float(np.mean([r["isects"] for r in steady])),
+        calls_per_iter=per_iter("calls"),
+        bytes_sent_per_iter=per_iter("bytes_sent"),
+        bytes_recv_per_iter=per_iter("bytes_recv"),
+        peak_memory_bytes=peak,
         num_gaussians_local=steady[-1]["num_gaussians"],
         memory_model=memory_model(cfg.sh_degree, ctx.world_size, ctx.device),
-        batch_size=cfg.batch_size, steps=steps, warmup=warmup, phase_steps=phase_steps, start_step=start,
-        test_psnr=(metrics or {}).get("psnr"), test_ssim=(metrics or {}).get("ssim"),
+        batch_size=cfg.batch_size,
+        steps=steps,
+        warmup=warmup,
+        phase_steps=phase_steps,
+        start_step=start,
+        test_psnr=(metrics or {}).get("psnr"),
+        test_ssim=(metrics or {}).get("ssim"),
         fused_tiles=trainer.last_fused_stats or None,
         ssim_backend=(trainer.loss_backend if trainer.loss_backend != "auto" else _ssim_backend(ctx.device)),
     )
@@ -185,6 +205,7 @@ def run(args, on_result=None) -> dict:
 
     def report() -> dict:
         return dict(scene=scene_summary(args, scene), variants=list(results), baseline=baseline)
+
     with tempfile.TemporaryDirectory() as tmp:
         for world_size in args.world_sizes:
             for name, extra in variants.items():
@@ -193,9 +214,21 @@ def run(args, on_result=None) -> dict:
                 t0 = time.perf_counter()
                 rc: "int | str"
                 try:
-                    rc = launch(_worker_entry, (scene, flags, args.steps, args.warmup, f"{tmp}/{name}_{world_size}",
-                                                args.ckpt, args.phase_steps), nproc_per_node=world_size, device=args.device,
-                                timeout_s=args.variant_timeout or None)
+                    rc = launch(
+                        _worker_entry,
+                        (
+                            scene,
+                            flags,
+                            args.steps,
+                            args.warmup,
+                            f"{tmp}/{name}_{world_size}",
+                            args.ckpt,
+                            args.phase_steps,
+                        ),
+                        nproc_per_node=world_size,
+                        device=args.device,
+                        timeout_s=args.variant_timeout or None,
+                    )
                 except Exception as e:  # one process runs in this one: record the failure, go on
                     print(f"bench: {name} W={world_size} failed: {e}", file=sys.stderr, flush=True)
                     rc = f"{type(e).__name__}: {e}"
@@ -204,15 +237,20 @@ def run(args, on_result=None) -> dict:
                     error = f"exit code {rc}" if isinstance(rc, int) else rc
                     if rc == TIMED_OUT and args.variant_timeout:
                         error = f"timed out after {args.variant_timeout:g} s (ranks' stacks on stderr)"
-                    reasons = [p.read_text() for p in (Path(f[:-len(".json")] + ".error") for f in files) if p.exists()]
+                    reasons = [
+                        p.read_text() for p in (Path(f[: -len(".json")] + ".error") for f in files) if p.exists()
+                    ]
                     if isinstance(rc, int) and reasons:
                         error += f": {reasons[0]}"
                     results.append(dict(variant=name, world_size=world_size, flags=extra, error=error))
                 else:
                     ranks = [json.loads(Path(f).read_text()) for f in files]
                     results.append(dict(variant=name, world_size=world_size, flags=extra, wall_s=wall, ranks=ranks))
-                    print(f"bench: {name} W={world_size}: {max(r['ms_per_iter'] for r in ranks):.2f} ms/iter, start-up "
-                          f"to first step {max(r['startup_s'] for r in ranks):.1f} s", flush=True)
+                    print(
+                        f"bench: {name} W={world_size}: {max(r['ms_per_iter'] for r in ranks):.2f} ms/iter, start-up "
+                        f"to first step {max(r['startup_s'] for r in ranks):.1f} s",
+                        flush=True,
+                    )
                 if on_result is not None:
                     on_result(report())
                 _release_cached_gpu_memory()
@@ -235,10 +273,29 @@ def variant_flags(args, start: int, extra: str, result_dir: str) -> list[str]:
     as in the first steps of a run; from a checkpoint (start > 0) the strategy is past its stop
     step, as in the late steps of a run. Variant flags come last and win."""
     end = start + args.steps + args.phase_steps
-    flags = ["--device", args.device, "--batch_size", str(args.batch_size), "--max_steps", str(end),
-             "--refine_start_iter", str(end + 1), "--refine_stop_iter", str(start if start > 0 else end + 2),
-             "--reset_every", str(end + 1), "--prune_stage2_step", "0", "--prune_stage3_step", "0",
-             "--result_dir", result_dir, "--num_traj_frames", "0", "--no_save_eval_images"]
+    flags = [
+        "--device",
+        args.device,
+        "--batch_size",
+        str(args.batch_size),
+        "--max_steps",
+        str(end),
+        "--refine_start_iter",
+        str(end + 1),
+        "--refine_stop_iter",
+        str(start if start > 0 else end + 2),
+        "--reset_every",
+        str(end + 1),
+        "--prune_stage2_step",
+        "0",
+        "--prune_stage3_step",
+        "0",
+        "--result_dir",
+        result_dir,
+        "--num_traj_frames",
+        "0",
+        "--no_save_eval_images",
+    ]
     if args.data_dir:
         flags += ["--data_dir", args.data_dir, "--data_factor", str(args.data_factor)]
     return flags + shlex.split(extra)
@@ -263,8 +320,9 @@ def check_variants(variants: dict, flags_of) -> None:
             text = re.sub("[\u2500-\u257f]", " ", err.getvalue())  # tyro's box drawing
             lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "full helptext" not in ln]
             lines = lines[1:] if len(lines) > 1 else lines  # the first is the box's title
-            raise ValueError(f"--variant {name}={extra!r}: splat-train rejects these flags: "
-                             + " ".join(lines[:6])) from None
+            raise ValueError(
+                f"--variant {name}={extra!r}: splat-train rejects these flags: " + " ".join(lines[:6])
+            ) from None
 
 
 def _worker_entry(ctx, scene, flags, steps, warmup, prefix, ckpt, phase_steps):
@@ -292,11 +350,14 @@ def ckpt_step(files: list) -> int:
 
 
 def scene_summary(args, scene) -> dict:
-    return dict(source=args.data_dir or f"synthetic {args.synthetic_gaussians} Gaussians at {args.resolution}",
-                ckpt=[str(f) for f in args.ckpt] if args.ckpt else None,
-                data_factor=args.data_factor if args.data_dir else None, num_cameras=len(scene.cameras),
-                image_size=[scene.cameras[0].width, scene.cameras[0].height],
-                num_points=0 if scene.points is None else len(scene.points))
+    return dict(
+        source=args.data_dir or f"synthetic {args.synthetic_gaussians} Gaussians at {args.resolution}",
+        ckpt=[str(f) for f in args.ckpt] if args.ckpt else None,
+        data_factor=args.data_factor if args.data_dir else None,
+        num_cameras=len(scene.cameras),
+        image_size=[scene.cameras[0].width, scene.cameras[0].height],
+        num_points=0 if scene.points is None else len(scene.points),
+    )
 
 
 def iteration_ms(entry) -> float:
@@ -306,14 +367,20 @@ def iteration_ms(entry) -> float:
 
 def markdown(report: dict) -> str:
     base = report["baseline"]
-    head = ("| variant | W | ms/iter | synced step median | images/s | vs baseline | fwd bytes/rank | bwd bytes/rank "
-            "| collectives/iter | isects per rank (min-max) | peak mem/rank (GiB) | model (B/G) | test PSNR "
-            "| fused tiles: in budget / resident |")
+    head = (
+        "| variant | W | ms/iter | synced step median | images/s | vs baseline | fwd bytes/rank | bwd bytes/rank "
+        "| collectives/iter | isects per rank (min-max) | peak mem/rank (GiB) | model (B/G) | test PSNR "
+        "| fused tiles: in budget / resident |"
+    )
     start = f" from {len(report['scene']['ckpt'])} checkpoint shard(s)" if report["scene"].get("ckpt") else ""
-    lines = [f"Scene: {report['scene']['source']}{start}, {report['scene']['num_cameras']} cameras "
-             f"{report['scene']['image_size'][0]}x{report['scene']['image_size'][1]}; baseline: {base}; "
-             f"loss (L1 + D-SSIM): {report['variants'][0].get('ranks', [{}])[0].get('ssim_backend', '?')}", "", head,
-             "|" + "---|" * 14]
+    lines = [
+        f"Scene: {report['scene']['source']}{start}, {report['scene']['num_cameras']} cameras "
+        f"{report['scene']['image_size'][0]}x{report['scene']['image_size'][1]}; baseline: {base}; "
+        f"loss (L1 + D-SSIM): {report['variants'][0].get('ranks', [{}])[0].get('ssim_backend', '?')}",
+        "",
+        head,
+        "|" + "---|" * 14,
+    ]
     by_w = {}
     for e in report["variants"]:
         if "ranks" in e and e["variant"] == base:
@@ -331,16 +398,30 @@ def markdown(report: dict) -> str:
         calls = np.mean([sum(r["calls_per_iter"].values()) for r in ranks])
         isects = [r["isects_mean"] for r in ranks]
         peaks = [r["peak_memory_bytes"] / 2**30 for r in ranks if r["peak_memory_bytes"]]
-        per_gaussian = [r["peak_memory_bytes"] / max(r["num_gaussians_local"], 1) for r in ranks if r["peak_memory_bytes"]]
+        per_gaussian = [
+            r["peak_memory_bytes"] / max(r["num_gaussians_local"], 1) for r in ranks if r["peak_memory_bytes"]
+        ]
         psnr = ranks[0]["test_psnr"]
         mem = ", ".join(f"{p:.2f}" for p in peaks) or "-"
         model = str(ranks[0]["memory_model"]["bytes_per_gaussian"])
         if per_gaussian:
             model += f" (peak/G {np.mean(per_gaussian):.0f})"
-        cells = [e["variant"], e["world_size"], f"{ms:.2f}", f"{max(r['ms_median'] for r in ranks):.2f}", f"{imgs:.1f}",
-                 ratio, f"{fwd / 1e6:.2f} MB", f"{bwd / 1e6:.2f} MB", f"{calls:.1f}",
-                 f"{min(isects):,.0f}-{max(isects):,.0f}", mem, model, f"{psnr:.2f}" if psnr is not None else "-",
-                 _fused_cell(ranks)]
+        cells = [
+            e["variant"],
+            e["world_size"],
+            f"{ms:.2f}",
+            f"{max(r['ms_median'] for r in ranks):.2f}",
+            f"{imgs:.1f}",
+            ratio,
+            f"{fwd / 1e6:.2f} MB",
+            f"{bwd / 1e6:.2f} MB",
+            f"{calls:.1f}",
+            f"{min(isects):,.0f}-{max(isects):,.0f}",
+            mem,
+            model,
+            f"{psnr:.2f}" if psnr is not None else "-",
+            _fused_cell(ranks),
+        ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -405,18 +486,30 @@ def parse(argv):
     p.add_argument("--world_sizes", type=int, nargs="+", default=[1])
     p.add_argument("--variants", nargs="*", help=f"subset of {list(DEFAULT_VARIANTS)}")
     p.add_argument("--variant", action="append", help='extra variant NAME="--flags ..."')
-    p.add_argument("--ckpt", nargs="+", help="start every variant from these checkpoint shards (every rank's "
-                   "ckpt_<step>_rank<r>.pt of one step, any world size) instead of the initial model; pass "
-                   "the --data_dir / --data_factor of the run that wrote them")
+    p.add_argument(
+        "--ckpt",
+        nargs="+",
+        help="start every variant from these checkpoint shards (every rank's "
+        "ckpt_<step>_rank<r>.pt of one step, any world size) instead of the initial model; pass "
+        "the --data_dir / --data_factor of the run that wrote them",
+    )
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--phase_steps", type=int, default=10,
-                   help="steps after the measured window, each synchronized, for the per-phase split")
+    p.add_argument(
+        "--phase_steps",
+        type=int,
+        default=10,
+        help="steps after the measured window, each synchronized, for the per-phase split",
+    )
     p.add_argument("--batch_size", type=int, default=1)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--variant_timeout", type=float, default=0.0,
-                   help="seconds a multi-rank variant may run before its ranks print their stacks and are "
-                   "stopped, recorded as timed out (0: no limit)")
+    p.add_argument(
+        "--variant_timeout",
+        type=float,
+        default=0.0,
+        help="seconds a multi-rank variant may run before its ranks print their stacks and are "
+        "stopped, recorded as timed out (0: no limit)",
+    )
     p.add_argument("--out", default="results/bench")
     return p.parse_args(argv)
 
@@ -439,8 +532,11 @@ def main(argv=None) -> int:
     except LaunchError:  # a launcher's variables, incomplete
         external = True
     if external:
-        print("error: splat-train bench starts its own ranks for each --world_sizes entry; run it directly, "
-              "not under torchrun / mpirun / srun", file=sys.stderr)
+        print(
+            "error: splat-train bench starts its own ranks for each --world_sizes entry; run it directly, "
+            "not under torchrun / mpirun / srun",
+            file=sys.stderr,
+        )
         return 2
     out = Path(args.out)  # created by the first write: a refused run leaves nothing behind
 
@@ -459,8 +555,10 @@ def main(argv=None) -> int:
     try:
         chart(report, out / "phases.png")
     except ImportError:
-        print("bench: phases.png not written: matplotlib is not installed (pip install 'splat-train[bench]')",
-              file=sys.stderr)
+        print(
+            "bench: phases.png not written: matplotlib is not installed (pip install 'splat-train[bench]')",
+            file=sys.stderr,
+        )
     print(table)
     return 0 if all("ranks" in e for e in report["variants"]) else 1
 

@@ -52,17 +52,30 @@ def parse(argv):
     p.add_argument("--batch_size", type=int, default=1, help="images per call")
     p.add_argument("--views", type=int, nargs="*", help="training views to render (default: the first batch_size)")
     p.add_argument("--packed", action="store_true", help="packed records (as --packed training)")
-    p.add_argument("--fused", nargs="*", default=["default"],
-                   help="fused rows: 'default' once per row (the native kernel has no tuning knobs); none: skip")
+    p.add_argument(
+        "--fused",
+        nargs="*",
+        default=["default"],
+        help="fused rows: 'default' once per row (the native kernel has no tuning knobs); none: skip",
+    )
     p.add_argument("--ssim_lambda", type=float, default=0.2)
-    p.add_argument("--unfused_ssim", nargs="+", choices=["pytorch", "triton", "fused_ssim"],
-                   help="SSIM implementations of the unfused rows (default: every one available on the device); "
-                   "the fastest unfused row is the baseline")
+    p.add_argument(
+        "--unfused_ssim",
+        nargs="+",
+        choices=["pytorch", "triton", "fused_ssim"],
+        help="SSIM implementations of the unfused rows (default: every one available on the device); "
+        "the fastest unfused row is the baseline",
+    )
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--profile", type=int, default=0, metavar="CALLS",
-                   help="also run each step CALLS more times under torch.profiler and report, per call, the time "
-                   "of its kernels (GPU) or operators (CPU) and the largest ones (0: off)")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="CALLS",
+        help="also run each step CALLS more times under torch.profiler and report, per call, the time "
+        "of its kernels (GPU) or operators (CPU) and the largest ones (0: off)",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--out", default="results/bench_raster")
     return p.parse_args(argv)
@@ -74,8 +87,7 @@ def _fused_configs(specs) -> list:
     out: list[tuple[str, dict]] = []
     for spec in specs:
         if spec != "default":
-            raise ValueError(f"--fused {spec!r}: the native fused kernel has no tuning configurations; "
-                             "use 'default'")
+            raise ValueError(f"--fused {spec!r}: the native fused kernel has no tuning configurations; use 'default'")
         out.append(("fused (default)", {}))
     return out
 
@@ -104,17 +116,35 @@ def capture_inputs(args) -> dict:
     batch = trainer.trainset.batch(views)
     cams = trainer.camera_batch(batch)
     with torch.no_grad():
-        result = render(activated(trainer.params), cams, trainer.ctx, trainer.ops,
-                        trainer.sh_degree_at(trainer.step), packed=cfg.packed, near=cfg.near_plane,
-                        far=cfg.far_plane, rasterize=False)
+        result = render(
+            activated(trainer.params),
+            cams,
+            trainer.ctx,
+            trainer.ops,
+            trainer.sh_degree_at(trainer.step),
+            packed=cfg.packed,
+            near=cfg.near_plane,
+            far=cfg.far_plane,
+            rasterize=False,
+        )
     info, rec, tiles = result.info, result.info.records, result.info.tiles
     assert rec is not None and tiles is not None
     fields = {k: getattr(rec, k).detach().float().contiguous() for k in GRAD_FIELDS}
-    return dict(fields, isect_offsets=tiles.offsets, flatten_ids=tiles.flatten_ids,
-                gts=batch["image"].to(device).float(), width=int(info.width), height=int(info.height),
-                packed=cfg.packed, ops=trainer.ops, backend=trainer.backend, device=device,
-                num_gaussians=int(trainer.params["means"].shape[0]),
-                num_isects=int(tiles.flatten_ids.numel()), step=trainer.step)
+    return dict(
+        fields,
+        isect_offsets=tiles.offsets,
+        flatten_ids=tiles.flatten_ids,
+        gts=batch["image"].to(device).float(),
+        width=int(info.width),
+        height=int(info.height),
+        packed=cfg.packed,
+        ops=trainer.ops,
+        backend=trainer.backend,
+        device=device,
+        num_gaussians=int(trainer.params["means"].shape[0]),
+        num_isects=int(tiles.flatten_ids.numel()),
+        step=trainer.step,
+    )
 
 
 def _leaves(inputs):
@@ -129,8 +159,17 @@ def unfused_step(inputs, ssim_lambda, ssim_backend):
     leaves = _leaves(inputs)
     means2d, conics, colors, opacities = leaves
     image, _ = inputs["ops"].rasterize_to_pixels(
-        means2d, conics, colors, opacities, inputs["width"], inputs["height"], TILE_SIZE, inputs["isect_offsets"],
-        inputs["flatten_ids"], packed=inputs["packed"])
+        means2d,
+        conics,
+        colors,
+        opacities,
+        inputs["width"],
+        inputs["height"],
+        TILE_SIZE,
+        inputs["isect_offsets"],
+        inputs["flatten_ids"],
+        packed=inputs["packed"],
+    )
     loss, _ = photometric_loss(image, inputs["gts"], ssim_lambda, ssim_padding="valid", ssim_backend_name=ssim_backend)
     return loss.detach(), torch.autograd.grad(loss, leaves)
 
@@ -140,9 +179,18 @@ def fused_step(inputs, ssim_lambda, config):
     from splat_train.kernels.fused_raster import fused_raster_loss
 
     leaves = _leaves(inputs)
-    loss, stats = fused_raster_loss(*leaves, inputs["isect_offsets"], inputs["flatten_ids"], inputs["gts"],
-                                    inputs["width"], inputs["height"], ssim_lambda, packed=inputs["packed"],
-                                    fallback=inputs["ops"], **config)
+    loss, stats = fused_raster_loss(
+        *leaves,
+        inputs["isect_offsets"],
+        inputs["flatten_ids"],
+        inputs["gts"],
+        inputs["width"],
+        inputs["height"],
+        ssim_lambda,
+        packed=inputs["packed"],
+        fallback=inputs["ops"],
+        **config,
+    )
     return loss.detach(), torch.autograd.grad(loss, leaves), stats
 
 
@@ -174,8 +222,11 @@ def available_ssim(device) -> list:
 
     out = ["pytorch"]
     if device.type == "cuda":
-        out += [name for name, fn in (("triton", losses._triton_ssim_fn), ("fused_ssim", losses._fused_ssim_fn))
-                if fn() is not None]
+        out += [
+            name
+            for name, fn in (("triton", losses._triton_ssim_fn), ("fused_ssim", losses._fused_ssim_fn))
+            if fn() is not None
+        ]
     return out
 
 
@@ -199,22 +250,37 @@ def run(args) -> dict:
     rows = []
     raster = inputs["backend"]
     for backend in args.unfused_ssim or available_ssim(device):
-        times, (loss, _) = time_calls(lambda: unfused_step(inputs, args.ssim_lambda, backend), device, args.warmup,
-                                      args.repeats)
-        rows.append(dict(name=f"unfused ({raster} raster + {backend} SSIM + L1 + {raster} backward)",
-                         ms_median=statistics.median(times), ms_p90=float(np.percentile(times, 90)),
-                         loss=float(loss), unfused=True))
+        times, (loss, _) = time_calls(
+            lambda: unfused_step(inputs, args.ssim_lambda, backend), device, args.warmup, args.repeats
+        )
+        rows.append(
+            dict(
+                name=f"unfused ({raster} raster + {backend} SSIM + L1 + {raster} backward)",
+                ms_median=statistics.median(times),
+                ms_p90=float(np.percentile(times, 90)),
+                loss=float(loss),
+                unfused=True,
+            )
+        )
         if args.profile:
-            rows[-1]["profile"] = profile_calls(lambda: unfused_step(inputs, args.ssim_lambda, backend), args.profile,
-                                                device)
+            rows[-1]["profile"] = profile_calls(
+                lambda: unfused_step(inputs, args.ssim_lambda, backend), args.profile, device
+            )
     first = None
     for name, config in configs:
-        times, (loss, grads, stats) = time_calls(lambda: fused_step(inputs, args.ssim_lambda, config), device,
-                                                 args.warmup, args.repeats)
-        row = dict(name=name, config=config, ms_median=statistics.median(times),
-                   ms_p90=float(np.percentile(times, 90)), loss=float(loss),
-                   fraction_fused=stats["fraction_fused"], fraction_isects_fused=stats["fraction_isects_fused"],
-                   fraction_resident=stats.get("fraction_resident"))
+        times, (loss, grads, stats) = time_calls(
+            lambda: fused_step(inputs, args.ssim_lambda, config), device, args.warmup, args.repeats
+        )
+        row = dict(
+            name=name,
+            config=config,
+            ms_median=statistics.median(times),
+            ms_p90=float(np.percentile(times, 90)),
+            loss=float(loss),
+            fraction_fused=stats["fraction_fused"],
+            fraction_isects_fused=stats["fraction_isects_fused"],
+            fraction_resident=stats.get("fraction_resident"),
+        )
         if args.profile:
             row["profile"] = profile_calls(lambda: fused_step(inputs, args.ssim_lambda, config), args.profile, device)
         if first is None:
@@ -225,42 +291,68 @@ def run(args) -> dict:
     base = min(r["ms_median"] for r in rows if r.get("unfused"))
     for row in rows:
         row["speedup_vs_unfused"] = base / row["ms_median"]
-    scene = dict(data_dir=args.data_dir, data_factor=args.data_factor if args.data_dir else None,
-                 synthetic_gaussians=None if args.data_dir else args.synthetic_gaussians,
-                 resolution=f"{inputs['width']}x{inputs['height']}", batch_size=args.batch_size,
-                 packed=inputs["packed"], num_gaussians=inputs["num_gaussians"], num_isects=inputs["num_isects"],
-                 model_step=inputs["step"], ckpt=args.ckpt)
+    scene = dict(
+        data_dir=args.data_dir,
+        data_factor=args.data_factor if args.data_dir else None,
+        synthetic_gaussians=None if args.data_dir else args.synthetic_gaussians,
+        resolution=f"{inputs['width']}x{inputs['height']}",
+        batch_size=args.batch_size,
+        packed=inputs["packed"],
+        num_gaussians=inputs["num_gaussians"],
+        num_isects=inputs["num_isects"],
+        model_step=inputs["step"],
+        ckpt=args.ckpt,
+    )
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     from splat_train.kernels import native
 
-    fused_by = ("the PyTorch reference of the fused function (CPU)" if device.type != "cuda" else
-                "the native CUDA kernel" if native.load() is not None else
-                f"the unfused path of the fused function (native kernel unavailable: {native.LOAD_ERROR})")
+    fused_by = (
+        "the PyTorch reference of the fused function (CPU)"
+        if device.type != "cuda"
+        else "the native CUDA kernel"
+        if native.load() is not None
+        else f"the unfused path of the fused function (native kernel unavailable: {native.LOAD_ERROR})"
+    )
     return dict(device=dev, scene=scene, repeats=args.repeats, warmup=args.warmup, rows=rows, fused_by=fused_by)
 
 
 def markdown(report: dict) -> str:
     s = report["scene"]
-    lines = [f"Rasterization + loss + backward, {report['device']}: {s['resolution']}, {s['batch_size']} image(s), "
-             f"{s['num_gaussians']:,} Gaussians (model step {s['model_step']}), {s['num_isects']:,} tile "
-             f"intersections, {'packed' if s['packed'] else 'dense'}; median of {report['repeats']} calls; "
-             f"fused rows: {report['fused_by']}.", "",
-             "| step | ms (median) | p90 | vs fastest unfused | tiles in budget / resident "
-             "| intersections in budget | max rel. diff vs first fused |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Rasterization + loss + backward, {report['device']}: {s['resolution']}, {s['batch_size']} image(s), "
+        f"{s['num_gaussians']:,} Gaussians (model step {s['model_step']}), {s['num_isects']:,} tile "
+        f"intersections, {'packed' if s['packed'] else 'dense'}; median of {report['repeats']} calls; "
+        f"fused rows: {report['fused_by']}.",
+        "",
+        "| step | ms (median) | p90 | vs fastest unfused | tiles in budget / resident "
+        "| intersections in budget | max rel. diff vs first fused |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in report["rows"]:
-        tiles = "-" if "fraction_fused" not in r else (
-            f"{100 * r['fraction_fused']:.1f}% / " +
-            ("-" if r["fraction_resident"] is None else f"{100 * r['fraction_resident']:.1f}%"))
+        tiles = (
+            "-"
+            if "fraction_fused" not in r
+            else (
+                f"{100 * r['fraction_fused']:.1f}% / "
+                + ("-" if r["fraction_resident"] is None else f"{100 * r['fraction_resident']:.1f}%")
+            )
+        )
         isects = f"{100 * r['fraction_isects_fused']:.1f}%" if "fraction_isects_fused" in r else "-"
         diff = f"{r['max_rel_diff_vs_first']:.1e}" if "max_rel_diff_vs_first" in r else "-"
-        lines.append(f"| {r['name']} | {r['ms_median']:.3f} | {r['ms_p90']:.3f} | {r['speedup_vs_unfused']:.2f}x | "
-                     f"{tiles} | {isects} | {diff} |")
+        lines.append(
+            f"| {r['name']} | {r['ms_median']:.3f} | {r['ms_p90']:.3f} | {r['speedup_vs_unfused']:.2f}x | "
+            f"{tiles} | {isects} | {diff} |"
+        )
     profiled = [r for r in report["rows"] if "profile" in r]
     if profiled:
         p = profiled[0]["profile"]
-        lines += ["", f"Where the time goes (torch.profiler, {p['calls']} more calls; ms per call, {p['unit']}, "
-                  "by self time):", "", f"| step | {p['unit']} | count | largest |", "|---|---|---|---|"]
+        lines += [
+            "",
+            f"Where the time goes (torch.profiler, {p['calls']} more calls; ms per call, {p['unit']}, by self time):",
+            "",
+            f"| step | {p['unit']} | count | largest |",
+            "|---|---|---|---|",
+        ]
         for r in profiled:
             q = r["profile"]
             top = "; ".join(f"{t['name'][:60]} {t['ms']:.3f} (x{t['count']:g})" for t in q["top"])
@@ -272,8 +364,12 @@ def main(argv=None) -> int:
     from splat_train.trainer.fileio import atomic_write_bytes
 
     args = parse(sys.argv[1:] if argv is None else argv)
-    for flag, value, least in (("--repeats", args.repeats, 1), ("--batch_size", args.batch_size, 1),
-                               ("--warmup", args.warmup, 0), ("--profile", args.profile, 0)):
+    for flag, value, least in (
+        ("--repeats", args.repeats, 1),
+        ("--batch_size", args.batch_size, 1),
+        ("--warmup", args.warmup, 0),
+        ("--profile", args.profile, 0),
+    ):
         if value < least:
             print(f"error: {flag} must be >= {least}, got {value}", file=sys.stderr)
             return 2

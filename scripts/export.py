@@ -39,19 +39,28 @@ def _scene(cfg: Config):
     try:
         return scene_from_config(cfg)
     except ValueError as e:  # data.DataError too
-        raise ValueError(f"cannot load the run's scene ({e}); it is needed for the frame of checkpoints that "
-                         "predate the recorded world transform and for the Inria cameras.json") from e
+        raise ValueError(
+            f"cannot load the run's scene ({e}); it is needed for the frame of checkpoints that "
+            "predate the recorded world transform and for the Inria cameras.json"
+        ) from e
 
 
-def convert(result_dir: Path, formats=("ply",), step: Optional[int] = None, frame: Optional[str] = None,
-            out_dir: Optional[Path] = None, ply_out: Optional[Path] = None) -> list[Path]:
+def convert(
+    result_dir: Path,
+    formats=("ply",),
+    step: Optional[int] = None,
+    frame: Optional[str] = None,
+    out_dir: Optional[Path] = None,
+    ply_out: Optional[Path] = None,
+) -> list[Path]:
     """Write the PLY and ``formats`` of ``result_dir``'s checkpoints (see the module docstring);
     ``ply_out`` overrides the PLY's path. Returns the paths written. Raises ValueError naming what
     is missing (checkpoints, scene, an unknown format or frame); OSError from the file system."""
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or frame not in (None, "original", "normalized"):
-        raise ValueError(f"unknown format(s) {unknown} or frame {frame!r}; formats: {FORMATS}, "
-                         "frames: original, normalized")
+        raise ValueError(
+            f"unknown format(s) {unknown} or frame {frame!r}; formats: {FORMATS}, frames: original, normalized"
+        )
     result_dir = Path(result_dir)
     step, files = checkpoint.step_files(result_dir / "ckpts", step)
     states = [checkpoint.read(f) for f in files]
@@ -62,14 +71,17 @@ def convert(result_dir: Path, formats=("ply",), step: Optional[int] = None, fram
     if transform is None and frame == "original":
         scene = _scene(cfg)
         transform = scene.transform
-    params, to_frame = to_export_frame(merge_shards([s["params"] for s in states]),
-                                       np.eye(4) if transform is None else np.asarray(transform, dtype=np.float64),
-                                       frame)
+    params, to_frame = to_export_frame(
+        merge_shards([s["params"] for s in states]),
+        np.eye(4) if transform is None else np.asarray(transform, dtype=np.float64),
+        frame,
+    )
     out_dir = Path(out_dir) if out_dir else result_dir
     path = Path(ply_out) if ply_out else out_dir / "ply" / ply_name(step, len(files))
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_ply(path, params["means"], params["scales"], params["quats"], params["opacities"], params["sh0"],
-             params["shN"])
+    save_ply(
+        path, params["means"], params["scales"], params["quats"], params["opacities"], params["sh0"], params["shN"]
+    )
 
     def training_cameras():
         from splat_train.trainer.data import split_indices
@@ -86,8 +98,11 @@ def main(argv=None) -> int:
     p.add_argument("result_dir", type=Path, help="a run's --result_dir (holding ckpts/)")
     p.add_argument("--format", nargs="+", default=["ply"], choices=FORMATS, help="formats to write (default: ply)")
     p.add_argument("--step", type=int, help="the checkpoint step (default: the newest complete one)")
-    p.add_argument("--frame", choices=("original", "normalized"),
-                   help="the input data's frame or the trainer's normalized world (default: the run's --export_frame)")
+    p.add_argument(
+        "--frame",
+        choices=("original", "normalized"),
+        help="the input data's frame or the trainer's normalized world (default: the run's --export_frame)",
+    )
     p.add_argument("--out", type=Path, help="folder to write into (default: RESULT_DIR)")
     args = p.parse_args(argv)
     try:

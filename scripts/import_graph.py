@@ -64,7 +64,7 @@ def imports_of(module: str, path: Path, known: dict[str, Path]) -> tuple[set[str
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith(PREFIX + "."):
-                    names.append(alias.name[len(PREFIX) + 1:])
+                    names.append(alias.name[len(PREFIX) + 1 :])
                 else:
                     external.add(alias.name)
         elif isinstance(node, ast.ImportFrom):
@@ -72,7 +72,7 @@ def imports_of(module: str, path: Path, known: dict[str, Path]) -> tuple[set[str
                 base = package[: len(package) - (node.level - 1)]
                 stem = ".".join(base + ([node.module] if node.module else []))
             elif node.module and node.module.startswith(PREFIX + "."):
-                stem = node.module[len(PREFIX) + 1:]
+                stem = node.module[len(PREFIX) + 1 :]
             elif node.module == PREFIX:
                 stem = ""
             else:
@@ -139,9 +139,14 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def distributed_importers(external: dict[str, set[str]]) -> list[str]:
     """Modules that import torch.distributed (or DDP from torch.nn.parallel)."""
-    return sorted(m for m, names in external.items()
-                  if any(n == "torch.distributed" or n.startswith("torch.distributed.")
-                         or n.startswith("torch.nn.parallel") for n in names))
+    return sorted(
+        m
+        for m, names in external.items()
+        if any(
+            n == "torch.distributed" or n.startswith("torch.distributed.") or n.startswith("torch.nn.parallel")
+            for n in names
+        )
+    )
 
 
 def module_map(root: Path = ROOT) -> list[tuple[str, int, list[str]]]:

@@ -35,8 +35,10 @@ def _error(e: Exception) -> str:
 
 def table(rows: list[dict]) -> str:
     """One row per (target, kernel at its launch configuration)."""
-    lines = ["| target | kernel | warps | threads | registers/thread | spill bytes/thread | shared bytes |",
-             "|" + "---|" * 7]
+    lines = [
+        "| target | kernel | warps | threads | registers/thread | spill bytes/thread | shared bytes |",
+        "|" + "---|" * 7,
+    ]
     for r in rows:
         key = f"| {r['target']} | {r['kernel']} | {r['num_warps']} |"
         if "error" in r:
@@ -47,8 +49,9 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m splat_train.scripts.kernel_resources",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m splat_train.scripts.kernel_resources", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--targets", nargs="+", default=["cuda:90", "hip:gfx942"])
     p.add_argument("--all_kernels", action="store_true", help="kept for old command lines: every kernel is listed")
     p.add_argument("--json", help="also write the rows to this JSON file")
@@ -56,8 +59,10 @@ def main(argv=None) -> int:
     import importlib.util
 
     if importlib.util.find_spec("triton") is None:
-        print("error: kernel_resources needs Triton (pip install 'triton>=3.3'; CPU-only torch wheels ship "
-              "without it)", file=sys.stderr)
+        print(
+            "error: kernel_resources needs Triton (pip install 'triton>=3.3'; CPU-only torch wheels ship without it)",
+            file=sys.stderr,
+        )
         return 2
     for target in args.targets:
         try:

@@ -48,8 +48,12 @@ DEFAULT_REGION = (0.35, 0.3, 0.65, 0.7)  # x0 y0 x1 y1 as fractions: the middle 
 def _pixels(region, width: int, height: int, margin: int = 0) -> tuple[int, int, int, int]:
     """The region's pixel box (x0, y0, x1, y1), grown by ``margin`` and clipped to the image."""
     x0, y0, x1, y1 = region
-    return (max(int(x0 * width) - margin, 0), max(int(y0 * height) - margin, 0),
-            min(int(round(x1 * width)) + margin, width), min(int(round(y1 * height)) + margin, height))
+    return (
+        max(int(x0 * width) - margin, 0),
+        max(int(y0 * height) - margin, 0),
+        min(int(round(x1 * width)) + margin, width),
+        min(int(round(y1 * height)) + margin, height),
+    )
 
 
 def make(src: Path, dst: Path, region, colour, margin: int, test_every: int, moving: bool = False) -> list[str]:
@@ -136,16 +140,24 @@ def score(run_dir: Path, step: int, region, moving: bool = False) -> dict:
             keep[y0:y1, x0:x1] = True
         whole.append(_psnr(gt, render))
         inside.append(_psnr(gt, render, keep))
-    out = dict(step=step, num_views=len(files), region=list(region), moving=moving, psnr=float(np.mean(whole)),
-               psnr_in_region=float(np.mean(inside)), per_view_in_region=inside)
+    out = dict(
+        step=step,
+        num_views=len(files),
+        region=list(region),
+        moving=moving,
+        psnr=float(np.mean(whole)),
+        psnr_in_region=float(np.mean(inside)),
+        per_view_in_region=inside,
+    )
     (run_dir / "stats").mkdir(exist_ok=True)
     (run_dir / "stats" / f"region_psnr_step{step}.json").write_text(json.dumps(out, indent=2))
     return out
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m splat_train.scripts.masked_capture",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m splat_train.scripts.masked_capture", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p_make = sub.add_parser("make", help="write the painted capture with masks, and one without them")
     p_make.add_argument("src", type=Path)
@@ -158,18 +170,27 @@ def main(argv=None) -> int:
     p_score.add_argument("--step", type=int, required=True)
     for p in (p_make, p_score):
         p.add_argument("--moving", action="store_true", help="the rectangle visits the four quadrants in turn")
-        p.add_argument("--region", type=float, nargs=4, default=DEFAULT_REGION, metavar=("X0", "Y0", "X1", "Y1"),
-                       help="the painted rectangle, fractions of the width and height")
+        p.add_argument(
+            "--region",
+            type=float,
+            nargs=4,
+            default=DEFAULT_REGION,
+            metavar=("X0", "Y0", "X1", "Y1"),
+            help="the painted rectangle, fractions of the width and height",
+        )
     args = parser.parse_args(argv)
     try:
         if args.command == "make":
-            painted = make(args.src, args.dst, args.region, tuple(args.colour), args.margin, args.test_every,
-                           args.moving)
+            painted = make(
+                args.src, args.dst, args.region, tuple(args.colour), args.margin, args.test_every, args.moving
+            )
             print(f"painted {len(painted)} training views; {args.dst} (masks/) and {args.dst}-unmasked")
         else:
             out = score(args.run_dir, args.step, args.region, args.moving)
-            print(f"{args.run_dir}: test PSNR {out['psnr']:.3f}, inside the region {out['psnr_in_region']:.3f} "
-                  f"({out['num_views']} views)")
+            print(
+                f"{args.run_dir}: test PSNR {out['psnr']:.3f}, inside the region {out['psnr_in_region']:.3f} "
+                f"({out['num_views']} views)"
+            )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -27,8 +27,9 @@ def _quat_wxyz(R: np.ndarray) -> np.ndarray:
     return np.array([w, x, y, z])
 
 
-def repeat_capture(src: Path, out: Path, frames: int, data_factor: int, jitter: float = 0.01,
-                   jitter_deg: float = 0.5, seed: int = 0) -> int:
+def repeat_capture(
+    src: Path, out: Path, frames: int, data_factor: int, jitter: float = 0.01, jitter_deg: float = 0.5, seed: int = 0
+) -> int:
     """Write the repeated capture (module docstring); returns the number of frames written."""
     import pycolmap
     from scipy.spatial.transform import Rotation
@@ -68,8 +69,10 @@ def repeat_capture(src: Path, out: Path, frames: int, data_factor: int, jitter: 
             t_new = -R_new @ centre
             q = _quat_wxyz(R_new)
             name = f"{i:0{width}d}{Path(images[j].name).suffix}"
-            f.write(f"{i + 1} {' '.join(repr(float(v)) for v in q)} {' '.join(repr(float(v)) for v in t_new)} "
-                    f"{images[j].camera_id} {name}\n\n")
+            f.write(
+                f"{i + 1} {' '.join(repr(float(v)) for v in q)} {' '.join(repr(float(v)) for v in t_new)} "
+                f"{images[j].camera_id} {name}\n\n"
+            )
             link = out / folder / name
             if link.is_symlink() or link.exists():
                 link.unlink()
@@ -83,7 +86,9 @@ def repeat_capture(src: Path, out: Path, frames: int, data_factor: int, jitter: 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m splat_train.scripts.repeat_capture", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m splat_train.scripts.repeat_capture", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("src", type=Path, help="a COLMAP capture (sparse/0, images_<f>/)")
     p.add_argument("out", type=Path, help="where the repeated capture goes")
     p.add_argument("--frames", type=int, default=20000)

@@ -11,7 +11,8 @@ import sys
 def run_interpreted(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """``python script *args`` with TRITON_INTERPRET=1; asserts a zero exit (stderr shown)."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(script), *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(script), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
     return proc

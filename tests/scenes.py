@@ -58,8 +58,13 @@ def write_colmap_scene(root, scene, masks=None):
     rec = pycolmap.Reconstruction()
     for i, cam in enumerate(scene.cameras, start=1):
         K = cam.K
-        camera = pycolmap.Camera(model="PINHOLE", width=cam.width, height=cam.height,
-                                 params=[K[0, 0], K[1, 1], K[0, 2], K[1, 2]], camera_id=i)
+        camera = pycolmap.Camera(
+            model="PINHOLE",
+            width=cam.width,
+            height=cam.height,
+            params=[K[0, 0], K[1, 1], K[0, 2], K[1, 2]],
+            camera_id=i,
+        )
         image = pycolmap.Image(name=cam.name, camera_id=i, image_id=i)
         ids = cam.point_ids if cam.point_ids is not None else np.zeros(0, np.int64)
         image.points2D = pycolmap.Point2DList([pycolmap.Point2D(np.zeros(2)) for _ in ids])

@@ -51,8 +51,12 @@ def run_kernel(params, grads, device, visible=None):
             leaf.grad = g.to(device)
         adam.adam_step(opts, None if visible is None else visible[t].to(device))
     state = [opt.state[leaf] for opt, leaf in zip(opts, leaves)]
-    return dict(params=[leaf.detach().cpu() for leaf in leaves], exp_avg=[s["exp_avg"].cpu() for s in state],
-                exp_avg_sq=[s["exp_avg_sq"].cpu() for s in state], steps=[float(s["step"]) for s in state])
+    return dict(
+        params=[leaf.detach().cpu() for leaf in leaves],
+        exp_avg=[s["exp_avg"].cpu() for s in state],
+        exp_avg_sq=[s["exp_avg_sq"].cpu() for s in state],
+        steps=[float(s["step"]) for s in state],
+    )
 
 
 def check(params, grads, got):
@@ -97,8 +101,9 @@ def interpreted(tmp_path_factory):
     params, grads = make_problem(0)
     sel_params, sel_grads = make_problem(4, SELECTIVE_SHAPES)
     visible = make_visibility(5)
-    torch.save(dict(params=params, grads=grads, sel_params=sel_params, sel_grads=sel_grads, visible=visible),
-               tmp / "in.pt")
+    torch.save(
+        dict(params=params, grads=grads, sel_params=sel_params, sel_grads=sel_grads, visible=visible), tmp / "in.pt"
+    )
     run_interpreted(__file__, "kernel", str(tmp / "in.pt"), str(tmp / "out.pt"))
     out = torch.load(tmp / "out.pt")
     return params, grads, out["plain"], (sel_params, sel_grads, visible, out["selective"])
@@ -125,9 +130,17 @@ def test_selective_reference_step_on_the_cpu_path():
             leaf.grad = g
         optimizer_step(dict(enumerate(opts)), visible[t])
     state = [opt.state[leaf] for opt, leaf in zip(opts, leaves)]
-    check_selective(params, grads, visible, dict(
-        params=[leaf.detach() for leaf in leaves], exp_avg=[s["exp_avg"] for s in state],
-        exp_avg_sq=[s["exp_avg_sq"] for s in state], steps=[float(s["step"]) for s in state]))
+    check_selective(
+        params,
+        grads,
+        visible,
+        dict(
+            params=[leaf.detach() for leaf in leaves],
+            exp_avg=[s["exp_avg"] for s in state],
+            exp_avg_sq=[s["exp_avg_sq"] for s in state],
+            steps=[float(s["step"]) for s in state],
+        ),
+    )
 
 
 def _torch_adam_steps(params, grads, grad_scale=1.0) -> dict:
@@ -138,8 +151,12 @@ def _torch_adam_steps(params, grads, grad_scale=1.0) -> dict:
             leaf.grad = g * grad_scale
             opt.step()
     state = [o.state[leaf] for o, leaf in zip(opts, leaves)]
-    return dict(params=[leaf.detach() for leaf in leaves], exp_avg=[s["exp_avg"] for s in state],
-                exp_avg_sq=[s["exp_avg_sq"] for s in state], steps=[float(s["step"]) for s in state])
+    return dict(
+        params=[leaf.detach() for leaf in leaves],
+        exp_avg=[s["exp_avg"] for s in state],
+        exp_avg_sq=[s["exp_avg_sq"] for s in state],
+        steps=[float(s["step"]) for s in state],
+    )
 
 
 def test_reference_matches_torch_adam():
@@ -177,7 +194,6 @@ def test_kernel_on_gpu_matches_reference(scale):
     check_selective(params, grads, visible, run_kernel(params, grads, "cuda", visible))
 
 
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
 @pytest.mark.skipif(not adam.available(), reason="needs Triton")
@@ -203,7 +219,13 @@ def test_kernel_on_gpu_updates_elements_past_2_31():
     del p, opt, exp_avg
     torch.cuda.empty_cache()
 
+
 if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
     data = torch.load(sys.argv[2])
-    torch.save(dict(plain=run_kernel(data["params"], data["grads"], "cpu"),
-                    selective=run_kernel(data["sel_params"], data["sel_grads"], "cpu", data["visible"])), sys.argv[3])
+    torch.save(
+        dict(
+            plain=run_kernel(data["params"], data["grads"], "cpu"),
+            selective=run_kernel(data["sel_params"], data["sel_grads"], "cpu", data["visible"]),
+        ),
+        sys.argv[3],
+    )

@@ -40,10 +40,12 @@ def test_the_graph_sees_lazy_and_type_checking_imports(tmp_path):
         (tmp_path / pkg).mkdir()
         (tmp_path / pkg / "__init__.py").write_text("")
     (tmp_path / "trainer" / "a.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n")
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n"
+    )
     (tmp_path / "trainer" / "b.py").write_text("def f():\n    from . import c\n")
-    (tmp_path / "trainer" / "c.py").write_text("def g():\n    import splat_train.trainer.a\n"
-                                               "    import torch.distributed as dist\n")
+    (tmp_path / "trainer" / "c.py").write_text(
+        "def g():\n    import splat_train.trainer.a\n    import torch.distributed as dist\n"
+    )
     edges, external = import_graph.graph(tmp_path)
     assert edges["trainer.a"] == {"trainer.b"} and edges["trainer.b"] == {"trainer.c"}
     assert edges["trainer.c"] == {"trainer.a"}

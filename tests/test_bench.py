@@ -1,21 +1,50 @@
 """The benchmark harness on CPU over gloo: every variant and world size is reported, with the
 quantities the table is built from, and a failing variant does not lose the others' results."""
+
 import json
 
 import pytest
 
 from splat_train.scripts import bench
 
-TINY = ["--device", "cpu", "--synthetic_gaussians", "300", "--resolution", "32x24", "--num_cameras", "6",
-        "--steps", "6", "--warmup", "2", "--phase_steps", "2"]
+TINY = [
+    "--device",
+    "cpu",
+    "--synthetic_gaussians",
+    "300",
+    "--resolution",
+    "32x24",
+    "--num_cameras",
+    "6",
+    "--steps",
+    "6",
+    "--warmup",
+    "2",
+    "--phase_steps",
+    "2",
+]
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    rc = bench.main([*TINY, "--world_sizes", "1", "2", "--variants", "ours-dense", "ours-packed",
-                     "--variant", "ours-packed-sparse=--packed --sparse_grad_comm",
-                     "--variant", "fused=--packed --raster fused", "--out", str(out)])
+    rc = bench.main(
+        [
+            *TINY,
+            "--world_sizes",
+            "1",
+            "2",
+            "--variants",
+            "ours-dense",
+            "ours-packed",
+            "--variant",
+            "ours-packed-sparse=--packed --sparse_grad_comm",
+            "--variant",
+            "fused=--packed --raster fused",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     return out, json.loads((out / "bench.json").read_text())
 
@@ -75,8 +104,20 @@ def test_same_initial_model_gives_the_same_result_dense_and_packed(report):
 
 def test_a_variant_that_fails_keeps_the_others_and_exits_nonzero(tmp_path):
     # mcmc relocates with gsplat's CUDA op: on CPU it fails when the trainer is built (in process)
-    rc = bench.main([*TINY, "--variants", "ours-dense", "--variant", "mcmc=--strategy mcmc", "--world_sizes", "1", "2",
-                     "--out", str(tmp_path)])
+    rc = bench.main(
+        [
+            *TINY,
+            "--variants",
+            "ours-dense",
+            "--variant",
+            "mcmc=--strategy mcmc",
+            "--world_sizes",
+            "1",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 1
     rep = json.loads((tmp_path / "bench.json").read_text())
     by_key = {(e["variant"], e["world_size"]): e for e in rep["variants"]}
@@ -90,8 +131,9 @@ def test_a_variant_that_fails_keeps_the_others_and_exits_nonzero(tmp_path):
 
 def test_a_variant_past_its_timeout_is_stopped_and_recorded(tmp_path, capsys):
     # two spawned ranks cannot even start within 1 s: the variant is stopped and recorded
-    rc = bench.main([*TINY, "--variants", "ours-dense", "--world_sizes", "1", "2", "--variant_timeout", "1",
-                     "--out", str(tmp_path)])
+    rc = bench.main(
+        [*TINY, "--variants", "ours-dense", "--world_sizes", "1", "2", "--variant_timeout", "1", "--out", str(tmp_path)]
+    )
     assert rc == 1
     by_key = {(e["variant"], e["world_size"]): e for e in json.loads((tmp_path / "bench.json").read_text())["variants"]}
     assert "ranks" in by_key["ours-dense", 1]  # one rank runs in process, unbounded
@@ -103,15 +145,17 @@ def test_a_variant_past_its_timeout_is_stopped_and_recorded(tmp_path, capsys):
 
 def test_bad_variant_flags_are_refused_before_anything_runs(tmp_path, capsys):
     out = tmp_path / "out"
-    rc = bench.main([*TINY, "--variants", "ours-dense", "--variant", "broken=--raster no-such-kernel",
-                     "--out", str(out)])
+    rc = bench.main(
+        [*TINY, "--variants", "ours-dense", "--variant", "broken=--raster no-such-kernel", "--out", str(out)]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "--variant broken=" in err and "--raster" in err and err.lower().count("invalid choice") == 1
     assert not out.exists()  # a refused run leaves nothing behind
     # flags that parse but that the trainer's validation refuses together
-    rc = bench.main([*TINY, "--variants", "ours-dense", "--variant", "clash=--raster fused --app_opt",
-                     "--out", str(tmp_path)])
+    rc = bench.main(
+        [*TINY, "--variants", "ours-dense", "--variant", "clash=--raster fused --app_opt", "--out", str(tmp_path)]
+    )
     assert rc == 2 and "--variant clash=" in capsys.readouterr().err
 
 
@@ -130,16 +174,64 @@ def test_bench_starts_from_checkpoint_shards_of_another_world_size(tmp_path):
     from splat_train.trainer.cli import main
 
     run = tmp_path / "run"
-    assert main(["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "6",
-                 "--synthetic_num_gaussians", "300", "--num_traj_frames", "0", "--device", "cpu",
-                 "--refine_start_iter", "2", "--refine_every", "2", "--grow_grad2d", "0.00005",
-                 "--max_steps", "4", "--save_steps", "4", "--nproc_per_node", "2", "--result_dir", str(run)]) == 0
+    assert (
+        main(
+            [
+                "default",
+                "--synthetic_image_size",
+                "32",
+                "--synthetic_num_cameras",
+                "6",
+                "--synthetic_num_gaussians",
+                "300",
+                "--num_traj_frames",
+                "0",
+                "--device",
+                "cpu",
+                "--refine_start_iter",
+                "2",
+                "--refine_every",
+                "2",
+                "--grow_grad2d",
+                "0.00005",
+                "--max_steps",
+                "4",
+                "--save_steps",
+                "4",
+                "--nproc_per_node",
+                "2",
+                "--result_dir",
+                str(run),
+            ]
+        )
+        == 0
+    )
     shards = [run / "ckpts" / f"ckpt_4_rank{r}.pt" for r in (0, 1)]
     saved = sum(torch.load(f, map_location="cpu", weights_only=False)["params"]["means"].shape[0] for f in shards)
     out = tmp_path / "bench"
-    rc = bench.main(["--device", "cpu", "--resolution", "32x32", "--num_cameras", "6", "--steps", "3", "--warmup", "1",
-                     "--world_sizes", "1", "2", "--variants", "ours-packed", "--ckpt", *map(str, shards),
-                     "--out", str(out)])
+    rc = bench.main(
+        [
+            "--device",
+            "cpu",
+            "--resolution",
+            "32x32",
+            "--num_cameras",
+            "6",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--world_sizes",
+            "1",
+            "2",
+            "--variants",
+            "ours-packed",
+            "--ckpt",
+            *map(str, shards),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     rep = json.loads((out / "bench.json").read_text())
     assert rep["scene"]["ckpt"] == [str(f) for f in shards]
@@ -162,8 +254,20 @@ def test_bench_refuses_missing_or_mixed_checkpoints(tmp_path, capsys):
 
 # ---------------------------------------------------------------- bench-raster
 
-RASTER_TINY = ["--device", "cpu", "--synthetic_gaussians", "300", "--resolution", "40x28", "--num_cameras", "4",
-               "--repeats", "2", "--warmup", "1"]
+RASTER_TINY = [
+    "--device",
+    "cpu",
+    "--synthetic_gaussians",
+    "300",
+    "--resolution",
+    "40x28",
+    "--num_cameras",
+    "4",
+    "--repeats",
+    "2",
+    "--warmup",
+    "1",
+]
 
 
 def test_bench_raster_times_unfused_and_fused_on_the_same_inputs(tmp_path):
@@ -172,8 +276,9 @@ def test_bench_raster_times_unfused_and_fused_on_the_same_inputs(tmp_path):
     from splat_train.scripts import bench_raster
 
     out = tmp_path / "br"
-    rc = bench_raster.main([*RASTER_TINY, "--batch_size", "2", "--packed", "--fused", "default", "default",
-                            "--out", str(out)])
+    rc = bench_raster.main(
+        [*RASTER_TINY, "--batch_size", "2", "--packed", "--fused", "default", "default", "--out", str(out)]
+    )
     assert rc == 0
     rep = json.loads((out / "bench_raster.json").read_text())
     names = [r["name"] for r in rep["rows"]]
@@ -207,9 +312,19 @@ def test_bench_raster_profile_reports_where_the_time_goes(tmp_path):
     assert "Where the time goes" in md and md.count("| CPU operators |") == 1
 
 
-@pytest.mark.parametrize("bad", [["--fused", "8"], ["--fused", "8:8"], ["--fused", "8:8:64"], ["--repeats", "0"],
-                                 ["--views", "0", "99"], ["--unfused_ssim", "triton"], ["--ssim_lambda", "2"],
-                                 ["--profile", "-1"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--fused", "8"],
+        ["--fused", "8:8"],
+        ["--fused", "8:8:64"],
+        ["--repeats", "0"],
+        ["--views", "0", "99"],
+        ["--unfused_ssim", "triton"],
+        ["--ssim_lambda", "2"],
+        ["--profile", "-1"],
+    ],
+)
 def test_bench_raster_rejects_bad_arguments(tmp_path, bad, capsys):
     from splat_train.scripts import bench_raster
 

@@ -9,10 +9,32 @@ import torch
 from splat_train.trainer.cli import main
 from splat_train.trainer.export import load_ply
 
-TINY = ["--synthetic_image_size", "32", "--synthetic_num_cameras", "8", "--synthetic_num_gaussians", "150",
-        "--num_traj_frames", "3", "--sh_degree", "1", "--sh_degree_interval", "10"]
-DENSIFY = ["--refine_start_iter", "4", "--refine_every", "5", "--reset_every", "12", "--refine_stop_iter", "100",
-           "--grow_grad2d", "0.00005"]
+TINY = [
+    "--synthetic_image_size",
+    "32",
+    "--synthetic_num_cameras",
+    "8",
+    "--synthetic_num_gaussians",
+    "150",
+    "--num_traj_frames",
+    "3",
+    "--sh_degree",
+    "1",
+    "--sh_degree_interval",
+    "10",
+]
+DENSIFY = [
+    "--refine_start_iter",
+    "4",
+    "--refine_every",
+    "5",
+    "--reset_every",
+    "12",
+    "--refine_stop_iter",
+    "100",
+    "--grow_grad2d",
+    "0.00005",
+]
 
 
 def run(*args) -> int:
@@ -22,8 +44,15 @@ def run(*args) -> int:
 def test_main_job_writes_every_output(tmp_path):
     out = tmp_path / "run"
     assert run("--max_steps", "20", "--eval_steps", "10", "--result_dir", str(out)) == 0
-    for rel in ["cfg.yml", "ckpts/ckpt_20_rank0.pt", "ply/point_cloud_20.ply", "stats/val_step10.json",
-                "stats/val_step20.json", "stats/train_step20_rank0.json", "videos/traj_20.mp4"]:
+    for rel in [
+        "cfg.yml",
+        "ckpts/ckpt_20_rank0.pt",
+        "ply/point_cloud_20.ply",
+        "stats/val_step10.json",
+        "stats/val_step20.json",
+        "stats/train_step20_rank0.json",
+        "videos/traj_20.mp4",
+    ]:
         assert (out / rel).is_file(), rel
     assert list((out / "renders").glob("val_step20_*.png"))
     val = json.loads((out / "stats/val_step20.json").read_text())
@@ -140,23 +169,54 @@ def test_colmap_without_points_suggests_random_init(tmp_path, capsys):
     (data / "sparse" / "0").mkdir(parents=True)
     rec = pycolmap.Reconstruction()
     for i in range(3):
-        rec.add_camera_with_trivial_rig(pycolmap.Camera(model="PINHOLE", width=32, height=24,
-                                                        params=[30.0, 30.0, 16.0, 12.0], camera_id=i + 1))
+        rec.add_camera_with_trivial_rig(
+            pycolmap.Camera(model="PINHOLE", width=32, height=24, params=[30.0, 30.0, 16.0, 12.0], camera_id=i + 1)
+        )
         name = f"im{i}.png"
         iio.imwrite(data / "images" / name, np.full((24, 32, 3), 100, np.uint8))
         w2c = np.eye(4)[:3, :4]
         w2c[:, 3] = [0.1 * i, 0.0, 2.0]
-        rec.add_image_with_trivial_frame(pycolmap.Image(name=name, camera_id=i + 1, image_id=i + 1),
-                                         pycolmap.Rigid3d(w2c))
+        rec.add_image_with_trivial_frame(
+            pycolmap.Image(name=name, camera_id=i + 1, image_id=i + 1), pycolmap.Rigid3d(w2c)
+        )
     rec.write(str(data / "sparse" / "0"))
-    rc = main(["default", "--data_dir", str(data), "--data_factor", "1", "--max_steps", "2",
-               "--result_dir", str(tmp_path / "r")])
+    rc = main(
+        [
+            "default",
+            "--data_dir",
+            str(data),
+            "--data_factor",
+            "1",
+            "--max_steps",
+            "2",
+            "--result_dir",
+            str(tmp_path / "r"),
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "--init_type random" in err and str(data) in err
-    rc = main(["default", "--data_dir", str(data), "--data_factor", "1", "--max_steps", "2", "--init_type",
-               "random", "--init_num_pts", "50", "--test_every", "0", "--num_traj_frames", "0",
-               "--result_dir", str(tmp_path / "r2")])
+    rc = main(
+        [
+            "default",
+            "--data_dir",
+            str(data),
+            "--data_factor",
+            "1",
+            "--max_steps",
+            "2",
+            "--init_type",
+            "random",
+            "--init_num_pts",
+            "50",
+            "--test_every",
+            "0",
+            "--num_traj_frames",
+            "0",
+            "--result_dir",
+            str(tmp_path / "r2"),
+        ]
+    )
     assert rc == 0
 
 
@@ -168,8 +228,23 @@ def test_mcmc_on_cpu_is_one_clear_error(tmp_path, capsys):
 
 def test_gsplat_dist_on_cpu_is_one_clear_error(tmp_path, capsys):
     """gsplat's distributed rasterization is CUDA only: a clear error, not a crash in step 1."""
-    assert main(["default", *TINY, "--pipeline", "gsplat-dist", "--device", "cpu", "--max_steps", "2",
-                 "--result_dir", str(tmp_path / "r")]) == 2
+    assert (
+        main(
+            [
+                "default",
+                *TINY,
+                "--pipeline",
+                "gsplat-dist",
+                "--device",
+                "cpu",
+                "--max_steps",
+                "2",
+                "--result_dir",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "gsplat-dist" in err[0] and "GPU" in err[0]
 
@@ -177,8 +252,27 @@ def test_gsplat_dist_on_cpu_is_one_clear_error(tmp_path, capsys):
 def test_gsplat_dist_with_uneven_batches_on_two_ranks_is_one_clear_error(tmp_path, capfd):
     """7 training views in batches of 3: the ranks would hand gsplat's exchange different camera
     counts at some steps; the trainer refuses before training (checked before the GPU check)."""
-    assert main(["default", *TINY, "--pipeline", "gsplat-dist", "--nproc_per_node", "2", "--device", "cpu",
-                 "--batch_size", "3", "--max_steps", "2", "--result_dir", str(tmp_path / "r")]) == 2
+    assert (
+        main(
+            [
+                "default",
+                *TINY,
+                "--pipeline",
+                "gsplat-dist",
+                "--nproc_per_node",
+                "2",
+                "--device",
+                "cpu",
+                "--batch_size",
+                "3",
+                "--max_steps",
+                "2",
+                "--result_dir",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 2
+    )
     err = capfd.readouterr().err  # the spawned ranks write to the process's stderr
     assert "--pipeline gsplat-dist with 2 ranks" in err and "--batch_size 3" in err
 
@@ -276,6 +370,11 @@ def test_a_run_says_what_it_loads_and_writes_and_the_lpips_note_once(tmp_path, c
     assert not any("LPIPS" in line for line in evaluations)
     outputs = printed[-1]
     assert outputs.startswith("outputs: ") and f"{out}/ckpts/ckpt_4_rank0.pt" in outputs
-    for rel in ("ply/point_cloud_4.ply", "stats/val_step4.json", "renders/val_step4_*.png (1 files)",
-                "videos/traj_4.mp4", "tb/"):
+    for rel in (
+        "ply/point_cloud_4.ply",
+        "stats/val_step4.json",
+        "renders/val_step4_*.png (1 files)",
+        "videos/traj_4.mp4",
+        "tb/",
+    ):
         assert f"{out}/{rel}" in outputs, rel

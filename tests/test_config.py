@@ -37,9 +37,14 @@ def test_every_schedule_field_scales():
 
 def test_no_step_field_outside_schedule():
     """A step-valued field added anywhere but Schedule would escape --steps_scaler."""
-    offenders = [name for name, tp in _fields(Config) if not name.startswith("schedule.")
-                 and any(tag in name.split(".")[-1] for tag in STEP_LIKE)
-                 and tp in (int, list[int]) and name not in NOT_STEPS]
+    offenders = [
+        name
+        for name, tp in _fields(Config)
+        if not name.startswith("schedule.")
+        and any(tag in name.split(".")[-1] for tag in STEP_LIKE)
+        and tp in (int, list[int])
+        and name not in NOT_STEPS
+    ]
     assert offenders == []
 
 
@@ -53,9 +58,29 @@ def test_steps_scaler_flag_scales_everything(tmp_path):
 
 
 def test_flags_spelled_as_gsplat(tmp_path):
-    cfg = parse_args(["default", "--data_factor", "2", "--max_steps", "123", "--batch_size", "3",
-                      "--packed", "--sh_degree", "2", "--test_every", "5", "--init_type", "random",
-                      "--eval_steps", "10", "20", "--result_dir", str(tmp_path)])
+    cfg = parse_args(
+        [
+            "default",
+            "--data_factor",
+            "2",
+            "--max_steps",
+            "123",
+            "--batch_size",
+            "3",
+            "--packed",
+            "--sh_degree",
+            "2",
+            "--test_every",
+            "5",
+            "--init_type",
+            "random",
+            "--eval_steps",
+            "10",
+            "20",
+            "--result_dir",
+            str(tmp_path),
+        ]
+    )
     assert (cfg.data_factor, cfg.schedule.max_steps, cfg.batch_size, cfg.packed) == (2, 123, 3, True)
     assert (cfg.sh_degree, cfg.test_every, cfg.init_type) == (2, 5, "random")
     assert cfg.schedule.eval_steps == [10, 20]
@@ -79,26 +104,29 @@ def test_config_file_round_trip(tmp_path):
     assert override.schedule.max_steps == 5
 
 
-@pytest.mark.parametrize("argv, flag", [
-    (["default", "--data_factor", "0"], "--data_factor"),
-    (["default", "--sh_degree", "7"], "--sh_degree"),
-    (["default", "--resume", "--overwrite"], "--resume"),
-    (["nosuchpreset"], "preset"),
-    (["default", "--config", "/nonexistent.yml"], "--config"),
-    (["default", "--pipeline", "gsplat-dist", "--sparse_grad_comm"], "--sparse_grad_comm"),
-    (["default", "--random_tile_shift"], "--random_tile_shift"),
-    # gsplat simple_trainer options refused, or in combinations that cannot work
-    (["default", "--compression", "png"], "--compression"),
-    (["default", "--app_embed_dim", "32"], "--app_embed_dim"),
-    (["mcmc", "--strategy.absgrad"], "--absgrad"),
-    (["default", "--absgrad", "--pipeline", "gsplat-dist"], "--absgrad"),
-    (["default", "--depth_loss", "--raster", "fused"], "--depth_loss"),
-    (["default", "--use_bilateral_grid", "--raster", "fused"], "--use_bilateral_grid"),
-    (["default", "--tb_save_image", "--raster", "fused"], "--tb_save_image"),
-    (["default", "--patch_size", "8"], "--patch_size"),
-    (["default", "--pose_noise", "-1"], "--pose_noise"),
-    (["default", "--bilateral_grid_shape", "4", "4"], "--bilateral_grid_shape"),
-])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["default", "--data_factor", "0"], "--data_factor"),
+        (["default", "--sh_degree", "7"], "--sh_degree"),
+        (["default", "--resume", "--overwrite"], "--resume"),
+        (["nosuchpreset"], "preset"),
+        (["default", "--config", "/nonexistent.yml"], "--config"),
+        (["default", "--pipeline", "gsplat-dist", "--sparse_grad_comm"], "--sparse_grad_comm"),
+        (["default", "--random_tile_shift"], "--random_tile_shift"),
+        # gsplat simple_trainer options refused, or in combinations that cannot work
+        (["default", "--compression", "png"], "--compression"),
+        (["default", "--app_embed_dim", "32"], "--app_embed_dim"),
+        (["mcmc", "--strategy.absgrad"], "--absgrad"),
+        (["default", "--absgrad", "--pipeline", "gsplat-dist"], "--absgrad"),
+        (["default", "--depth_loss", "--raster", "fused"], "--depth_loss"),
+        (["default", "--use_bilateral_grid", "--raster", "fused"], "--use_bilateral_grid"),
+        (["default", "--tb_save_image", "--raster", "fused"], "--tb_save_image"),
+        (["default", "--patch_size", "8"], "--patch_size"),
+        (["default", "--pose_noise", "-1"], "--pose_noise"),
+        (["default", "--bilateral_grid_shape", "4", "4"], "--bilateral_grid_shape"),
+    ],
+)
 def test_bad_flags_name_the_flag(argv, flag):
     with pytest.raises(ValueError, match=flag):
         parse_args(argv)
@@ -107,8 +135,22 @@ def test_bad_flags_name_the_flag(argv, flag):
 def test_gsplat_nested_spellings_are_aliases(tmp_path):
     """gsplat simple_trainer nests its strategy's fields (``--strategy.absgrad``) and calls
     --log_every --tb_every: both spellings set the same field."""
-    cfg = parse_args(["default", "--strategy.absgrad", "--strategy.grow_grad2d", "0.0008", "--strategy.prune_opa",
-                      "0.01", "--strategy.refine_every", "50", "--strategy.reset_every", "600", "--tb_every", "7"])
+    cfg = parse_args(
+        [
+            "default",
+            "--strategy.absgrad",
+            "--strategy.grow_grad2d",
+            "0.0008",
+            "--strategy.prune_opa",
+            "0.01",
+            "--strategy.refine_every",
+            "50",
+            "--strategy.reset_every",
+            "600",
+            "--tb_every",
+            "7",
+        ]
+    )
     assert cfg.densify.absgrad and cfg.densify.grow_grad2d == 0.0008 and cfg.densify.prune_opa == 0.01
     assert (cfg.schedule.refine_every, cfg.schedule.reset_every, cfg.schedule.log_every) == (50, 600, 7)
     mcmc = parse_args(["mcmc", "--strategy.cap_max", "5000", "--strategy.refine_stop_iter", "900"])

@@ -14,8 +14,15 @@ import pycolmap
 import pytest
 import torch
 
-from splat_train.trainer.data import (CameraSampler, DataError, Dataset, describe_views, load_image, load_scene,
-                                      split_indices)
+from splat_train.trainer.data import (
+    CameraSampler,
+    DataError,
+    Dataset,
+    describe_views,
+    load_image,
+    load_scene,
+    split_indices,
+)
 from splat_train.trainer.data.images import make_undistortion, read_rgb
 from splat_train.trainer.data.normalize import transform_points
 
@@ -62,8 +69,7 @@ def scene_points(rng, num=200) -> np.ndarray:
     return np.vstack([floor, blob])
 
 
-def make_colmap(root: Path, specs=CAMERA_SPECS, fmt="bin", poses=None, points=None,
-                seed=0) -> pycolmap.Reconstruction:
+def make_colmap(root: Path, specs=CAMERA_SPECS, fmt="bin", poses=None, points=None, seed=0) -> pycolmap.Reconstruction:
     """Write root/images/* (random PNGs) and a COLMAP model in root/sparse/0; return the model.
 
     Image names run opposite to image ids, so sorting by name is observable.
@@ -74,12 +80,12 @@ def make_colmap(root: Path, specs=CAMERA_SPECS, fmt="bin", poses=None, points=No
     rec = pycolmap.Reconstruction()
     (root / "images").mkdir(parents=True, exist_ok=True)
     for i, ((model, w, h, params), c2w) in enumerate(zip(specs, poses), start=1):
-        rec.add_camera_with_trivial_rig(
-            pycolmap.Camera(model=model, width=w, height=h, params=params, camera_id=i))
+        rec.add_camera_with_trivial_rig(pycolmap.Camera(model=model, width=w, height=h, params=params, camera_id=i))
         name = f"view_{len(specs) - i:02d}.png"
         w2c = np.linalg.inv(c2w)
-        rec.add_image_with_trivial_frame(pycolmap.Image(name=name, camera_id=i, image_id=i),
-                                         pycolmap.Rigid3d(w2c[:3, :4]))
+        rec.add_image_with_trivial_frame(
+            pycolmap.Image(name=name, camera_id=i, image_id=i), pycolmap.Rigid3d(w2c[:3, :4])
+        )
         iio.imwrite(root / "images" / name, rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
     for xyz in points:
         rec.add_point3D(xyz, pycolmap.Track(), rng.integers(0, 256, 3).astype(np.uint8))
@@ -155,12 +161,22 @@ def test_colmap_sparse_without_0_and_zero_points(tmp_path):
     assert np.isfinite(scene.scene_scale) and scene.scene_scale > 0
 
 
-@pytest.mark.parametrize("model, params, fx, fy, cx, cy, coeffs", [
-    ("OPENCV", [120.0, 118.0, 81.0, 59.0, -0.25, 0.08, 0.003, -0.002], 120, 118, 81, 59,
-     [-0.25, 0.08, 0.003, -0.002]),
-    ("SIMPLE_RADIAL", [119.0, 80.0, 60.5, 0.2], 119, 119, 80, 60.5, [0.2, 0, 0, 0]),
-    ("RADIAL", [121.0, 79.0, 61.0, -0.2, 0.05], 121, 121, 79, 61, [-0.2, 0.05, 0, 0]),
-])
+@pytest.mark.parametrize(
+    "model, params, fx, fy, cx, cy, coeffs",
+    [
+        (
+            "OPENCV",
+            [120.0, 118.0, 81.0, 59.0, -0.25, 0.08, 0.003, -0.002],
+            120,
+            118,
+            81,
+            59,
+            [-0.25, 0.08, 0.003, -0.002],
+        ),
+        ("SIMPLE_RADIAL", [119.0, 80.0, 60.5, 0.2], 119, 119, 80, 60.5, [0.2, 0, 0, 0]),
+        ("RADIAL", [121.0, 79.0, 61.0, -0.2, 0.05], 121, 121, 79, 61, [-0.2, 0.05, 0, 0]),
+    ],
+)
 def test_undistortion_recovers_pinhole_image(tmp_path, model, params, fx, fy, cx, cy, coeffs):
     """A smooth pattern seen through a distorted camera, undistorted by the loader, must match the
     same pattern rendered through the reported pinhole K (and the raw image must not)."""
@@ -256,13 +272,16 @@ def test_loading_says_what_it_decodes_downscales_and_undistorts(tmp_path):
     assert len(lines) == 2
     assert lines[0].startswith("images: 6 views (4 train, 2 test), ") and "read from the downscale cache" in lines[0]
     assert "MB into memory" in lines[0]
-    assert lines[1].startswith("distortion: COLMAP OPENCV, COLMAP RADIAL, COLMAP SIMPLE_RADIAL undone with OpenCV "
-                               "for 3 of 6 views")
+    assert lines[1].startswith(
+        "distortion: COLMAP OPENCV, COLMAP RADIAL, COLMAP SIMPLE_RADIAL undone with OpenCV for 3 of 6 views"
+    )
     pinhole = [spec for spec in CAMERA_SPECS if "PINHOLE" in spec[0]]
     make_colmap(tmp_path / "pinhole", specs=pinhole)
     lines = describe_views(load_scene(tmp_path / "pinhole"), list(range(len(pinhole))), [])
-    assert lines == [f"images: 3 views (3 train, 0 test), 41x31 (1), 30x40 (1), 40x30 (1), read from "
-                     f"{tmp_path / 'pinhole' / 'images'}: decoding 0.0 MB into memory"]
+    assert lines == [
+        f"images: 3 views (3 train, 0 test), 41x31 (1), 30x40 (1), 40x30 (1), read from "
+        f"{tmp_path / 'pinhole' / 'images'}: decoding 0.0 MB into memory"
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,8 +347,12 @@ def make_nerf(root: Path, frames_spec, **top) -> None:
 
 
 def test_nerf_blender_style_skips_missing_frames(tmp_path):
-    spec = [("./train/r_2", "train/r_2.png", {}), ("./train/r_0", "train/r_0.png", {}),
-            ("./train/r_1", None, {}), ("train/r_3.jpg", "train/r_3.jpg", {})]
+    spec = [
+        ("./train/r_2", "train/r_2.png", {}),
+        ("./train/r_0", "train/r_0.png", {}),
+        ("./train/r_1", None, {}),
+        ("train/r_3.jpg", "train/r_3.jpg", {}),
+    ]
     make_nerf(tmp_path, spec, camera_angle_x=0.8)
     with pytest.warns(UserWarning, match=r"r_1"):
         scene = load_scene(tmp_path, normalize=False)
@@ -349,7 +372,8 @@ def test_nerf_intrinsics_distortion_factor_and_normalization(tmp_path):
     scene = load_scene(tmp_path, data_factor=2)
     first, second = scene.cameras[0], scene.cameras[1]
     assert describe_views(scene, [0, 1, 2, 3], [])[1].startswith(
-        "distortion: transforms.json k1/k2/p1/p2/k3 undone with OpenCV for 4 of 4 views")
+        "distortion: transforms.json k1/k2/p1/p2/k3 undone with OpenCV for 4 of 4 views"
+    )
     np.testing.assert_allclose(first.dist.K_distorted, [[17.5, 0, 9.5], [0, 16.5, 8], [0, 0, 1]])
     np.testing.assert_allclose(second.dist.K_distorted[1, 1], 17.5)  # fl_y defaults to fl_x
     assert second.dist is scene.cameras[2].dist and second.dist.cache_maps  # shared intrinsics
@@ -418,7 +442,6 @@ def test_unreadable_image_found_at_preload(tmp_path):
         Dataset(scene, [0, 1, 2])
 
 
-
 def test_dataset_preloads_only_the_named_items(tmp_path):
     """A rank's share of the test views (preload=[...]): those are decoded at construction (a bad
     file among them raises there), the others when asked for, with the same pixels."""
@@ -434,6 +457,7 @@ def test_dataset_preloads_only_the_named_items(tmp_path):
         share.image(2)
     with pytest.raises(DataError, match=scene.cameras[2].name):
         Dataset(scene, [0, 1, 2, 3], preload=[2])
+
 
 def test_image_of_wrong_size(tmp_path):
     make_colmap(tmp_path, specs=[("PINHOLE", 40, 30, [30, 30, 20, 15])] * 3)
@@ -527,10 +551,15 @@ def test_sampler_ranks_differ_and_epochs_cover_all_without_mixing():
     assert sorted(len(whole.batch_at(k)) for k in range(whole.num_batches_per_epoch)) == [1, 4, 7]
 
 
-@pytest.mark.parametrize("sizes, batch_size, uniform", [
-    ([(40, 30)] * 6, 3, True), ([(40, 30)] * 6, 1, True), ([(40, 30)] * 7, 3, False),  # a short last batch
-    ([(40, 30)] * 6 + [(30, 40)] * 6, 3, False),  # two sizes: ranks would draw different sizes at a step
-])
+@pytest.mark.parametrize(
+    "sizes, batch_size, uniform",
+    [
+        ([(40, 30)] * 6, 3, True),
+        ([(40, 30)] * 6, 1, True),
+        ([(40, 30)] * 7, 3, False),  # a short last batch
+        ([(40, 30)] * 6 + [(30, 40)] * 6, 3, False),  # two sizes: ranks would draw different sizes at a step
+    ],
+)
 def test_sampler_says_whether_every_batch_is_full_and_one_size(sizes, batch_size, uniform):
     """uniform_batches (what --pipeline gsplat-dist with several ranks needs) agrees with the
     batches every rank actually draws over two epochs."""
@@ -560,8 +589,7 @@ def test_real_dataset(name, tmp_path):
     scene = load_scene(data_dir, data_factor=4)
     rec = pycolmap.Reconstruction(str(data_dir / "sparse" / "0"))
     assert len(scene.cameras) == count and len(scene.points) == rec.num_points3D()
-    file_sizes = {(c.dist.src_width, c.dist.src_height) if c.dist else (c.width, c.height)
-                  for c in scene.cameras}
+    file_sizes = {(c.dist.src_width, c.dist.src_height) if c.dist else (c.width, c.height) for c in scene.cameras}
     assert file_sizes == sizes
     assert all((c.image_path.parent == data_dir / "images_4") == prebuilt for c in scene.cameras)
     assert np.isfinite(scene.scene_scale) and 0.5 < scene.scene_scale < 5

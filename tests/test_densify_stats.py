@@ -19,8 +19,11 @@ CASES = {"dense-1cam": (1, 3000), "dense-3cams": (3, 1500), "packed": (3, 1500),
 def make_case(name, seed):
     num_cameras, n = CASES[name]
     gen = torch.Generator().manual_seed(seed)
-    case = dict(grad2d=torch.rand(n, generator=gen), count=torch.randint(0, 5, (n,), generator=gen).float(),
-                scales=torch.rand(num_cameras, 2, generator=gen) * 100)
+    case = dict(
+        grad2d=torch.rand(n, generator=gen),
+        count=torch.randint(0, 5, (n,), generator=gen).float(),
+        scales=torch.rand(num_cameras, 2, generator=gen) * 100,
+    )
     radii = torch.randint(0, 3, (num_cameras, n, 2), generator=gen, dtype=torch.int32)  # 0: not seen
     grads = torch.randn(num_cameras, n, 2, generator=gen) * 1e-3
     if name == "packed":
@@ -80,7 +83,6 @@ def test_kernel_on_gpu_matches_reference(name):
     check(case, run(case, "cuda", densify_stats.accumulate))
 
 
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
 @pytest.mark.skipif(not densify_stats.available(), reason="needs Triton")
@@ -115,6 +117,7 @@ def test_kernel_on_gpu_indexes_past_2_31():
     assert torch.equal(count, expected) and float(count.double().sum()) == float(records)
     del grads, ids, cams
     torch.cuda.empty_cache()
+
 
 if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
     cases = torch.load(sys.argv[2])

@@ -2,7 +2,6 @@
 process holding every Gaussian and every camera does (dense and packed exchange, uneven shards,
 unequal camera counts and sizes across ranks)."""
 
-
 import pytest
 import torch
 
@@ -69,7 +68,7 @@ def test_distributed_step_equals_single_process(tmp_path, world_size, layout, pa
     cams_per_rank, flat = [], []
     all_cams = make_cameras([s for rank in layout for s in rank])
     for rank in layout:
-        cams_per_rank.append(all_cams[len(flat): len(flat) + len(rank)])
+        cams_per_rank.append(all_cams[len(flat) : len(flat) + len(rank)])
         flat.extend(rank)
     # single process: every Gaussian (in shard-concatenated order) and every camera
     order = shard_order(params["means"].shape[0], world_size)
@@ -78,8 +77,9 @@ def test_distributed_step_equals_single_process(tmp_path, world_size, layout, pa
     # the single process must also render in size groups; cameras keep their global order
     s_images, s_loss, s_grads, s_vgrads = step(single, all_cams, ctx1, packed, sh_degree, len(all_cams))
 
-    rc = launch(_rank_main, (params, cams_per_rank, packed, sh_degree, str(tmp_path)),
-                nproc_per_node=world_size, device="cpu")
+    rc = launch(
+        _rank_main, (params, cams_per_rank, packed, sh_degree, str(tmp_path)), nproc_per_node=world_size, device="cpu"
+    )
     assert rc == 0
     outs = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
 
@@ -110,9 +110,30 @@ def test_distributed_step_equals_single_process(tmp_path, world_size, layout, pa
 
 # ---------------------------------------------------------------- whole training steps
 
-TRAIN_FLAGS = ["--synthetic_image_size", "32", "--synthetic_num_cameras", "10", "--synthetic_num_gaussians", "120",
-               "--sh_degree", "1", "--sh_degree_interval", "2", "--refine_start_iter", "1000", "--max_steps", "6",
-               "--opacity_reg", "0.01", "--scale_reg", "0.01", "--num_traj_frames", "0", "--pose_opt", "--app_opt"]
+TRAIN_FLAGS = [
+    "--synthetic_image_size",
+    "32",
+    "--synthetic_num_cameras",
+    "10",
+    "--synthetic_num_gaussians",
+    "120",
+    "--sh_degree",
+    "1",
+    "--sh_degree_interval",
+    "2",
+    "--refine_start_iter",
+    "1000",
+    "--max_steps",
+    "6",
+    "--opacity_reg",
+    "0.01",
+    "--scale_reg",
+    "0.01",
+    "--num_traj_frames",
+    "0",
+    "--pose_opt",
+    "--app_opt",
+]
 
 
 def _train_ranks(ctx: DistContext, flags, steps, out_dir):
@@ -124,9 +145,13 @@ def _train_ranks(ctx: DistContext, flags, steps, out_dir):
     trainer = Trainer(cfg, ctx, build_scene(cfg))
     for step in range(steps):
         trainer.train_step(step)
-    torch.save(dict(params={k: v.detach() for k, v in trainer.params.items()},
-                    aux={k: (m.module if hasattr(m, "module") else m).state_dict() for k, m in trainer.aux.items()}),
-               f"{out_dir}/train_rank{ctx.rank}.pt")
+    torch.save(
+        dict(
+            params={k: v.detach() for k, v in trainer.params.items()},
+            aux={k: (m.module if hasattr(m, "module") else m).state_dict() for k, m in trainer.aux.items()},
+        ),
+        f"{out_dir}/train_rank{ctx.rank}.pt",
+    )
 
 
 class _UnionSampler:
@@ -139,9 +164,12 @@ class _UnionSampler:
         return [i for s in self.samplers for i in s.batch_at(step)]
 
 
-VARIANTS = {"dense": [], "packed": ["--packed"],
-            # the fused loss (reference on the CPU) on images shifted against the tile grid
-            "fused_shift": ["--packed", "--raster", "fused", "--random_tile_shift"]}
+VARIANTS = {
+    "dense": [],
+    "packed": ["--packed"],
+    # the fused loss (reference on the CPU) on images shifted against the tile grid
+    "fused_shift": ["--packed", "--raster", "fused", "--random_tile_shift"],
+}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -164,8 +192,9 @@ def test_training_steps_equal_single_process(tmp_path, variant):
     single = Trainer(cfg, DistContext(), build_scene(cfg))
     single.sampler = _UnionSampler([CameraSampler(single.trainset, 1, cfg.seed, r) for r in range(world_size)])
     order = shard_order(single.params["means"].shape[0], world_size)
-    single.params = torch.nn.ParameterDict({k: torch.nn.Parameter(v.detach()[order].clone())
-                                            for k, v in single.params.items()})
+    single.params = torch.nn.ParameterDict(
+        {k: torch.nn.Parameter(v.detach()[order].clone()) for k, v in single.params.items()}
+    )
     single.optimizers = create_optimizers(single.params, cfg, 1, single.scene_scale)
     single.scheduler = means_lr_scheduler(single.optimizers["means"], cfg.schedule.max_steps)
     initial = {k: v.detach().clone() for k, v in single.params.items()}
@@ -218,8 +247,10 @@ def test_route_to_owners_equals_single_process(tmp_path, world_size, packed):
     params = make_scene(seed=7)
     cams = make_cameras([(40, 32)] * (world_size + 1))
     cams_per_rank = [cams[:2]] + [[c] for c in cams[2:]]
-    assert launch(_route_rank, (params, cams_per_rank, packed, str(tmp_path)), nproc_per_node=world_size,
-                  device="cpu") == 0
+    assert (
+        launch(_route_rank, (params, cams_per_rank, packed, str(tmp_path)), nproc_per_node=world_size, device="cpu")
+        == 0
+    )
     order = shard_order(params["means"].shape[0], world_size)
     single = {k: v[order] for k, v in params.items()}
     batch = CameraBatch(torch.stack([c[0] for c in cams]), torch.stack([c[1] for c in cams]), 40, 32)
@@ -238,8 +269,19 @@ def _fused_step(params, cams, ctx, packed, c_total):
     batch = CameraBatch(torch.stack([c[0] for c in cams]), torch.stack([c[1] for c in cams]), w, h)
     res = render(leaves, batch, ctx, reference, 1, packed=packed, rasterize=False)
     rec, tiles = res.info.records, res.info.tiles
-    loss, _ = fused_raster_loss(rec.means2d, rec.conics, rec.colors, rec.opacities, tiles.offsets,
-                                tiles.flatten_ids, torch.stack([c[4] for c in cams]), w, h, 0.2, packed=packed)
+    loss, _ = fused_raster_loss(
+        rec.means2d,
+        rec.conics,
+        rec.colors,
+        rec.opacities,
+        tiles.offsets,
+        tiles.flatten_ids,
+        torch.stack([c[4] for c in cams]),
+        w,
+        h,
+        0.2,
+        packed=packed,
+    )
     loss = loss * len(cams) / c_total
     loss.backward()
     return loss.detach(), {k: v.grad.detach().clone() for k, v in leaves.items()}
@@ -274,8 +316,11 @@ def test_fused_loss_through_the_exchange_equals_single_process(tmp_path, packed)
 def _control_rank(ctx: DistContext, out_dir):
     from splat_train.trainer import exchange
 
-    got = dict(from_main=exchange.from_main(ctx, {"resume": ctx.rank == 0, "rank": ctx.rank}),
-               any=exchange.any_rank(ctx, [ctx.rank == 1, False]), views=exchange.deal_views(5, ctx))
+    got = dict(
+        from_main=exchange.from_main(ctx, {"resume": ctx.rank == 0, "rank": ctx.rank}),
+        any=exchange.any_rank(ctx, [ctx.rank == 1, False]),
+        views=exchange.deal_views(5, ctx),
+    )
     torch.save(got, f"{out_dir}/control_{ctx.rank}.pt")
 
 

@@ -139,9 +139,14 @@ def test_a_ply_streamed_in_parts_equals_the_one_written_at_once(tmp_path):
 
     gen = torch.Generator().manual_seed(4)
     n = 37
-    g = dict(means=torch.randn(n, 3, generator=gen), scales=torch.randn(n, 3, generator=gen),
-             quats=torch.randn(n, 4, generator=gen), opacities=torch.randn(n, generator=gen),
-             sh0=torch.randn(n, 1, 3, generator=gen), shN=torch.randn(n, 15, 3, generator=gen))
+    g = dict(
+        means=torch.randn(n, 3, generator=gen),
+        scales=torch.randn(n, 3, generator=gen),
+        quats=torch.randn(n, 4, generator=gen),
+        opacities=torch.randn(n, generator=gen),
+        sh0=torch.randn(n, 1, 3, generator=gen),
+        shN=torch.randn(n, 15, 3, generator=gen),
+    )
     save_ply(tmp_path / "once.ply", **g)
     rows = ply_rows(**g)
     write_ply_parts(tmp_path / "parts.ply", n, 15, [rows[:10], rows[10:10], rows[10:]])
@@ -156,9 +161,14 @@ def _stream_three(ctx, out_dir):
 
     gen = torch.Generator().manual_seed(10 + ctx.rank)
     n = [5, 0, 9][ctx.rank]  # a rank may own nothing
-    g = dict(means=torch.randn(n, 3, generator=gen), scales=torch.randn(n, 3, generator=gen),
-             quats=torch.randn(n, 4, generator=gen), opacities=torch.randn(n, generator=gen),
-             sh0=torch.randn(n, 1, 3, generator=gen), shN=torch.randn(n, 3, 3, generator=gen))
+    g = dict(
+        means=torch.randn(n, 3, generator=gen),
+        scales=torch.randn(n, 3, generator=gen),
+        quats=torch.randn(n, 4, generator=gen),
+        opacities=torch.randn(n, generator=gen),
+        sh0=torch.randn(n, 1, 3, generator=gen),
+        shN=torch.randn(n, 3, 3, generator=gen),
+    )
     torch.save(g, f"{out_dir}/shard{ctx.rank}.pt")
     wrote = stream_shards(ctx, ply_rows(**g), Path(out_dir) / "merged.ply", 3)
     assert wrote == ctx.is_main

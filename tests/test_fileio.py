@@ -1,5 +1,6 @@
 """Atomic writes: the destination is the old file or the whole new one, never a torn one, and the
 new file has the permissions an ordinary open() would give it (not mkstemp's 0600)."""
+
 import os
 import stat
 

@@ -19,8 +19,20 @@ from splat_train.trainer.data.normalize import transform_cameras, transform_poin
 from splat_train.trainer.export import load_ply, to_export_frame
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-TINY = ["--synthetic_image_size", "32", "--synthetic_num_cameras", "8", "--synthetic_num_gaussians", "150",
-        "--num_traj_frames", "0", "--sh_degree", "1", "--sh_degree_interval", "5"]
+TINY = [
+    "--synthetic_image_size",
+    "32",
+    "--synthetic_num_cameras",
+    "8",
+    "--synthetic_num_gaussians",
+    "150",
+    "--num_traj_frames",
+    "0",
+    "--sh_degree",
+    "1",
+    "--sh_degree_interval",
+    "5",
+]
 
 
 def _normalization(seed=4, scale=0.3) -> np.ndarray:
@@ -33,8 +45,14 @@ def _normalization(seed=4, scale=0.3) -> np.ndarray:
 
 def _camera(i: int, camtoworld: np.ndarray) -> Camera:
     K = np.array([[50.0 + i, 0, 31.0], [0, 52.0 + i, 23.0], [0, 0, 1]], dtype=np.float32)
-    return Camera(name=f"sub/img_{i:02d}.jpg", image_path=Path("unused"), camtoworld=camtoworld.astype(np.float32),
-                  K=K, width=64, height=48)
+    return Camera(
+        name=f"sub/img_{i:02d}.jpg",
+        image_path=Path("unused"),
+        camtoworld=camtoworld.astype(np.float32),
+        K=K,
+        width=64,
+        height=48,
+    )
 
 
 def _inria_world_to_camera(entry: dict) -> np.ndarray:
@@ -86,8 +104,16 @@ def test_cfg_args_reads_back_as_the_inria_scripts_and_the_sibr_viewer_read_it(tm
     cfg = Config(data_dir=tmp_path / "scene", data_factor=4, sh_degree=2)
     text = formats.cfg_args_text(cfg, tmp_path / "out", width=480)
     args = eval(text, {"Namespace": Namespace})  # arguments/__init__.py get_combined_args
-    for key in ("sh_degree", "source_path", "model_path", "images", "resolution", "white_background", "eval",
-                "data_device"):  # ModelParams' keys, which render.py's extract() reads
+    for key in (
+        "sh_degree",
+        "source_path",
+        "model_path",
+        "images",
+        "resolution",
+        "white_background",
+        "eval",
+        "data_device",
+    ):  # ModelParams' keys, which render.py's extract() reads
         assert hasattr(args, key), key
     assert args.sh_degree == 2 and args.resolution == 4 and args.eval is True
     assert args.source_path == str((tmp_path / "scene").resolve()) and Path(args.model_path).is_absolute()
@@ -96,7 +122,7 @@ def test_cfg_args_reads_back_as_the_inria_scripts_and_the_sibr_viewer_read_it(tm
 
     def sibr_value(name):
         start = line.index(name + "=") + len(name) + 1
-        return line[start:min(i for i in (line.find(",", start), line.find(")", start)) if i >= 0)]
+        return line[start : min(i for i in (line.find(",", start), line.find(")", start)) if i >= 0)]
 
     assert sibr_value("source_path")[1:-1] == args.source_path
     assert int(sibr_value("sh_degree")) == 2 and "False" in sibr_value("white_background")
@@ -105,17 +131,23 @@ def test_cfg_args_reads_back_as_the_inria_scripts_and_the_sibr_viewer_read_it(tm
 
 def _splats(num, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return dict(means=torch.randn(num, 3, generator=g) * 3, scales=torch.randn(num, 3, generator=g) - 3,
-                quats=torch.randn(num, 4, generator=g), opacities=torch.randn(num, generator=g) * 3,
-                sh0=torch.randn(num, 1, 3, generator=g), shN=torch.randn(num, 3, 3, generator=g) * 0.2)
+    return dict(
+        means=torch.randn(num, 3, generator=g) * 3,
+        scales=torch.randn(num, 3, generator=g) - 3,
+        quats=torch.randn(num, 4, generator=g),
+        opacities=torch.randn(num, generator=g) * 3,
+        sh0=torch.randn(num, 1, 3, generator=g),
+        shN=torch.randn(num, 3, 3, generator=g) * 0.2,
+    )
 
 
 def test_web_formats_hold_every_gaussian_where_it_is(tmp_path):
     params = _splats(700)
     splat = formats.write_web_format(tmp_path / "a.splat", params, "splat")
     assert splat.stat().st_size == 32 * 700  # antimatter15: 3 f32 position, 3 f32 scale, 4 u8 colour, 4 u8 rotation
-    records = np.frombuffer(splat.read_bytes(), dtype=[("xyz", "<f4", 3), ("scale", "<f4", 3), ("rgba", "u1", 4),
-                                                      ("rot", "u1", 4)])
+    records = np.frombuffer(
+        splat.read_bytes(), dtype=[("xyz", "<f4", 3), ("scale", "<f4", 3), ("rgba", "u1", 4), ("rot", "u1", 4)]
+    )
     order = np.lexsort(records["xyz"].T)  # gsplat sorts the records (Morton order): compare as sets
     expected = params["means"].numpy()
     np.testing.assert_array_equal(records["xyz"][order], expected[np.lexsort(expected.T)])
@@ -137,8 +169,24 @@ def test_web_formats_hold_every_gaussian_where_it_is(tmp_path):
 
 def test_a_run_writes_the_formats_it_is_asked_for(tmp_path):
     out = tmp_path / "run"
-    assert main(["default", *TINY, "--max_steps", "6", "--result_dir", str(out),
-                 "--export_formats", "ply", "inria", "splat", "ply_compressed"]) == 0
+    assert (
+        main(
+            [
+                "default",
+                *TINY,
+                "--max_steps",
+                "6",
+                "--result_dir",
+                str(out),
+                "--export_formats",
+                "ply",
+                "inria",
+                "splat",
+                "ply_compressed",
+            ]
+        )
+        == 0
+    )
     ply = out / "ply" / "point_cloud_6.ply"
     inria = out / "point_cloud" / "iteration_6" / "point_cloud.ply"
     assert inria.read_bytes() == ply.read_bytes()
@@ -161,8 +209,9 @@ def test_a_failing_format_is_one_warning_and_the_run_succeeds(tmp_path, monkeypa
 
     monkeypatch.setattr(formats, "write_web_format", broken)
     out = tmp_path / "run"
-    assert main(["default", *TINY, "--max_steps", "2", "--result_dir", str(out), "--export_formats", "ply",
-                 "splat"]) == 0
+    assert (
+        main(["default", *TINY, "--max_steps", "2", "--result_dir", str(out), "--export_formats", "ply", "splat"]) == 0
+    )
     assert (out / "ply" / "point_cloud_2.ply").is_file()
     assert "warning: splat export" in capsys.readouterr().out
 
@@ -177,8 +226,14 @@ def test_juicebox_exports_line_up_with_the_colmap_points():
     scene = load_scene(DATA / "juicebox", data_factor=4)
     assert not np.allclose(scene.transform, np.eye(4))  # normalization did something
     n = len(scene.points)
-    params = dict(means=torch.from_numpy(scene.points), scales=torch.zeros(n, 3), quats=torch.tensor([[1.0, 0, 0, 0]]).repeat(n, 1),
-                  opacities=torch.zeros(n), sh0=torch.zeros(n, 1, 3), shN=torch.zeros(n, 15, 3))
+    params = dict(
+        means=torch.from_numpy(scene.points),
+        scales=torch.zeros(n, 3),
+        quats=torch.tensor([[1.0, 0, 0, 0]]).repeat(n, 1),
+        opacities=torch.zeros(n),
+        sh0=torch.zeros(n, 1, 3),
+        shN=torch.zeros(n, 15, 3),
+    )
     exported, to_frame = to_export_frame(params, scene.transform, "original")
     reconstruction = pycolmap.Reconstruction(str(DATA / "juicebox" / "sparse" / "0"))
     colmap_points = np.array([p.xyz for p in reconstruction.points3D.values()])

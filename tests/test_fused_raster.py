@@ -83,7 +83,7 @@ def make_scene(I, H, W, N, seed, packed, bg, saturate=0, wall=0, origin=(0, 0), 
     colors = u(I, N, 3)
     radii = torch.ceil(3.0 * torch.sqrt(torch.stack([cov[..., 0, 0], cov[..., 1, 1]], -1))).int()
     if wall:  # reach every tile but the first column
-        radii[:, N - wall:] = torch.tensor([int(W * 0.6) - fr.TILE_SIZE - 1, 10 * H], dtype=radii.dtype)
+        radii[:, N - wall :] = torch.tensor([int(W * 0.6) - fr.TILE_SIZE - 1, 10 * H], dtype=radii.dtype)
     tw, th = math.ceil(W / fr.TILE_SIZE), math.ceil(H / fr.TILE_SIZE)
     left = means2d[..., 0] - radii[..., 0] < fr.TILE_SIZE  # would touch the first tile column
     if packed:
@@ -91,8 +91,9 @@ def make_scene(I, H, W, N, seed, packed, bg, saturate=0, wall=0, origin=(0, 0), 
         image_ids = torch.arange(I)[:, None].expand(I, N)[keep]
         means2d, conics, colors, opacities = means2d[keep], conics[keep], colors[keep], opacities[keep]
         radii, depths = radii[keep], depths[keep]
-        _, isect_ids, flatten_ids = ref.isect_tiles(means2d, radii, depths, fr.TILE_SIZE, tw, th, packed=True,
-                                                    n_images=I, image_ids=image_ids)
+        _, isect_ids, flatten_ids = ref.isect_tiles(
+            means2d, radii, depths, fr.TILE_SIZE, tw, th, packed=True, n_images=I, image_ids=image_ids
+        )
     else:
         radii[left] = 0
         radii[:, : N // 10] = 0  # culled records: in no tile, gradient must stay exactly 0
@@ -123,8 +124,9 @@ def make_list_scene(lists, seed, bg, opaque=False, origin=(0, 0), **_):
     means2d = torch.cat(means)[None]
     sig = 1.0 + 1.5 * u(1, N, 2)
     rho = 0.6 * u(1, N) - 0.3
-    cov = torch.stack([sig[..., 0] ** 2, rho * sig[..., 0] * sig[..., 1], rho * sig[..., 0] * sig[..., 1],
-                       sig[..., 1] ** 2], -1).reshape(1, N, 2, 2)
+    cov = torch.stack(
+        [sig[..., 0] ** 2, rho * sig[..., 0] * sig[..., 1], rho * sig[..., 0] * sig[..., 1], sig[..., 1] ** 2], -1
+    ).reshape(1, N, 2, 2)
     inv = torch.linalg.inv(cov)
     conics = torch.stack([inv[..., 0, 0], inv[..., 0, 1], inv[..., 1, 1]], -1)
     opacities = (0.3 + 0.7 * u(1, N)) if opaque else (0.01 + 0.05 * u(1, N))
@@ -148,9 +150,21 @@ def _leaves(scene):
 
 def _call(fn, scene, leaves, names, **kw):
     args = dict(scene, **dict(zip(names, leaves)))
-    return fn(args["means2d"], args["conics"], args["colors"], args["opacities"], args["isect_offsets"],
-              args["flatten_ids"], args["gts"], args["width"], args["height"], backgrounds=args["backgrounds"],
-              packed=args["packed"], origin=args["origin"], **kw)
+    return fn(
+        args["means2d"],
+        args["conics"],
+        args["colors"],
+        args["opacities"],
+        args["isect_offsets"],
+        args["flatten_ids"],
+        args["gts"],
+        args["width"],
+        args["height"],
+        backgrounds=args["backgrounds"],
+        packed=args["packed"],
+        origin=args["origin"],
+        **kw,
+    )
 
 
 def rel_norm(a, b):
@@ -170,11 +184,12 @@ def compare(params, fn, **kw):
     dev_scene = {k: (v.to(kw.get("device", "cpu")) if torch.is_tensor(v) else v) for k, v in scene.items()}
     kw.pop("device", None)
     names, leaves = _leaves(dev_scene)
-    loss, stats = _call(fn, dev_scene, leaves, names, ssim_lambda=params["lam"], return_image=True, absgrad=True,
-                        **kw)
+    loss, stats = _call(fn, dev_scene, leaves, names, ssim_lambda=params["lam"], return_image=True, absgrad=True, **kw)
     grads = [g.cpu() for g in torch.autograd.grad(2.5 * loss, leaves)]  # backward scales by the incoming gradient
-    out = {"loss": abs(loss.item() - ref_loss.item()) / abs(ref_loss.item()),
-           "image": rel_norm(stats["image"].cpu(), ref_image.detach())}
+    out = {
+        "loss": abs(loss.item() - ref_loss.item()) / abs(ref_loss.item()),
+        "image": rel_norm(stats["image"].cpu(), ref_image.detach()),
+    }
     used = torch.zeros(scene["means2d"].reshape(-1, 2).shape[0], dtype=torch.bool)
     used[scene["flatten_ids"].long()] = True
     untouched_exact = True
@@ -186,12 +201,25 @@ def compare(params, fn, **kw):
     unscaled = grads[0].reshape(-1, 2) / 2.5
     absgrad = stats["absgrad"].cpu()
     out["absgrad_bound"] = bool((absgrad >= unscaled.abs() * (1 - 1e-4) - 1e-12).all())
-    counts = torch.diff(torch.cat([scene["isect_offsets"].reshape(-1).long(),
-                                   torch.tensor([scene["flatten_ids"].numel()])]))
+    counts = torch.diff(
+        torch.cat([scene["isect_offsets"].reshape(-1).long(), torch.tensor([scene["flatten_ids"].numel()])])
+    )
     out["counts"] = counts.tolist()
-    T = 1.0 - ref.rasterize_to_pixels(
-        scene["means2d"], scene["conics"], scene["colors"], scene["opacities"], scene["width"], scene["height"],
-        fr.TILE_SIZE, scene["isect_offsets"], scene["flatten_ids"], packed=scene["packed"])[1]
+    T = (
+        1.0
+        - ref.rasterize_to_pixels(
+            scene["means2d"],
+            scene["conics"],
+            scene["colors"],
+            scene["opacities"],
+            scene["width"],
+            scene["height"],
+            fr.TILE_SIZE,
+            scene["isect_offsets"],
+            scene["flatten_ids"],
+            packed=scene["packed"],
+        )[1]
+    )
     out["min_final_T"] = T.min().item()
     return out
 
@@ -290,8 +318,9 @@ def test_tile_local_ssim_tracks_the_full_image_ssim():
 
     gen = torch.Generator().manual_seed(3)
     # a smooth random "photograph": upsampled noise, 128x192
-    base = torch.nn.functional.interpolate(torch.rand(1, 3, 16, 24, generator=gen), size=(128, 192),
-                                           mode="bicubic", align_corners=False).clamp(0, 1)
+    base = torch.nn.functional.interpolate(
+        torch.rand(1, 3, 16, 24, generator=gen), size=(128, 192), mode="bicubic", align_corners=False
+    ).clamp(0, 1)
     gt = base.permute(0, 2, 3, 1).contiguous()
     render = (gt + 0.05 * torch.randn(gt.shape, generator=gen)).clamp(0, 1)
     x1 = render.clone().requires_grad_()
@@ -353,8 +382,20 @@ def test_autograd_function_scales_the_saved_gradients():
             assert args[25] == 3 and args[26:29] == (0, 8, 0)  # every phase; one launch over the 2 x 4 tiles
 
     names, leaves = _leaves(scene)
-    loss, _ = fr._native_loss(FakeExt(), *leaves[:4], leaves[4], scene["gts"], scene["isect_offsets"],
-                              scene["flatten_ids"], 24, 20, 0.2, False, False, (0, 0))
+    loss, _ = fr._native_loss(
+        FakeExt(),
+        *leaves[:4],
+        leaves[4],
+        scene["gts"],
+        scene["isect_offsets"],
+        scene["flatten_ids"],
+        24,
+        20,
+        0.2,
+        False,
+        False,
+        (0, 0),
+    )
     n_pix = 20 * 24
     assert loss.item() == pytest.approx(0.8 * 0.5 * 4 / (3 * n_pix) + 0.2 * (1 - 0.5 * 4 / (3 * n_pix)))
     grads = torch.autograd.grad(3.0 * loss, leaves)
@@ -390,8 +431,7 @@ def test_kernel_source_in_chunks_of_tiles(emulation, monkeypatch, case):
     monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", "0.02")  # 5 buckets of checkpoints
     params = CASES[case]
     scene = scene_of(params)
-    chunks = fr.tile_chunks(scene["isect_offsets"].reshape(-1), scene["flatten_ids"].numel(),
-                            fr._scratch_cap_floats())
+    chunks = fr.tile_chunks(scene["isect_offsets"].reshape(-1), scene["flatten_ids"].numel(), fr._scratch_cap_floats())
     assert len(chunks) > 2
     assert_matches(compare(params, fr.emulated_fused_raster_loss, warp_size=32), params, case)
 
@@ -418,8 +458,22 @@ def test_unfused_path_when_the_native_kernel_cannot_be_built(monkeypatch, capsys
     ref_loss, _ = _call(fr.reference_fused_loss, scene, leaves, names)
     ref_grads = torch.autograd.grad(ref_loss, leaves)
     names, leaves = _leaves(scene)
-    loss, stats = fr._unfused(*leaves[:4], scene["isect_offsets"], scene["flatten_ids"], scene["gts"], 37, 20, 0.2,
-                              leaves[4], True, (3, 1), ref, False, False, 64)
+    loss, stats = fr._unfused(
+        *leaves[:4],
+        scene["isect_offsets"],
+        scene["flatten_ids"],
+        scene["gts"],
+        37,
+        20,
+        0.2,
+        leaves[4],
+        True,
+        (3, 1),
+        ref,
+        False,
+        False,
+        64,
+    )
     grads = torch.autograd.grad(loss, leaves)
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)
     assert all(rel_norm(g, rg) < 1e-6 for g, rg in zip(grads, ref_grads))

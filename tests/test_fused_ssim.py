@@ -70,14 +70,27 @@ def run_case(img1, img2, padding, kind):
     render = img1.detach().clone().requires_grad_()  # through the trainer's entry point
     via_losses = losses.ssim(render, img2, padding=padding, backend="triton")
     (2.0 * via_losses).backward()
-    return dict(value=value.detach().cpu(), grad=x.grad.cpu(), partials=partials.cpu(),
-                maps=maps.cpu(), poisoned_value=poisoned_value.cpu(), poisoned_grad=grad.cpu(),
-                no_grad_value=no_grad_value.cpu(), via_losses_value=via_losses.detach().cpu(),
-                via_losses_grad=render.grad.cpu())
+    return dict(
+        value=value.detach().cpu(),
+        grad=x.grad.cpu(),
+        partials=partials.cpu(),
+        maps=maps.cpu(),
+        poisoned_value=poisoned_value.cpu(),
+        poisoned_grad=grad.cpu(),
+        no_grad_value=no_grad_value.cpu(),
+        via_losses_value=via_losses.detach().cpu(),
+        via_losses_grad=render.grad.cpu(),
+    )
 
 
-LOSS_CASES = [((2, 37, 23), "valid", "u8"), ((1, 40, 70), "valid", "float"), ((2, 16, 16), "same", "u8"),
-              ((1, 64, 48), "same", "float"), ((1, 11, 11), "valid", "u8"), ((1, 30, 60), "valid", "identical-u8")]
+LOSS_CASES = [
+    ((2, 37, 23), "valid", "u8"),
+    ((1, 40, 70), "valid", "float"),
+    ((2, 16, 16), "same", "u8"),
+    ((1, 64, 48), "same", "float"),
+    ((1, 11, 11), "valid", "u8"),
+    ((1, 30, 60), "valid", "identical-u8"),
+]
 LOSS_LAMBDA = 0.2
 
 
@@ -147,8 +160,9 @@ def check_case(img1, img2, padding, kind, got):
     assert got["grad"].shape == img1.shape and got["grad"].dtype == torch.float32
     if kind == "identical":
         assert got["value"].item() == pytest.approx(1.0, abs=1e-6)
-        num_outputs = img1.numel() if padding == "same" else img1.shape[0] * 3 * (
-            (img1.shape[1] - 10) * (img1.shape[2] - 10))
+        num_outputs = (
+            img1.numel() if padding == "same" else img1.shape[0] * 3 * ((img1.shape[1] - 10) * (img1.shape[2] - 10))
+        )
         # per-pixel dS/dx below 1e-4 (the float64 reference is ~1e-12; a real one is O(1))
         assert got["grad"].abs().max().item() <= 2.0 * 1e-4 / num_outputs
         return
@@ -214,8 +228,12 @@ def test_loss_checker_rejects_wrong_values():
     loss, l1, ssim_value, grad = loss_reference(render, gt, "valid")
     good = dict(loss=loss.float(), l1=l1.float(), ssim=ssim_value.float(), grad=(3 * grad).float())
     check_loss_case(render, gt, "valid", good)
-    for name, bad in [("loss", loss.float() + 1e-3), ("l1", l1.float() * 1.01), ("grad", good["grad"] * 1.01),
-                      ("ssim", torch.tensor(float("nan")))]:
+    for name, bad in [
+        ("loss", loss.float() + 1e-3),
+        ("l1", l1.float() * 1.01),
+        ("grad", good["grad"] * 1.01),
+        ("ssim", torch.tensor(float("nan"))),
+    ]:
         with pytest.raises(AssertionError):
             check_loss_case(render, gt, "valid", dict(good, **{name: bad}))
 
@@ -224,20 +242,31 @@ def test_checker_rejects_nan_and_wrong_values():
     """The comparison itself: a NaN anywhere, or a wrong value or gradient, fails."""
     img1, img2 = make_images((1, 16, 16), "random", seed=7)
     value, grad = reference(img1, img2, "same")
-    good = dict(value=value.float(), grad=(2 * grad).float(), partials=torch.zeros(1),
-                maps=torch.zeros(1), poisoned_value=value.float(), poisoned_grad=(2 * grad).float(),
-                no_grad_value=value.float(), via_losses_value=value.float(),
-                via_losses_grad=(2 * grad).float())
+    good = dict(
+        value=value.float(),
+        grad=(2 * grad).float(),
+        partials=torch.zeros(1),
+        maps=torch.zeros(1),
+        poisoned_value=value.float(),
+        poisoned_grad=(2 * grad).float(),
+        no_grad_value=value.float(),
+        via_losses_value=value.float(),
+        via_losses_grad=(2 * grad).float(),
+    )
     check_case(img1, img2, "same", "random", good)
-    for name, bad in [("partials", torch.tensor([float("nan")])),
-                      ("value", value.float() + 1e-3), ("grad", good["grad"] * 1.01)]:
+    for name, bad in [
+        ("partials", torch.tensor([float("nan")])),
+        ("value", value.float() + 1e-3),
+        ("grad", good["grad"] * 1.01),
+    ]:
         with pytest.raises(AssertionError):
             check_case(img1, img2, "same", "random", dict(good, **{name: bad}))
     nan_grad = good["grad"].clone()
     nan_grad[0, 3, 4, 1] = float("nan")
     with pytest.raises(AssertionError):
-        check_case(img1, img2, "same", "random",
-                   dict(good, grad=nan_grad, poisoned_grad=nan_grad, via_losses_grad=nan_grad))
+        check_case(
+            img1, img2, "same", "random", dict(good, grad=nan_grad, poisoned_grad=nan_grad, via_losses_grad=nan_grad)
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -247,11 +276,13 @@ def test_checker_rejects_nan_and_wrong_values():
 
 @pytest.mark.parametrize(
     "shape1, shape2, dtype, padding",
-    [((1, 16, 16, 3), (1, 16, 16, 3), torch.float64, "same"),  # float32 only
-     ((1, 3, 16, 16), (1, 3, 16, 16), torch.float32, "same"),  # NCHW must be permuted
-     ((1, 16, 16, 3), (1, 16, 15, 3), torch.float32, "same"),
-     ((1, 16, 16, 3), (1, 16, 16, 3), torch.float32, "reflect"),
-     ((1, 10, 16, 3), (1, 10, 16, 3), torch.float32, "valid")],  # smaller than the window
+    [
+        ((1, 16, 16, 3), (1, 16, 16, 3), torch.float64, "same"),  # float32 only
+        ((1, 3, 16, 16), (1, 3, 16, 16), torch.float32, "same"),  # NCHW must be permuted
+        ((1, 16, 16, 3), (1, 16, 15, 3), torch.float32, "same"),
+        ((1, 16, 16, 3), (1, 16, 16, 3), torch.float32, "reflect"),
+        ((1, 10, 16, 3), (1, 10, 16, 3), torch.float32, "valid"),
+    ],  # smaller than the window
 )
 def test_fused_ssim_rejects_bad_arguments(shape1, shape2, dtype, padding):
     with pytest.raises(ValueError):
@@ -306,8 +337,9 @@ def test_kernel_on_gpu_matches_pytorch_ssim(case):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
 @pytest.mark.skipif(not fs.available(), reason="needs Triton")
-@pytest.mark.parametrize("case", LOSS_CASES + [((2, 270, 480), "valid", "u8"), ((1, 1200, 1600), "valid", "u8")],
-                         ids=loss_case_id)
+@pytest.mark.parametrize(
+    "case", LOSS_CASES + [((2, 270, 480), "valid", "u8"), ((1, 1200, 1600), "valid", "u8")], ids=loss_case_id
+)
 def test_fused_loss_on_gpu_matches_photometric_loss(case):
     size, padding, kind = case
     render, gt = make_loss_images(size, kind, seed=4000)

@@ -9,8 +9,7 @@ from splat_train.trainer.render import CameraBatch, ops_for, render
 
 from scenes import make_cameras, make_scene
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")]
 
 
 def _scene(n=4000, seed=0):
@@ -19,8 +18,9 @@ def _scene(n=4000, seed=0):
 
 def _batch(width=200, height=150, num=2):
     cams = make_cameras([(width, height)] * num)
-    return CameraBatch(torch.stack([c[0] for c in cams]).cuda(), torch.stack([c[1] for c in cams]).cuda(),
-                       width, height)
+    return CameraBatch(
+        torch.stack([c[0] for c in cams]).cuda(), torch.stack([c[1] for c in cams]).cuda(), width, height
+    )
 
 
 @pytest.mark.parametrize("with_bg", [False, True])  # per-image backgrounds: gsplat asserts on them when packed
@@ -34,8 +34,15 @@ def test_gsplat_and_reference_backends_agree(packed, with_bg):
     for backend in ("gsplat", "reference"):
         leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
         bg = backgrounds.clone().requires_grad_(True) if with_bg else None
-        res = render(leaves, cams, DistContext(device=torch.device("cuda")), ops_for(backend, torch.device("cuda")),
-                     sh_degree=3, packed=packed, backgrounds=bg)
+        res = render(
+            leaves,
+            cams,
+            DistContext(device=torch.device("cuda")),
+            ops_for(backend, torch.device("cuda")),
+            sh_degree=3,
+            packed=packed,
+            backgrounds=bg,
+        )
         loss = (res.colors - gt).abs().mean()
         loss.backward()
         grads = {k: v.grad for k, v in leaves.items()}
@@ -55,8 +62,19 @@ def test_gsplat_and_reference_backends_agree(packed, with_bg):
 def test_training_runs_with_gsplat_backend(tmp_path):
     from splat_train.trainer.cli import main
 
-    rc = main(["default", "--max_steps", "60", "--result_dir", str(tmp_path), "--num_traj_frames", "4",
-               "--synthetic_num_cameras", "10"])
+    rc = main(
+        [
+            "default",
+            "--max_steps",
+            "60",
+            "--result_dir",
+            str(tmp_path),
+            "--num_traj_frames",
+            "4",
+            "--synthetic_num_cameras",
+            "10",
+        ]
+    )
     assert rc == 0
     import json
 
@@ -64,11 +82,14 @@ def test_training_runs_with_gsplat_backend(tmp_path):
     assert val["psnr"] > 20
 
 
-@pytest.mark.parametrize("preset, extra", [
-    ("mcmc", ["--cap_max", "3000"]),  # relocation and growth with gsplat's CUDA ops
-    ("default", ["--packed", "--random_bkgd", "--batch_size", "2", "--reset_every", "30", "--pose_opt"]),
-    ("default", ["--packed", "--raster", "fused", "--random_tile_shift", "--batch_size", "2"]),
-])
+@pytest.mark.parametrize(
+    "preset, extra",
+    [
+        ("mcmc", ["--cap_max", "3000"]),  # relocation and growth with gsplat's CUDA ops
+        ("default", ["--packed", "--random_bkgd", "--batch_size", "2", "--reset_every", "30", "--pose_opt"]),
+        ("default", ["--packed", "--raster", "fused", "--random_tile_shift", "--batch_size", "2"]),
+    ],
+)
 def test_training_densifies_on_gpu(tmp_path, preset, extra):
     """Densification really runs on the GPU (refine from step 5, every 10): the strategy's state
     initializes, grows / relocates and the run finishes; the Gaussian count changes."""
@@ -78,9 +99,29 @@ def test_training_densifies_on_gpu(tmp_path, preset, extra):
 
     from splat_train.trainer.checkpoint import load_shard
 
-    rc = main([preset, "--max_steps", "60", "--result_dir", str(tmp_path), "--num_traj_frames", "0",
-               "--synthetic_num_cameras", "10", "--refine_start_iter", "5", "--refine_every", "10",
-               "--grow_grad2d", "0.00005", "--save_steps", "1", "60", *extra])
+    rc = main(
+        [
+            preset,
+            "--max_steps",
+            "60",
+            "--result_dir",
+            str(tmp_path),
+            "--num_traj_frames",
+            "0",
+            "--synthetic_num_cameras",
+            "10",
+            "--refine_start_iter",
+            "5",
+            "--refine_every",
+            "10",
+            "--grow_grad2d",
+            "0.00005",
+            "--save_steps",
+            "1",
+            "60",
+            *extra,
+        ]
+    )
     assert rc == 0
     counts = [load_shard([tmp_path / f"ckpts/ckpt_{k}_rank0.pt"], 0, 1)["params"]["means"].shape[0] for k in (1, 60)]
     val = json.loads((tmp_path / "stats/val_step60.json").read_text())
@@ -96,8 +137,15 @@ def test_fused_raster_kernel_matches_reference_on_gpu(packed, origin):
     params = _scene(n=3000, seed=3)
     cams = _batch(width=200, height=150)
     gts = torch.rand(2, cams.height - origin[1], cams.width - origin[0], 3, device="cuda")
-    res = render(params, cams, DistContext(device=torch.device("cuda")), ops_for("gsplat", torch.device("cuda")),
-                 sh_degree=3, packed=packed, rasterize=False)
+    res = render(
+        params,
+        cams,
+        DistContext(device=torch.device("cuda")),
+        ops_for("gsplat", torch.device("cuda")),
+        sh_degree=3,
+        packed=packed,
+        rasterize=False,
+    )
     rec, tiles = res.info.records, res.info.tiles
     names = ("means2d", "conics", "colors", "opacities", "backgrounds")
     backgrounds = torch.rand(2, 3, device="cuda")
@@ -105,11 +153,22 @@ def test_fused_raster_kernel_matches_reference_on_gpu(packed, origin):
     for fn in ("kernel", "reference"):
         leaves = {k: getattr(rec, k).detach().clone().requires_grad_(True) for k in names[:4]}
         leaves["backgrounds"] = backgrounds.clone().requires_grad_(True)
-        args = (leaves["means2d"], leaves["conics"], leaves["colors"], leaves["opacities"], tiles.offsets,
-                tiles.flatten_ids, gts, cams.width, cams.height, 0.2)
+        args = (
+            leaves["means2d"],
+            leaves["conics"],
+            leaves["colors"],
+            leaves["opacities"],
+            tiles.offsets,
+            tiles.flatten_ids,
+            gts,
+            cams.width,
+            cams.height,
+            0.2,
+        )
         if fn == "kernel":
-            loss, stats = fr.fused_raster_loss(*args, packed=packed, absgrad=True, backgrounds=leaves["backgrounds"],
-                                               origin=origin)
+            loss, stats = fr.fused_raster_loss(
+                *args, packed=packed, absgrad=True, backgrounds=leaves["backgrounds"], origin=origin
+            )
             assert stats["fraction_fused"] == 1.0
             absgrad = stats["absgrad"]
         else:
@@ -143,8 +202,16 @@ def test_profile_calls_reports_the_gpu_kernels():
 # number of intersections on the host to size its buffers (data-dependent, no bound); packed
 # projection reads the number of visible pairs the same way.
 SYNCS_ALLOWED = {"dense": 1, "packed": 2, "patch": 1}
-SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy")
+SYNC_NAMES = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "hipStreamSynchronize",
+    "hipDeviceSynchronize",
+    "hipEventSynchronize",
+    "hipMemcpy",
+)
 
 
 @pytest.mark.parametrize("layout", ["dense", "packed", "patch"])
@@ -158,8 +225,17 @@ def test_steady_state_step_synchronizes_only_for_data_dependent_sizes(tmp_path, 
     from splat_train.trainer.cli import build_scene, parse_args
     from splat_train.trainer.loop import Trainer
 
-    flags = ["default", "--synthetic_num_cameras", "10", "--max_steps", "100", "--refine_start_iter", "1000",
-             "--result_dir", str(tmp_path)] + {"dense": [], "packed": ["--packed"], "patch": ["--patch_size", "48"]}[layout]
+    flags = [
+        "default",
+        "--synthetic_num_cameras",
+        "10",
+        "--max_steps",
+        "100",
+        "--refine_start_iter",
+        "1000",
+        "--result_dir",
+        str(tmp_path),
+    ] + {"dense": [], "packed": ["--packed"], "patch": ["--patch_size", "48"]}[layout]
     cfg = parse_args(flags)
     trainer = Trainer(cfg, DistContext(device=torch.device("cuda")), build_scene(cfg))
     assert trainer.views.where == "device" and trainer.loss_backend == "fused_l1_ssim"

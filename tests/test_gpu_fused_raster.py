@@ -14,16 +14,18 @@ from test_fused_raster import CASES, assert_matches, compare
 
 from splat_train.kernels import fused_raster as fr
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")]
 
 SEED = int.from_bytes(os.urandom(3), "little")  # fresh scenes every run; printed on failure
 GPU_CASES = dict(CASES)
-GPU_CASES.update({
-    "long_lists": dict(lists=(4000, 2049, 0, 1, 31, 32), seed=0, bg=True, lam=0.2),
-    "long_lists_saturated": dict(lists=(3000, 511, 512, 513, 0, 1), seed=0, bg=True, lam=0.5, opaque=True,
-                                 origin=(7, 3)),
-})
+GPU_CASES.update(
+    {
+        "long_lists": dict(lists=(4000, 2049, 0, 1, 31, 32), seed=0, bg=True, lam=0.2),
+        "long_lists_saturated": dict(
+            lists=(3000, 511, 512, 513, 0, 1), seed=0, bg=True, lam=0.5, opaque=True, origin=(7, 3)
+        ),
+    }
+)
 
 
 def _poison():

@@ -12,8 +12,7 @@ from splat_train.trainer.render import CameraBatch, ops_for, render
 
 from scenes import make_cameras, make_scene
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")]
 
 
 def _rel(a, b):
@@ -21,8 +20,9 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("model, antialiased", [("pinhole", True), ("ortho", False), ("fisheye", False),
-                                                ("fisheye", True)])
+@pytest.mark.parametrize(
+    "model, antialiased", [("pinhole", True), ("ortho", False), ("fisheye", False), ("fisheye", True)]
+)
 def test_gsplat_and_reference_agree_on_camera_models_antialiasing_absgrad_depth(model, antialiased, packed):
     device = torch.device("cuda")
     params = {k: v.cuda() for k, v in make_scene(1, num_gaussians=3000, sh_degree=3).items()}
@@ -35,11 +35,25 @@ def test_gsplat_and_reference_agree_on_camera_models_antialiasing_absgrad_depth(
     outs = {}
     for backend in ("gsplat", "reference"):
         leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
-        res = render(leaves, batch, DistContext(device=device), ops_for(backend, device), 3, packed=packed,
-                     camera_model=model, antialiased=antialiased, absgrad=True, render_depth=True)
+        res = render(
+            leaves,
+            batch,
+            DistContext(device=device),
+            ops_for(backend, device),
+            3,
+            packed=packed,
+            camera_model=model,
+            antialiased=antialiased,
+            absgrad=True,
+            render_depth=True,
+        )
         ((res.colors - gt).abs().mean() + 0.01 * res.depths.mean()).backward()
-        outs[backend] = (res.colors.detach(), res.depths.detach(), res.info.absgrad.grad,
-                         {k: v.grad for k, v in leaves.items()})
+        outs[backend] = (
+            res.colors.detach(),
+            res.depths.detach(),
+            res.info.absgrad.grad,
+            {k: v.grad for k, v in leaves.items()},
+        )
     a, b = outs["gsplat"], outs["reference"]
     assert b[0].abs().sum() > 0 and b[2].abs().sum() > 0
     assert float((a[0] - b[0]).abs().mean()) < 1e-3
@@ -68,18 +82,46 @@ def test_masked_pixels_reach_no_gradient_through_the_triton_loss():
     assert torch.equal(grads[0], grads[1]) and grads[0][:, 10:40, 20:60].abs().sum() == 0
 
 
-FLAGS = [["--absgrad", "--grow_grad2d", "0.0008"], ["--antialiased"], ["--camera_model", "fisheye"],
-         ["--camera_model", "ortho", "--packed"], ["--depth_loss"], ["--visible_adam"], ["--sparse_grad", "--packed"],
-         ["--use_bilateral_grid"], ["--patch_size", "48"], ["--pose_noise", "0.01", "--pose_opt"],
-         ["--tb_save_image", "--tb_every", "20", "--render_traj_path", "ellipse", "--num_traj_frames", "4"]]
+FLAGS = [
+    ["--absgrad", "--grow_grad2d", "0.0008"],
+    ["--antialiased"],
+    ["--camera_model", "fisheye"],
+    ["--camera_model", "ortho", "--packed"],
+    ["--depth_loss"],
+    ["--visible_adam"],
+    ["--sparse_grad", "--packed"],
+    ["--use_bilateral_grid"],
+    ["--patch_size", "48"],
+    ["--pose_noise", "0.01", "--pose_opt"],
+    ["--tb_save_image", "--tb_every", "20", "--render_traj_path", "ellipse", "--num_traj_frames", "4"],
+]
 
 
 @pytest.mark.parametrize("flags", FLAGS, ids=lambda f: f[0].lstrip("-"))
 def test_training_runs_with_each_option_on_gpu(tmp_path, flags):
     from splat_train.trainer.cli import main
 
-    assert main(["default", "--max_steps", "60", "--refine_start_iter", "20", "--refine_every", "20",
-                 "--num_traj_frames", "0", "--synthetic_num_cameras", "10", "--result_dir", str(tmp_path), *flags]) == 0
+    assert (
+        main(
+            [
+                "default",
+                "--max_steps",
+                "60",
+                "--refine_start_iter",
+                "20",
+                "--refine_every",
+                "20",
+                "--num_traj_frames",
+                "0",
+                "--synthetic_num_cameras",
+                "10",
+                "--result_dir",
+                str(tmp_path),
+                *flags,
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "stats" / "val_step60.json").is_file()
 
 
@@ -93,5 +135,22 @@ def test_masked_capture_trains_on_gpu(tmp_path):
     keep = np.ones((64, 64), bool)
     keep[10:30, 20:50] = False
     write_colmap_scene(tmp_path / "capture", scene, {i: keep for i in range(12)})
-    assert main(["default", "--data_dir", str(tmp_path / "capture"), "--data_factor", "1", "--max_steps", "40",
-                 "--num_traj_frames", "0", "--depth_loss", "--result_dir", str(tmp_path / "run")]) == 0
+    assert (
+        main(
+            [
+                "default",
+                "--data_dir",
+                str(tmp_path / "capture"),
+                "--data_factor",
+                "1",
+                "--max_steps",
+                "40",
+                "--num_traj_frames",
+                "0",
+                "--depth_loss",
+                "--result_dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )

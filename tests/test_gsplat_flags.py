@@ -16,8 +16,20 @@ from splat_train.trainer.loop import Trainer
 
 from scenes import make_cameras, make_scene
 
-TINY = ["--synthetic_image_size", "32", "--synthetic_num_cameras", "8", "--synthetic_num_gaussians", "100",
-        "--max_steps", "4", "--num_traj_frames", "0", "--sh_degree", "0"]
+TINY = [
+    "--synthetic_image_size",
+    "32",
+    "--synthetic_num_cameras",
+    "8",
+    "--synthetic_num_gaussians",
+    "100",
+    "--max_steps",
+    "4",
+    "--num_traj_frames",
+    "0",
+    "--sh_degree",
+    "0",
+]
 
 
 def trainer(*flags, scene=None):
@@ -30,8 +42,16 @@ def _raster_inputs(width=10, height=8, n=40, seed=3):
     params = make_scene(seed, num_gaussians=n, sh_degree=0)
     viewmat, K, _, _, _ = make_cameras([(width, height)])[0]
     radii, means2d, depths, conics, _ = reference.fully_fused_projection(
-        params["means"], None, params["quats"], params["scales"], viewmat[None], K[None], width, height,
-        opacities=params["opacities"])
+        params["means"],
+        None,
+        params["quats"],
+        params["scales"],
+        viewmat[None],
+        K[None],
+        width,
+        height,
+        opacities=params["opacities"],
+    )
     _, isect_ids, flatten_ids = reference.isect_tiles(means2d, radii, depths, 16, 1, 1)
     offsets = reference.isect_offset_encode(isect_ids, 1, 1, 1)
     colors = torch.sigmoid(params["colors"][:, 0])[None]
@@ -49,8 +69,9 @@ def test_reference_absgrad_sums_every_pixels_absolute_gradient():
     weights = torch.rand(height, width, 3, generator=torch.Generator().manual_seed(0)) - 0.5
 
     def pixel_loss(leaf, y=None, x=None, absgrad=False):
-        image, _ = reference.rasterize_to_pixels(leaf, conics, colors, opacities, width, height, 16, offsets,
-                                                 flatten_ids, absgrad=absgrad)
+        image, _ = reference.rasterize_to_pixels(
+            leaf, conics, colors, opacities, width, height, 16, offsets, flatten_ids, absgrad=absgrad
+        )
         return (image[0] * weights).sum() if y is None else (image[0, y, x] * weights[y, x]).sum()
 
     leaf = means2d.clone().requires_grad_()
@@ -93,8 +114,17 @@ def test_antialiased_scales_opacities_by_the_compensation():
     classic = render(params, cams, DistContext(), reference, 0)
     aa = render(params, cams, DistContext(), reference, 0, antialiased=True)
     _, _, _, _, comp = reference.fully_fused_projection(
-        params["means"], None, params["quats"], params["scales"], viewmat[None], K[None], w, h,
-        calc_compensations=True, opacities=params["opacities"])
+        params["means"],
+        None,
+        params["quats"],
+        params["scales"],
+        viewmat[None],
+        K[None],
+        w,
+        h,
+        calc_compensations=True,
+        opacities=params["opacities"],
+    )
     seen = aa.info.radii[0].all(-1) > 0
     torch.testing.assert_close(aa.info.records.opacities[0][seen], (params["opacities"] * comp[0])[seen])
     assert float(comp[0][seen].max()) <= 1.0 and float(comp[0][seen].min()) < 0.9
@@ -125,8 +155,7 @@ def test_projection_jacobian_is_the_derivative_of_the_projection(model):
         torch.testing.assert_close(uv, torch.stack([30 * x + 16, 28 * y + 12], 1))
     if model == "fisheye":  # equidistant: the radius from the principal point is f theta
         theta = torch.atan2(torch.hypot(x, y), z)
-        torch.testing.assert_close(torch.hypot((uv[:, 0] - 16) / 30, (uv[:, 1] - 12) / 28), theta, rtol=1e-5,
-                                   atol=1e-6)
+        torch.testing.assert_close(torch.hypot((uv[:, 0] - 16) / 30, (uv[:, 1] - 12) / 28), theta, rtol=1e-5, atol=1e-6)
 
 
 def test_fisheye_remap_matches_opencv_fisheye_projection():
@@ -143,13 +172,14 @@ def test_fisheye_remap_matches_opencv_fisheye_projection():
     v, u = np.mgrid[0:60:7, 0:80:9]
     x, y = (u + 0.5 - K[0, 2]) / K[0, 0], (v + 0.5 - K[1, 2]) / K[1, 1]
     theta = np.hypot(x, y)
-    rays = np.stack([x / np.maximum(theta, 1e-12) * np.tan(theta), y / np.maximum(theta, 1e-12) * np.tan(theta),
-                     np.ones_like(x)], -1).reshape(-1, 1, 3)
+    rays = np.stack(
+        [x / np.maximum(theta, 1e-12) * np.tan(theta), y / np.maximum(theta, 1e-12) * np.tan(theta), np.ones_like(x)],
+        -1,
+    ).reshape(-1, 1, 3)
     K_cv = K.copy()
     K_cv[:2, 2] -= 0.5
     source, _ = cv2.fisheye.projectPoints(rays, np.zeros(3), np.zeros(3), K_cv, coeffs)
-    np.testing.assert_allclose(np.stack([mapx[v, u], mapy[v, u]], -1).reshape(-1, 2), source.reshape(-1, 2),
-                               atol=2e-3)
+    np.testing.assert_allclose(np.stack([mapx[v, u], mapy[v, u]], -1).reshape(-1, 2), source.reshape(-1, 2), atol=2e-3)
 
 
 def test_colmap_fisheye_capture_is_read_and_needs_the_fisheye_model(tmp_path, capsys):
@@ -164,8 +194,24 @@ def test_colmap_fisheye_capture_is_read_and_needs_the_fisheye_model(tmp_path, ca
     assert cam.model == "fisheye" and cam.dist.fisheye and (cam.width, cam.height) < (48, 40)
     keep = Dataset(scene, [0]).mask(0)
     assert keep.shape == (cam.height, cam.width) and keep.any() and not keep.all()  # the corners see nothing
-    argv = ["default", "--data_dir", str(tmp_path), "--data_factor", "1", "--max_steps", "1", "--test_every", "0",
-            "--num_traj_frames", "0", "--init_type", "random", "--init_num_pts", "50", "--result_dir"]
+    argv = [
+        "default",
+        "--data_dir",
+        str(tmp_path),
+        "--data_factor",
+        "1",
+        "--max_steps",
+        "1",
+        "--test_every",
+        "0",
+        "--num_traj_frames",
+        "0",
+        "--init_type",
+        "random",
+        "--init_num_pts",
+        "50",
+        "--result_dir",
+    ]
     assert main(argv + [str(tmp_path / "pinhole")]) == 2
     assert "--camera_model fisheye" in capsys.readouterr().err
     assert main(argv + [str(tmp_path / "fisheye"), "--camera_model", "fisheye"]) == 0
@@ -251,8 +297,7 @@ def test_nerfstudio_mask_path_is_read(tmp_path):
 
     from splat_train.trainer.data import Dataset, load_scene
 
-    make_nerf(tmp_path, [("a.png", "a.png", {"mask_path": "masks/a.png"}), ("b.png", "b.png", {})],
-              camera_angle_x=1.0)
+    make_nerf(tmp_path, [("a.png", "a.png", {"mask_path": "masks/a.png"}), ("b.png", "b.png", {})], camera_angle_x=1.0)
     mask = np.zeros((30, 40), np.uint8)
     mask[:, 20:] = 255
     (tmp_path / "masks").mkdir()
@@ -285,8 +330,9 @@ def test_depth_loss_is_the_mean_disparity_error_per_image():
     assert float(depth_loss(rendered, pixels, depths, image, 2.0)) == pytest.approx(0.375)
     ramp = torch.arange(20.0).reshape(1, 4, 5, 1)
     centres = torch.tensor([[0.5, 0.5], [3.0, 1.5], [1.5, 2.0]])
-    torch.testing.assert_close(sample_bilinear(ramp, centres, torch.zeros(3, dtype=torch.long)),
-                               torch.tensor([0.0, 7.5, 8.5]))
+    torch.testing.assert_close(
+        sample_bilinear(ramp, centres, torch.zeros(3, dtype=torch.long)), torch.tensor([0.0, 7.5, 8.5])
+    )
 
 
 def test_depth_loss_moves_the_model_and_needs_tracks(tmp_path):
@@ -300,8 +346,19 @@ def test_depth_loss_moves_the_model_and_needs_tracks(tmp_path):
 
     make_nerf(tmp_path, [("a", "a.png", {}), ("b", "b.png", {})], camera_angle_x=1.0)
     with pytest.raises(ValueError, match="--depth_loss"):
-        trainer("--depth_loss", "--data_dir", str(tmp_path), "--data_factor", "1", "--test_every", "0",
-                "--init_type", "random", "--init_num_pts", "50")
+        trainer(
+            "--depth_loss",
+            "--data_dir",
+            str(tmp_path),
+            "--data_factor",
+            "1",
+            "--test_every",
+            "0",
+            "--init_type",
+            "random",
+            "--init_num_pts",
+            "50",
+        )
 
 
 # ------------------------------------------------------------------------------ visible_adam, sparse
@@ -351,8 +408,9 @@ def test_pose_noise_perturbs_the_training_cameras_alike_on_every_rank():
     shift = (a.views.camtoworlds[:, :3, 3] - clean[:, :3, 3]).norm(dim=-1)
     assert torch.equal(a.views.camtoworlds, b.views.camtoworlds)  # a function of --seed
     assert 0.01 < float(shift.mean()) < 0.2
-    assert torch.equal(a.testset.camera(0)["camtoworld"], torch.from_numpy(
-        a.scene.cameras[a.testset.indices[0]].camtoworld))  # test views are not perturbed
+    assert torch.equal(
+        a.testset.camera(0)["camtoworld"], torch.from_numpy(a.scene.cameras[a.testset.indices[0]].camtoworld)
+    )  # test views are not perturbed
 
 
 def test_patch_size_trains_on_crops_drawn_from_the_seed_step_and_rank():
@@ -375,8 +433,9 @@ def _forward_facing(num=9):
     """Cameras on a 0.6 x 0.4 patch of the y = -3 plane, all looking at the origin (an LLFF capture)."""
     from test_data import look_at
 
-    return np.stack([look_at(np.array([x, -3.0, z])) for x in np.linspace(-0.3, 0.3, 3)
-                     for z in np.linspace(-0.2, 0.2, num // 3)])
+    return np.stack(
+        [look_at(np.array([x, -3.0, z])) for x in np.linspace(-0.3, 0.3, 3) for z in np.linspace(-0.2, 0.2, num // 3)]
+    )
 
 
 @pytest.mark.parametrize("path", ["ellipse", "spiral"])
@@ -405,8 +464,24 @@ def test_disable_video_no_save_ply_and_tb_save_image(tmp_path):
     from splat_train.trainer.cli import main
 
     out = tmp_path / "run"
-    assert main(["default", *TINY, "--num_traj_frames", "4", "--disable_video", "--no-save_ply", "--tb_every", "2",
-                 "--tb_save_image", "--result_dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                "default",
+                *TINY,
+                "--num_traj_frames",
+                "4",
+                "--disable_video",
+                "--no-save_ply",
+                "--tb_every",
+                "2",
+                "--tb_save_image",
+                "--result_dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert not (out / "videos").exists() and not (out / "ply").exists()
     assert (out / "ckpts" / "ckpt_4_rank0.pt").is_file()
     events = b"".join(p.read_bytes() for p in (out / "tb").glob("events*"))
@@ -457,8 +532,10 @@ def test_masked_capture_moving_rectangle_visits_the_quadrants(tmp_path):
     from splat_train.trainer.data import Dataset, load_scene
 
     make_colmap(tmp_path / "src", specs=[("PINHOLE", 64, 48, [50.0, 50.0, 32.0, 24.0])] * 9)
-    assert script(["make", str(tmp_path / "src"), str(tmp_path / "dst"), "--test_every", "8", "--margin", "2",
-                   "--moving"]) == 0
+    assert (
+        script(["make", str(tmp_path / "src"), str(tmp_path / "dst"), "--test_every", "8", "--margin", "2", "--moving"])
+        == 0
+    )
     scene = load_scene(tmp_path / "dst", 1)
     data = Dataset(scene, list(range(9)))
     centres = [(16, 12), (48, 12), (16, 36), (48, 36)]  # (x, y) of the quadrants, row-major
@@ -466,7 +543,7 @@ def test_masked_capture_moving_rectangle_visits_the_quadrants(tmp_path):
     for k, i in enumerate(train):
         image = cv2.imread(str(tmp_path / "dst" / "images" / scene.cameras[i].name))[:, :, ::-1].astype(int)
         for q, (x, y) in enumerate(centres):
-            red = np.abs(image[y - 2:y + 2, x - 2:x + 2] - [255, 0, 0]).max() <= 40
+            red = np.abs(image[y - 2 : y + 2, x - 2 : x + 2] - [255, 0, 0]).max() <= 40
             assert red == (q == k % 4), (k, q)
             assert (not data.mask(i)[y, x]) == (q == k % 4)
     run = tmp_path / "run"

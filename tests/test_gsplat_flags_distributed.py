@@ -15,16 +15,53 @@ from splat_train.trainer.launch import DistContext, launch
 from scenes import write_colmap_scene
 from test_distributed import _UnionSampler, shard_order
 
-BASE = ["--sh_degree", "1", "--sh_degree_interval", "2", "--refine_start_iter", "1000", "--max_steps", "6",
-        "--num_traj_frames", "0", "--test_every", "0", "--data_factor", "1"]
+BASE = [
+    "--sh_degree",
+    "1",
+    "--sh_degree_interval",
+    "2",
+    "--refine_start_iter",
+    "1000",
+    "--max_steps",
+    "6",
+    "--num_traj_frames",
+    "0",
+    "--test_every",
+    "0",
+    "--data_factor",
+    "1",
+]
 VARIANTS = {
     # everything that changes a step, on the masked capture; dense and packed exchange
-    "dense": ["--absgrad", "--antialiased", "--depth_loss", "--visible_adam", "--patch_size", "24",
-              "--use_bilateral_grid", "--bilateral_grid_shape", "4", "4", "2", "--bilateral_grid_warmup", "2",
-              "--pose_noise", "0.01"],
-    "packed": ["--packed", "--sparse_grad_comm", "--absgrad", "--antialiased", "--depth_loss", "--sparse_grad",
-               "--patch_size", "24",
-               "--camera_model", "fisheye"],
+    "dense": [
+        "--absgrad",
+        "--antialiased",
+        "--depth_loss",
+        "--visible_adam",
+        "--patch_size",
+        "24",
+        "--use_bilateral_grid",
+        "--bilateral_grid_shape",
+        "4",
+        "4",
+        "2",
+        "--bilateral_grid_warmup",
+        "2",
+        "--pose_noise",
+        "0.01",
+    ],
+    "packed": [
+        "--packed",
+        "--sparse_grad_comm",
+        "--absgrad",
+        "--antialiased",
+        "--depth_loss",
+        "--sparse_grad",
+        "--patch_size",
+        "24",
+        "--camera_model",
+        "fisheye",
+    ],
 }
 
 
@@ -77,11 +114,13 @@ def test_gsplat_options_at_two_ranks_equal_one_process(tmp_path, capture, varian
     samplers = [CameraSampler(single.trainset, 1, cfg.seed, r) for r in range(world_size)]
     single.sampler = _UnionSampler(samplers)
     ranks_windows = single.windows  # each image keeps the crop its rank draws (position 0 of a batch of one)
-    single.windows = lambda step, rank, items: [w for r, s in enumerate(samplers)
-                                                for w in ranks_windows(step, r, s.batch_at(step))]
+    single.windows = lambda step, rank, items: [
+        w for r, s in enumerate(samplers) for w in ranks_windows(step, r, s.batch_at(step))
+    ]
     order = shard_order(single.params["means"].shape[0], world_size)
-    single.params = torch.nn.ParameterDict({k: torch.nn.Parameter(v.detach()[order].clone())
-                                            for k, v in single.params.items()})
+    single.params = torch.nn.ParameterDict(
+        {k: torch.nn.Parameter(v.detach()[order].clone()) for k, v in single.params.items()}
+    )
     single.optimizers = create_optimizers(single.params, cfg, 1, single.scene_scale)
     single.scheduler = means_lr_scheduler(single.optimizers["means"], cfg.schedule.max_steps)
     single.strategy_state = {k: v for k, v in single.strategy_state.items()}

@@ -40,14 +40,32 @@ def test_hipified_device_code_compiles_for_gfx90a(tmp_path):
     src.mkdir()
     for name in DEVICE_FILES:
         shutil.copy(CSRC / name, src / name)
-    hipify_python.hipify(project_directory=str(src), output_directory=str(tmp_path / "hip"),
-                         includes=[str(src / "*")], is_pytorch_extension=True, show_detailed=False)
+    hipify_python.hipify(
+        project_directory=str(src),
+        output_directory=str(tmp_path / "hip"),
+        includes=[str(src / "*")],
+        is_pytorch_extension=True,
+        show_detailed=False,
+    )
     hip = tmp_path / "hip"
     unit = hip / "fused_raster_device.hip"
     assert unit.is_file() and "hip_runtime" in (hip / "fused_raster_hip.cuh").read_text()
     env = dict(os.environ, HIP_PLATFORM="amd")
-    proc = subprocess.run([hipcc, "--offload-arch=gfx90a", "-O3", "-std=c++17", "-c", str(unit), "-o",
-                           str(tmp_path / "fused_raster_device.o")], capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            hipcc,
+            "--offload-arch=gfx90a",
+            "-O3",
+            "-std=c++17",
+            "-c",
+            str(unit),
+            "-o",
+            str(tmp_path / "fused_raster_device.o"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (tmp_path / "fused_raster_device.o").stat().st_size > 0

@@ -1,6 +1,7 @@
 """Ahead-of-time compiles of the fused kernel for GPU targets, on a machine without a GPU: the
 kernel builds for NVIDIA sm_90 and AMD gfx942 (a portability check that needs no device), and the
 resource counts the run-time chunk choice relies on are read from the compiled code."""
+
 import json
 from pathlib import Path
 
@@ -81,7 +82,9 @@ def test_every_triton_kernel_compiles_for_both_vendors(target):
 @needs_cuobjdump
 def test_spill_free_warps_takes_the_fewest_warps_that_do_not_spill(fake_sm90_device, monkeypatch):
     monkeypatch.setattr(resources, "_WARPS", {})
-    assert resources.spill_free_warps("ssim_backward", fused_ssim.kernel_specs, "cpu") == 4  # CPU / interpreter: the default
+    assert (
+        resources.spill_free_warps("ssim_backward", fused_ssim.kernel_specs, "cpu") == 4
+    )  # CPU / interpreter: the default
     warps = resources.spill_free_warps("ssim_backward", fused_ssim.kernel_specs, "cuda:0")
     assert warps in resources.WARP_CANDIDATES
     assert registry.compile_kernel("ssim_backward", "cuda:90", warps)["spill_bytes"] == 0

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from splat_train.trainer.launch import (TIMED_OUT, DistContext, LaunchError, detect_external, launch,
-                                        num_local_processes)
+from splat_train.trainer.launch import TIMED_OUT, DistContext, LaunchError, detect_external, launch, num_local_processes
 
 
 def test_no_launcher_means_spawn():
@@ -19,28 +18,42 @@ def test_no_launcher_means_spawn():
 
 def test_torchrun_environment():
     env = dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", MASTER_ADDR="h0", MASTER_PORT="1234")
-    assert detect_external(env) == dict(rank=3, world_size=4, local_rank=1, launcher="torchrun",
-                                        master_addr="h0", master_port=1234)
+    assert detect_external(env) == dict(
+        rank=3, world_size=4, local_rank=1, launcher="torchrun", master_addr="h0", master_port=1234
+    )
 
 
 def test_openmpi_environment():
-    env = dict(OMPI_COMM_WORLD_SIZE="16", OMPI_COMM_WORLD_RANK="9", OMPI_COMM_WORLD_LOCAL_RANK="1",
-               MASTER_ADDR="node0", MASTER_PORT="29500")
+    env = dict(
+        OMPI_COMM_WORLD_SIZE="16",
+        OMPI_COMM_WORLD_RANK="9",
+        OMPI_COMM_WORLD_LOCAL_RANK="1",
+        MASTER_ADDR="node0",
+        MASTER_PORT="29500",
+    )
     layout = detect_external(env)
     assert (layout["rank"], layout["world_size"], layout["local_rank"], layout["launcher"]) == (9, 16, 1, "mpirun")
 
 
 def test_slurm_environment():
-    env = dict(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_STEP_ID="0", MASTER_ADDR="n",
-               MASTER_PORT="1")
+    env = dict(
+        SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_STEP_ID="0", MASTER_ADDR="n", MASTER_PORT="1"
+    )
     assert detect_external(env)["rank"] == 5 and detect_external(env)["launcher"] == "srun"
 
 
 def test_srun_derives_the_rendezvous_from_the_job():
     """Under srun MASTER_ADDR is the step's first node and MASTER_PORT comes from the job id;
     SLURM_STEP_NUM_TASKS (the step's tasks) wins over the job's SLURM_NTASKS."""
-    env = dict(SLURM_PROCID="3", SLURM_NTASKS="16", SLURM_STEP_NUM_TASKS="8", SLURM_LOCALID="3", SLURM_STEP_ID="0",
-               SLURM_STEP_NODELIST="gpu[07-08],gpu11", SLURM_JOB_ID="123456")
+    env = dict(
+        SLURM_PROCID="3",
+        SLURM_NTASKS="16",
+        SLURM_STEP_NUM_TASKS="8",
+        SLURM_LOCALID="3",
+        SLURM_STEP_ID="0",
+        SLURM_STEP_NODELIST="gpu[07-08],gpu11",
+        SLURM_JOB_ID="123456",
+    )
     layout = detect_external(env)
     assert (layout["rank"], layout["world_size"], layout["local_rank"]) == (3, 8, 3)
     assert layout["master_addr"] == "gpu07" and layout["master_port"] == 20000 + 123456 % 20000
@@ -59,8 +72,7 @@ def test_an_sbatch_script_without_srun_is_not_a_launch():
 
 
 def test_mpich_and_intel_mpi_environment():
-    env = dict(PMI_RANK="6", PMI_SIZE="8", MPI_LOCALRANKID="2", MPI_LOCALNRANKS="4", MASTER_ADDR="h",
-               MASTER_PORT="5")
+    env = dict(PMI_RANK="6", PMI_SIZE="8", MPI_LOCALRANKID="2", MPI_LOCALNRANKS="4", MASTER_ADDR="h", MASTER_PORT="5")
     layout = detect_external(env)
     assert (layout["rank"], layout["world_size"], layout["local_rank"]) == (6, 8, 2)
     assert layout["launcher"].startswith("mpiexec")
@@ -71,8 +83,16 @@ def test_mpich_and_intel_mpi_environment():
         detect_external(dict(PMI_RANK="0", PMI_SIZE="2"))
 
 
-@pytest.mark.parametrize("nodes, first", [("gpu[03-05,09],login1", "gpu03"), ("node7", "node7"),
-                                          ("a[1-2]-b[3-4]", "a1-b3"), ("x[007]", "x007"), ("h1,h2", "h1")])
+@pytest.mark.parametrize(
+    "nodes, first",
+    [
+        ("gpu[03-05,09],login1", "gpu03"),
+        ("node7", "node7"),
+        ("a[1-2]-b[3-4]", "a1-b3"),
+        ("x[007]", "x007"),
+        ("h1,h2", "h1"),
+    ],
+)
 def test_first_slurm_host(nodes, first):
     from splat_train.trainer.launch import first_slurm_host
 
@@ -148,13 +168,29 @@ sys.exit(launch(main, (), device="cpu"))
 """
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (.ci/run installs openmpi-bin)")
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (.ci/run installs openmpi-bin)"
+)
 def test_mpirun_launch(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(MPI_SCRIPT)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "MASTER_ADDR", "-x",
-           "MASTER_PORT", "-x", "PYTHONPATH", sys.executable, str(script), str(tmp_path)]
+    cmd = [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        "2",
+        "-x",
+        "MASTER_ADDR",
+        "-x",
+        "MASTER_PORT",
+        "-x",
+        "PYTHONPATH",
+        sys.executable,
+        str(script),
+        str(tmp_path),
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     import json

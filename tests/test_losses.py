@@ -40,8 +40,7 @@ def _reference_ssim(img1, img2, window_size=11, sigma=1.5, padding="same"):
             vx = np.einsum("bijc,ij->bc", (px - mx[:, None, None]) ** 2, window)
             vy = np.einsum("bijc,ij->bc", (py - my[:, None, None]) ** 2, window)
             cxy = np.einsum("bijc,ij->bc", (px - mx[:, None, None]) * (py - my[:, None, None]), window)
-            values.append(((2 * mx * my + c1) * (2 * cxy + c2))
-                          / ((mx**2 + my**2 + c1) * (vx + vy + c2)))
+            values.append(((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx**2 + my**2 + c1) * (vx + vy + c2)))
     return float(np.mean(values))
 
 
@@ -245,8 +244,10 @@ def _fake_lpips_backends(monkeypatch, built):
     LPIPS class records its arguments and, as torchvision does for pretrained weights, loads the
     backbone through torch.hub's cache by torchvision's URL (nothing is downloaded when the file
     is there; anything else fails)."""
-    urls = {"alex": "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth",
-            "vgg": "https://download.pytorch.org/models/vgg16-397923af.pth"}
+    urls = {
+        "alex": "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth",
+        "vgg": "https://download.pytorch.org/models/vgg16-397923af.pth",
+    }
 
     class FakeLPIPS(torch.nn.Module):
         def __init__(self, net_type, normalize):
@@ -264,10 +265,12 @@ def _fake_lpips_backends(monkeypatch, built):
 
     fake_lpip = types.ModuleType("torchmetrics.image.lpip")
     fake_lpip.LearnedPerceptualImagePatchSimilarity = FakeLPIPS
-    for name, module in [("torchmetrics", types.ModuleType("torchmetrics")),
-                         ("torchmetrics.image", types.ModuleType("torchmetrics.image")),
-                         ("torchmetrics.image.lpip", fake_lpip),
-                         ("torchvision", types.ModuleType("torchvision"))]:
+    for name, module in [
+        ("torchmetrics", types.ModuleType("torchmetrics")),
+        ("torchmetrics.image", types.ModuleType("torchmetrics.image")),
+        ("torchmetrics.image.lpip", fake_lpip),
+        ("torchvision", types.ModuleType("torchvision")),
+    ]:
         monkeypatch.setitem(sys.modules, name, module)
 
 
@@ -304,8 +307,9 @@ def test_lpips_vgg_is_the_inria_evaluation_and_a_named_backbone_file_is_used(mon
     assert built[-1]["net"] == "vgg" and built[-1]["normalize"] is False  # [0, 1] images fed as they are
     assert torch.equal(built[-1]["state"]["features.0.weight"], torch.arange(6.0))  # the file named
     assert torch.hub.get_dir() == str(tmp_path / "hub")  # the process's hub folder is back
-    assert metric.describe() == dict(lpips_net="vgg", lpips_normalize=False, lpips_backend="torchmetrics",
-                                     lpips_weights=str(weights))
+    assert metric.describe() == dict(
+        lpips_net="vgg", lpips_normalize=False, lpips_backend="torchmetrics", lpips_weights=str(weights)
+    )
     torch.save({"features.0.weight": torch.ones(2)}, weights.with_name("alex.pth"))
     alex = metrics.LPIPSMetric(net="alex", weights=weights.with_name("alex.pth"))
     assert alex.available and built[-1]["net"] == "alex" and built[-1]["normalize"] is True  # gsplat's
@@ -320,9 +324,24 @@ def test_a_run_records_which_lpips_net_produced_the_number(monkeypatch, tmp_path
     _fake_lpips_backends(monkeypatch, built)
     weights = tmp_path / "vgg.pth"
     torch.save({}, weights)
-    tiny = ["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "8", "--synthetic_num_gaussians",
-            "100", "--num_traj_frames", "0", "--max_steps", "2", "--export_formats", "ply"]
-    assert main([*tiny, "--lpips_net", "vgg", "--lpips_weights", str(weights), "--result_dir", str(tmp_path / "r")]) == 0
+    tiny = [
+        "default",
+        "--synthetic_image_size",
+        "32",
+        "--synthetic_num_cameras",
+        "8",
+        "--synthetic_num_gaussians",
+        "100",
+        "--num_traj_frames",
+        "0",
+        "--max_steps",
+        "2",
+        "--export_formats",
+        "ply",
+    ]
+    assert (
+        main([*tiny, "--lpips_net", "vgg", "--lpips_weights", str(weights), "--result_dir", str(tmp_path / "r")]) == 0
+    )
     val = json.loads((tmp_path / "r/stats/val_step2.json").read_text())
     assert val["lpips"] is not None and val["lpips_net"] == "vgg" and val["lpips_normalize"] is False
     assert len(built) == 1  # built once, at start

@@ -14,8 +14,7 @@ from splat_train.kernels import reference as ref
 from splat_train.trainer import memory
 from splat_train.trainer.cli import main, parse_args
 from splat_train.trainer.data import sampler
-from splat_train.trainer.memory import (GIB, Footprint, available_memory, check_first_step, estimate_step,
-                                        footprint)
+from splat_train.trainer.memory import GIB, Footprint, available_memory, check_first_step, estimate_step, footprint
 
 REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -23,8 +22,16 @@ REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 def _composited(gaussians, viewmat, K, width, height):
     """(tile intersections, composited pairs) of the reference rasterizer for one camera."""
     radii, means2d, depths, conics, _ = ref.fully_fused_projection(
-        gaussians["means"], None, gaussians["quats"], gaussians["scales"], viewmat[None], K[None], width, height,
-        opacities=gaussians["opacities"])
+        gaussians["means"],
+        None,
+        gaussians["quats"],
+        gaussians["scales"],
+        viewmat[None],
+        K[None],
+        width,
+        height,
+        opacities=gaussians["opacities"],
+    )
     tw, th = -(-width // 16), -(-height // 16)
     _, isect_ids, flatten_ids = ref.isect_tiles(means2d, radii, depths, 16, tw, th)
     offsets = ref.isect_offset_encode(isect_ids, 1, tw, th)
@@ -33,11 +40,14 @@ def _composited(gaussians, viewmat, K, width, height):
     return isect_ids.numel(), pixel_ids.numel()
 
 
-@pytest.mark.parametrize("num, opacity, log_scale", [
-    (300, None, -3.0),  # small Gaussians: few overlap, no pixel reaches the transmittance floor
-    (3000, 0.1, -1.2),  # large, dense, at the initial opacity: every pixel stops early (the cap)
-    (2000, 0.6, -1.8),
-])
+@pytest.mark.parametrize(
+    "num, opacity, log_scale",
+    [
+        (300, None, -3.0),  # small Gaussians: few overlap, no pixel reaches the transmittance floor
+        (3000, 0.1, -1.2),  # large, dense, at the initial opacity: every pixel stops early (the cap)
+        (2000, 0.6, -1.8),
+    ],
+)
 def test_footprint_counts_intersections_exactly_and_pairs_from_above(num, opacity, log_scale):
     g = make_scene(7, num_gaussians=num, sh_degree=0)
     g["scales"] = torch.exp(torch.randn(num, 3, generator=torch.Generator().manual_seed(1)) * 0.3 + log_scale)
@@ -74,14 +84,18 @@ def _colmap_scene(root: Path, width: int, height: int, num_points: int = 300) ->
     rec = pycolmap.Reconstruction()
     f = 0.8 * width
     for i in range(3):
-        rec.add_camera_with_trivial_rig(pycolmap.Camera(model="PINHOLE", width=width, height=height,
-                                                        params=[f, f, width / 2, height / 2], camera_id=i + 1))
+        rec.add_camera_with_trivial_rig(
+            pycolmap.Camera(
+                model="PINHOLE", width=width, height=height, params=[f, f, width / 2, height / 2], camera_id=i + 1
+            )
+        )
         name = f"im{i}.png"
         iio.imwrite(root / "images" / name, np.full((height, width, 3), 100, np.uint8))
         w2c = np.eye(4)[:3, :4]
         w2c[:, 3] = [0.2 * (i - 1), 0.0, 3.0]
-        rec.add_image_with_trivial_frame(pycolmap.Image(name=name, camera_id=i + 1, image_id=i + 1),
-                                         pycolmap.Rigid3d(w2c))
+        rec.add_image_with_trivial_frame(
+            pycolmap.Image(name=name, camera_id=i + 1, image_id=i + 1), pycolmap.Rigid3d(w2c)
+        )
     for xyz in rng.uniform(-1, 1, (num_points, 3)):
         rec.add_point3D(xyz, pycolmap.Track(), np.array([120, 130, 140], np.uint8))
     rec.write(str(root / "sparse" / "0"))
@@ -92,8 +106,9 @@ def test_gpu_estimate_against_a_fake_device_memory_figure(tmp_path):
     """The GPU path (gsplat buffers, free device memory) without a GPU: nothing here touches CUDA."""
     from splat_train.trainer.cli import build_scene
 
-    cfg = parse_args(["default", "--data_dir", str(_colmap_scene(tmp_path / "s", 64, 48)), "--data_factor", "1",
-                      "--test_every", "0"])
+    cfg = parse_args(
+        ["default", "--data_dir", str(_colmap_scene(tmp_path / "s", 64, 48)), "--data_factor", "1", "--test_every", "0"]
+    )
     scene = build_scene(cfg)
     cuda = torch.device("cuda", 0)
     line = check_first_step(cfg, scene, 1, cuda, available=(80 * GIB, "free memory on cuda:0"))
@@ -123,8 +138,26 @@ def test_oversized_cpu_run_is_refused_before_any_image_is_decoded(tmp_path, monk
     data = _colmap_scene(tmp_path / "big", 2000, 1500)
     monkeypatch.setattr(memory, "available_memory", lambda device: (2 * GIB, "available host memory"))
     out = tmp_path / "run"
-    assert main(["default", "--data_dir", str(data), "--data_factor", "1", "--device", "cpu", "--init_type",
-                 "random", "--init_num_pts", "20000", "--result_dir", str(out)]) == 2
+    assert (
+        main(
+            [
+                "default",
+                "--data_dir",
+                str(data),
+                "--data_factor",
+                "1",
+                "--device",
+                "cpu",
+                "--init_type",
+                "random",
+                "--init_num_pts",
+                "20000",
+                "--result_dir",
+                str(out),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: the first training step needs about")
     for flag in ("--data_factor (now 1", "--init_num_pts (now 20,000)", "--backend gsplat"):
@@ -133,9 +166,32 @@ def test_oversized_cpu_run_is_refused_before_any_image_is_decoded(tmp_path, monk
     assert decoded == [] and not out.exists()
     # what the message suggests: 1/64 of the pixels and fewer initial Gaussians fit, and train
     monkeypatch.setenv("SPLAT_TRAIN_CACHE", str(tmp_path / "cache"))
-    assert main(["default", "--data_dir", str(data), "--data_factor", "8", "--device", "cpu", "--init_type",
-                 "random", "--init_num_pts", "500", "--max_steps", "1", "--num_traj_frames", "0",
-                 "--test_every", "0", "--result_dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                "default",
+                "--data_dir",
+                str(data),
+                "--data_factor",
+                "8",
+                "--device",
+                "cpu",
+                "--init_type",
+                "random",
+                "--init_num_pts",
+                "500",
+                "--max_steps",
+                "1",
+                "--num_traj_frames",
+                "0",
+                "--test_every",
+                "0",
+                "--result_dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert decoded and (out / "ckpts/ckpt_1_rank0.pt").is_file()
 
 
@@ -144,8 +200,22 @@ def test_juicebox_at_full_resolution_on_cpu_is_refused(tmp_path, monkeypatch, ca
     """1920x1080 images: about 300 M composited pairs at step 1, beyond a 16 GiB host (the figure
     is fixed here so the test does not depend on this machine's memory)."""
     monkeypatch.setattr(memory, "available_memory", lambda device: (16 * GIB, "available host memory"))
-    assert main(["default", "--data_dir", str(REAL_DATA / "juicebox"), "--data_factor", "1", "--device", "cpu",
-                 "--result_dir", str(tmp_path / "run")]) == 2
+    assert (
+        main(
+            [
+                "default",
+                "--data_dir",
+                str(REAL_DATA / "juicebox"),
+                "--data_factor",
+                "1",
+                "--device",
+                "cpu",
+                "--result_dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "8,435 initial Gaussians at 1920x1080" in err and "--data_factor (now 1" in err
     assert decoded == [] and not (tmp_path / "run").exists()
@@ -157,8 +227,19 @@ def test_a_large_model_is_measured_on_a_sample(monkeypatch, tmp_path):
     from splat_train.trainer import memory
     from splat_train.trainer.cli import build_scene
 
-    cfg = parse_args(["default", "--init_type", "random", "--init_num_pts", "4000", "--synthetic_image_size", "64",
-                      "--result_dir", str(tmp_path)])
+    cfg = parse_args(
+        [
+            "default",
+            "--init_type",
+            "random",
+            "--init_num_pts",
+            "4000",
+            "--synthetic_image_size",
+            "64",
+            "--result_dir",
+            str(tmp_path),
+        ]
+    )
     scene = build_scene(cfg)
     whole = memory.first_step_estimate(cfg, scene, 1, torch.device("cpu"))
     monkeypatch.setattr(memory, "MAX_ESTIMATE_GAUSSIANS", 1000)

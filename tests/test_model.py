@@ -10,8 +10,15 @@ from splat_train.trainer.config import Config, Schedule, StrategyConfig
 from splat_train.trainer.data import DataError, Scene
 from splat_train.trainer.render import RenderInfo
 from splat_train.trainer.densify import DefaultStrategy, initialize_state, make_strategy, ndc_scales, strategy_info
-from splat_train.trainer.model import (InitPoints, batch_rule, bytes_per_gaussian, create_optimizers,
-                                       create_shard, initial_points, knn_mean_distance)
+from splat_train.trainer.model import (
+    InitPoints,
+    batch_rule,
+    bytes_per_gaussian,
+    create_optimizers,
+    create_shard,
+    initial_points,
+    knn_mean_distance,
+)
 
 
 def _points(n=50, seed=0):
@@ -67,15 +74,23 @@ def test_bytes_per_gaussian_matches_write_up():
 
 
 def test_sfm_init_without_points_suggests_random():
-    scene = Scene(cameras=[], points=np.zeros((0, 3), np.float32), points_rgb=np.zeros((0, 3), np.uint8),
-                  scene_scale=1.0, transform=np.eye(4), source="colmap")
+    scene = Scene(
+        cameras=[],
+        points=np.zeros((0, 3), np.float32),
+        points_rgb=np.zeros((0, 3), np.uint8),
+        scene_scale=1.0,
+        transform=np.eye(4),
+        source="colmap",
+    )
     with pytest.raises(DataError, match="--init_type random"):
         initial_points(scene, Config(init_type="sfm"), 1.0)
 
 
 def _toy_strategy_run(steps, reset_every):
-    cfg = Config(schedule=Schedule(refine_start_iter=10_000, refine_stop_iter=100, reset_every=reset_every,
-                                   refine_every=1000), densify=StrategyConfig())
+    cfg = Config(
+        schedule=Schedule(refine_start_iter=10_000, refine_stop_iter=100, reset_every=reset_every, refine_every=1000),
+        densify=StrategyConfig(),
+    )
     strategy = make_strategy(cfg)
     params = create_shard(_points(20), Config(init_opa=0.9), 0, 1, torch.device("cpu"))
     opts = create_optimizers(params, Config(), 1, 1.0)
@@ -83,8 +98,14 @@ def _toy_strategy_run(steps, reset_every):
     history = []
     for step in range(steps):
         means2d = torch.zeros(1, 20, 2)
-        info = RenderInfo(means2d=means2d, radii=torch.ones(1, 20, 2, dtype=torch.int32), packed=False,
-                          n_cameras=1, widths=[32], heights=[32])
+        info = RenderInfo(
+            means2d=means2d,
+            radii=torch.ones(1, 20, 2, dtype=torch.int32),
+            packed=False,
+            n_cameras=1,
+            widths=[32],
+            heights=[32],
+        )
         means2d.grad = torch.full_like(means2d, 1e-3)
         strategy.step_post_backward(params, opts, state, step, strategy_info(info), packed=False)
         history.append(float(torch.sigmoid(params["opacities"].detach()).max()))
@@ -142,11 +163,23 @@ def test_update_state_equals_gsplats(packed):
             g, r = grad, radii
         means2d = torch.zeros_like(g)
         means2d.grad = g.clone()
-        info = RenderInfo(means2d=means2d, radii=r, packed=packed, n_cameras=C, gaussian_ids=gs_ids,
-                          camera_ids=cam_ids, widths=[width] * C, heights=[height] * C)
+        info = RenderInfo(
+            means2d=means2d,
+            radii=r,
+            packed=packed,
+            n_cameras=C,
+            gaussian_ids=gs_ids,
+            camera_ids=cam_ids,
+            widths=[width] * C,
+            heights=[height] * C,
+        )
         ours._update_state(params, state_ours, strategy_info(info), packed=packed)
-        theirs._update_state(params, state_theirs, dict(means2d=means2d, radii=r, gaussian_ids=gs_ids,
-                                                         width=width, height=height, n_cameras=C), packed=packed)
+        theirs._update_state(
+            params,
+            state_theirs,
+            dict(means2d=means2d, radii=r, gaussian_ids=gs_ids, width=width, height=height, n_cameras=C),
+            packed=packed,
+        )
     assert torch.allclose(state_ours["count"], state_theirs["count"]) and state_ours["count"].sum() > 0
     assert torch.allclose(state_ours["grad2d"], state_theirs["grad2d"], rtol=1e-5)
 
@@ -158,8 +191,10 @@ def test_optimizers_are_fused_adams_that_match_the_foreach_update():
     opts = create_optimizers(params, Config(), 1, 1.0)
     assert all(o.defaults["fused"] for o in opts.values())
     twin = {k: torch.nn.Parameter(v.detach().clone()) for k, v in params.items()}
-    ref = {k: torch.optim.Adam([twin[k]], **{n: opts[k].param_groups[0][n] for n in ("lr", "eps", "betas")},
-                               foreach=True) for k in twin}
+    ref = {
+        k: torch.optim.Adam([twin[k]], **{n: opts[k].param_groups[0][n] for n in ("lr", "eps", "betas")}, foreach=True)
+        for k in twin
+    }
     gen = torch.Generator().manual_seed(0)
     for _ in range(3):
         for k in params:

@@ -16,16 +16,36 @@ from splat_train.scripts.merge_shards import main as merge_main
 from splat_train.trainer.cli import main
 from splat_train.trainer.export import load_ply
 
-TINY = ["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "9", "--synthetic_num_gaussians",
-        "101", "--num_traj_frames", "0", "--sh_degree", "1", "--refine_start_iter", "3", "--refine_every", "3",
-        "--grow_grad2d", "0.00005", "--device", "cpu"]
+TINY = [
+    "default",
+    "--synthetic_image_size",
+    "32",
+    "--synthetic_num_cameras",
+    "9",
+    "--synthetic_num_gaussians",
+    "101",
+    "--num_traj_frames",
+    "0",
+    "--sh_degree",
+    "1",
+    "--refine_start_iter",
+    "3",
+    "--refine_every",
+    "3",
+    "--grow_grad2d",
+    "0.00005",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture(scope="module")
 def w2_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("w2") / "run"
-    assert main([*TINY, "--max_steps", "8", "--save_steps", "4", "8", "--nproc_per_node", "2",
-                 "--result_dir", str(out)]) == 0
+    assert (
+        main([*TINY, "--max_steps", "8", "--save_steps", "4", "8", "--nproc_per_node", "2", "--result_dir", str(out)])
+        == 0
+    )
     return out
 
 
@@ -126,7 +146,9 @@ def test_resume_of_pose_and_appearance_modules_across_world_sizes(tmp_path):
 MPI_RUN = [sys.executable, "-m", "splat_train.trainer.cli", *TINY, "--max_steps", "5"]
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (.ci/run installs openmpi-bin)")
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (.ci/run installs openmpi-bin)"
+)
 def test_mpirun_equals_spawned_run(tmp_path):
     spawned = tmp_path / "spawned"
     assert main([*TINY, "--max_steps", "5", "--nproc_per_node", "2", "--result_dir", str(spawned)]) == 0
@@ -134,8 +156,22 @@ def test_mpirun_equals_spawned_run(tmp_path):
     from splat_train.trainer.launch import free_port
 
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "MASTER_ADDR", "-x", "MASTER_PORT",
-           "-x", "PATH", *MPI_RUN, "--result_dir", str(mpi)]
+    cmd = [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        "2",
+        "-x",
+        "MASTER_ADDR",
+        "-x",
+        "MASTER_PORT",
+        "-x",
+        "PATH",
+        *MPI_RUN,
+        "--result_dir",
+        str(mpi),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     a = load_ply(spawned / "ply/point_cloud_5_distributed_merged.ply")
@@ -158,8 +194,10 @@ def test_load_shard_reshards_params_adam_and_strategy_state(w2_run):
     merged = torch.cat([s["params"]["sh0"] for s in saved])
     for r, state in enumerate(three):
         assert torch.equal(state["params"]["sh0"], merged[r::3])
-        assert torch.equal(state["optimizers"]["sh0"]["state"][0]["exp_avg_sq"],
-                           torch.cat([s["optimizers"]["sh0"]["state"][0]["exp_avg_sq"] for s in saved])[r::3])
+        assert torch.equal(
+            state["optimizers"]["sh0"]["state"][0]["exp_avg_sq"],
+            torch.cat([s["optimizers"]["sh0"]["state"][0]["exp_avg_sq"] for s in saved])[r::3],
+        )
     same = load_shard(files, rank=1, world_size=2)
     assert torch.equal(same["params"]["quats"], saved[1]["params"]["quats"])
 
@@ -174,5 +212,7 @@ def test_load_shard_refuses_an_incomplete_or_mixed_set(w2_run):
         load_shard([w2_run / "ckpts/ckpt_4_rank0.pt", w2_run / "ckpts/ckpt_8_rank1.pt"], rank=0, world_size=1)
     # rank order comes from the files' contents, not the order they are passed in
     files = [w2_run / f"ckpts/ckpt_4_rank{r}.pt" for r in (1, 0)]
-    assert torch.equal(load_shard(files, rank=0, world_size=2)["params"]["means"],
-                       torch.load(files[1], weights_only=False)["params"]["means"])
+    assert torch.equal(
+        load_shard(files, rank=0, world_size=2)["params"]["means"],
+        torch.load(files[1], weights_only=False)["params"]["means"],
+    )

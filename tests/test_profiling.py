@@ -52,16 +52,23 @@ def test_disabled_timer_does_nothing():
 
 def test_trace_summary_counts_busy_time_launches_and_syncs():
     """A hand-made trace of 2 steps: overlapping device intervals count once, syncs are counted."""
+
     def span(cat, name, ts, dur):
         return dict(ph="X", cat=cat, name=name, ts=ts, dur=dur)
 
-    trace = {"traceEvents": [
-        span("kernel", "rasterize", 0, 100), span("kernel", "ssim", 50, 100),  # overlap: busy 0-150
-        span("gpu_memcpy", "Memcpy HtoD", 300, 50),  # busy 300-350; idle 150-300
-        span("kernel", "rasterize", 500, 100),  # wall 0-600
-        span("cuda_runtime", "cudaLaunchKernel", 0, 1), span("cuda_runtime", "cudaLaunchKernel", 1, 1),
-        span("cuda_runtime", "cudaStreamSynchronize", 2, 1), span("cpu_op", "aten::add", 0, 5),
-        dict(ph="i", name="marker", ts=10)]}
+    trace = {
+        "traceEvents": [
+            span("kernel", "rasterize", 0, 100),
+            span("kernel", "ssim", 50, 100),  # overlap: busy 0-150
+            span("gpu_memcpy", "Memcpy HtoD", 300, 50),  # busy 300-350; idle 150-300
+            span("kernel", "rasterize", 500, 100),  # wall 0-600
+            span("cuda_runtime", "cudaLaunchKernel", 0, 1),
+            span("cuda_runtime", "cudaLaunchKernel", 1, 1),
+            span("cuda_runtime", "cudaStreamSynchronize", 2, 1),
+            span("cpu_op", "aten::add", 0, 5),
+            dict(ph="i", name="marker", ts=10),
+        ]
+    }
     s = profiling.summarize_trace(trace, steps=2)
     assert s["wall_ms_per_step"] == 0.3 and s["gpu_busy_ms_per_step"] == 0.15
     assert abs(s["gpu_busy_share"] - 0.5) < 1e-12

@@ -16,9 +16,26 @@ from splat_train.trainer.render import CameraBatch, render
 
 from test_distributed import make_cameras, make_scene, shard_order
 
-FLAGS = ["--synthetic_image_size", "32", "--synthetic_num_cameras", "6", "--synthetic_num_gaussians", "120",
-         "--sh_degree", "1", "--num_traj_frames", "0", "--max_steps", "20", "--refine_start_iter", "0",
-         "--refine_every", "1000", "--init_scale", "0.5"]
+FLAGS = [
+    "--synthetic_image_size",
+    "32",
+    "--synthetic_num_cameras",
+    "6",
+    "--synthetic_num_gaussians",
+    "120",
+    "--sh_degree",
+    "1",
+    "--num_traj_frames",
+    "0",
+    "--max_steps",
+    "20",
+    "--refine_start_iter",
+    "0",
+    "--refine_every",
+    "1000",
+    "--init_scale",
+    "0.5",
+]
 
 
 def make_trainer(flags=(), ctx=None, result_dir=None):
@@ -46,7 +63,7 @@ def brute_force(info):
         for x in range(W):
             t = (y // ts) * tw + x // ts
             T, best, best_w = 1.0, None, -1.0
-            for r in flat[offsets[t]:ends[t]]:
+            for r in flat[offsets[t] : ends[t]]:
                 dx, dy = float(m2d[r, 0]) - (x + 0.5), float(m2d[r, 1]) - (y + 0.5)
                 a, b, c = (float(v) for v in con[r])
                 sigma = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
@@ -67,7 +84,7 @@ def brute_force(info):
 def test_winners_match_brute_force():
     params = make_scene(seed=3, num_gaussians=60, sh_degree=0)
     params["opacities"] = params["opacities"].clamp(max=0.6)  # long lists: many candidates per pixel
-    (viewmat, K, w, h, _), = make_cameras([(40, 32)])
+    ((viewmat, K, w, h, _),) = make_cameras([(40, 32)])
     cams = CameraBatch(viewmat[None], K[None], w, h)
     res = render(params, cams, DistContext(), reference, 0, rasterize=False)
     values, counts = prune.record_statistics(res.info, budget=10, composite=True)
@@ -80,7 +97,7 @@ def test_winners_match_brute_force():
     tiles_of = {}
     starts = res.info.tiles.offsets.reshape(-1).tolist() + [res.info.tiles.flatten_ids.numel()]
     for t in range(len(starts) - 1):
-        for r in res.info.tiles.flatten_ids[starts[t]:starts[t + 1]].tolist():
+        for r in res.info.tiles.flatten_ids[starts[t] : starts[t + 1]].tolist():
             tiles_of.setdefault(r, []).append(t)
     expected = torch.zeros(values[..., 2].numel(), dtype=torch.float64)
     for r, ts in tiles_of.items():
@@ -165,8 +182,17 @@ def test_measurement_sums_the_over_budget_tiles_and_sizes_the_round():
     excess = over = 0
     for i in range(len(tr.trainset)):
         cam = tr.camera_batch(tr.trainset.batch([i]))
-        res = render(activated(tr.params), cam, tr.ctx, tr.ops, 0, packed=tr.cfg.packed, near=tr.cfg.near_plane,
-                     far=tr.cfg.far_plane, rasterize=False)
+        res = render(
+            activated(tr.params),
+            cam,
+            tr.ctx,
+            tr.ops,
+            0,
+            packed=tr.cfg.packed,
+            near=tr.cfg.near_plane,
+            far=tr.cfg.far_plane,
+            rasterize=False,
+        )
         counts = prune.tile_counts(res.info.tiles.offsets, res.info.tiles.flatten_ids.numel())
         excess += int((counts[counts > budget] - budget).sum())
         over += int(counts[counts > budget].sum())
@@ -189,7 +215,7 @@ def test_stage3_removes_no_more_than_needed():
     m = prune.measure(tr.shard, tr.setup, tr.trainset, budget)
     scores = prune.stage3_scores(m, budget)
     top = int(torch.argmax(torch.where(m.overload > 0, scores, -1.0)))
-    expected = {k: torch.cat([v[:top], v[top + 1:]]) for k, v in tr.params.items()}
+    expected = {k: torch.cat([v[:top], v[top + 1 :]]) for k, v in tr.params.items()}
     stats = prune.hardware_aware_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 1)
     assert stats["num_before"] - stats["num_after"] == 1 and stats["per_round"][0]["removed"] == 1
     for k, v in tr.params.items():
@@ -202,26 +228,35 @@ def test_stage3_removes_no_more_than_needed():
 def _prune_rank(ctx, flags, out_dir):
     torch.set_num_threads(1)
     tr = make_trainer(flags, ctx)
-    s2, s3 = prune.initial_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 1), prune.hardware_aware_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 2)
-    torch.save(dict(params={k: v.detach() for k, v in tr.params.items()}, stats=(s2, s3)),
-               f"{out_dir}/prune{ctx.rank}.pt")
+    s2, s3 = (
+        prune.initial_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 1),
+        prune.hardware_aware_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 2),
+    )
+    torch.save(
+        dict(params={k: v.detach() for k, v in tr.params.items()}, stats=(s2, s3)), f"{out_dir}/prune{ctx.rank}.pt"
+    )
 
 
 @pytest.mark.parametrize("world_size, packed", [(2, False), (3, True)], ids=["W2-dense", "W3-packed"])
 def test_distributed_pruning_equals_single_process(tmp_path, world_size, packed):
     from splat_train.trainer.model import create_optimizers
 
-    flags = ["--tile_budget", "40", "--prune_rounds", "3", "--prune_fraction", "0.2",
-             "--init_opa", "0.3"] + (["--packed"] if packed else [])
+    flags = ["--tile_budget", "40", "--prune_rounds", "3", "--prune_fraction", "0.2", "--init_opa", "0.3"] + (
+        ["--packed"] if packed else []
+    )
     assert launch(_prune_rank, (flags, str(tmp_path)), nproc_per_node=world_size, device="cpu") == 0
     outs = [torch.load(tmp_path / f"prune{r}.pt") for r in range(world_size)]
 
     single = make_trainer(flags)
     order = shard_order(single.params["means"].shape[0], world_size)
-    single.params = torch.nn.ParameterDict({k: torch.nn.Parameter(v.detach()[order].clone())
-                                            for k, v in single.params.items()})
+    single.params = torch.nn.ParameterDict(
+        {k: torch.nn.Parameter(v.detach()[order].clone()) for k, v in single.params.items()}
+    )
     single.optimizers = create_optimizers(single.params, single.cfg, 1, single.scene_scale)
-    s2, s3 = prune.initial_pruning(single.shard, single.setup, single.trainset, single.cfg, 1), prune.hardware_aware_pruning(single.shard, single.setup, single.trainset, single.cfg, 2)
+    s2, s3 = (
+        prune.initial_pruning(single.shard, single.setup, single.trainset, single.cfg, 1),
+        prune.hardware_aware_pruning(single.shard, single.setup, single.trainset, single.cfg, 2),
+    )
     assert s2["num_after"] < s2["num_before"] and s3["num_after"] < s3["num_before"]  # both stages prune
     for k, v in single.params.items():
         merged = torch.cat([o["params"][k] for o in outs])
@@ -236,9 +271,28 @@ def test_distributed_pruning_equals_single_process(tmp_path, world_size, packed)
 def test_cli_runs_both_stages(tmp_path):
     from splat_train.trainer.cli import main
 
-    rc = main(["bytesplat", *FLAGS, "--max_steps", "6", "--refine_stop_iter", "3", "--prune_stage2_step", "3",
-               "--prune_stage3_step", "5", "--tile_budget", "60", "--prune_rounds", "2", "--test_every", "3",
-               "--result_dir", str(tmp_path)])
+    rc = main(
+        [
+            "bytesplat",
+            *FLAGS,
+            "--max_steps",
+            "6",
+            "--refine_stop_iter",
+            "3",
+            "--prune_stage2_step",
+            "3",
+            "--prune_stage3_step",
+            "5",
+            "--tile_budget",
+            "60",
+            "--prune_rounds",
+            "2",
+            "--test_every",
+            "3",
+            "--result_dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     for k in (2, 3):
         stats = json.loads((tmp_path / "stats" / f"prune_stage{k}.json").read_text())

@@ -129,7 +129,16 @@ def test_projection_matches_gsplat(dtype):
     means, quats, scales, _, viewmats, Ks = edge_case_scene(300, 3, W, H, gen, dtype, depth=(0.5, 12.0))
     params = [p.clone().requires_grad_() for p in (means, quats, scales, viewmats)]
     radii, means2d, depths, conics, comp = ref.fully_fused_projection(
-        params[0], None, params[1], params[2], params[3], Ks, W, H, near_plane=0.5, far_plane=15.0,
+        params[0],
+        None,
+        params[1],
+        params[2],
+        params[3],
+        Ks,
+        W,
+        H,
+        near_plane=0.5,
+        far_plane=15.0,
         calc_compensations=True,
     )
     oracle = [p.clone().requires_grad_() for p in (means, quats, scales, viewmats)]

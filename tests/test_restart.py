@@ -9,8 +9,22 @@ import torch
 from splat_train.trainer import checkpoint
 from splat_train.trainer.cli import main, parse_args
 
-TINY = ["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "6", "--synthetic_num_gaussians", "80",
-        "--num_traj_frames", "0", "--sh_degree", "0", "--device", "cpu", "--no_save_eval_images"]
+TINY = [
+    "default",
+    "--synthetic_image_size",
+    "32",
+    "--synthetic_num_cameras",
+    "6",
+    "--synthetic_num_gaussians",
+    "80",
+    "--num_traj_frames",
+    "0",
+    "--sh_degree",
+    "0",
+    "--device",
+    "cpu",
+    "--no_save_eval_images",
+]
 
 
 def test_resume_auto_is_an_alias_and_refuses_what_cannot_go_with_it():
@@ -66,8 +80,10 @@ def test_resume_refuses_when_no_set_reads(tmp_path):
     with pytest.raises(ValueError, match="no complete, readable set"):
         checkpoint.prepare_result_dir(tmp_path, resume=True, overwrite=False, evaluating=False)
     # --resume auto starts afresh instead, moving the unreadable run aside
-    assert checkpoint.prepare_result_dir(tmp_path, resume=False, overwrite=False, evaluating=False,
-                                         auto_resume=True) is False
+    assert (
+        checkpoint.prepare_result_dir(tmp_path, resume=False, overwrite=False, evaluating=False, auto_resume=True)
+        is False
+    )
     assert not (tmp_path / "ckpts").exists() and len(list(tmp_path.glob("superseded_*/ckpts"))) == 1
 
 
@@ -104,8 +120,22 @@ def test_timed_checkpoints(tmp_path, monkeypatch):
         return real(self, s)
 
     monkeypatch.setattr(loop.Trainer, "train_step", step)
-    assert main([*TINY, "--max_steps", "6", "--save_steps", "100", "--save_every_minutes", "1",
-                 "--result_dir", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                *TINY,
+                "--max_steps",
+                "6",
+                "--save_steps",
+                "100",
+                "--save_every_minutes",
+                "1",
+                "--result_dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     steps = sorted(checkpoint.list_checkpoints(tmp_path / "ckpts"))
     assert steps == [3, 6]  # 75 s after the start, then the last step
 

@@ -15,8 +15,21 @@ from splat_train.trainer.cli import main
 from splat_train.trainer.evaluate import even_size, write_video
 
 REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-TINY = ["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "8", "--synthetic_num_gaussians",
-        "150", "--num_traj_frames", "3", "--sh_degree", "1", "--device", "cpu"]
+TINY = [
+    "default",
+    "--synthetic_image_size",
+    "32",
+    "--synthetic_num_cameras",
+    "8",
+    "--synthetic_num_gaussians",
+    "150",
+    "--num_traj_frames",
+    "3",
+    "--sh_degree",
+    "1",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.mark.parametrize("height, width", [(268, 477), (149, 199), (31, 41)])
@@ -92,8 +105,28 @@ def test_odd_size_real_capture_trains_and_writes_ply_and_video(tmp_path):
         image = cv2.imread(str(src), cv2.IMREAD_UNCHANGED)
         cv2.imwrite(str(data / "images_4" / src.name), image[:, :-1])
     out = tmp_path / "run"
-    assert main(["default", "--data_dir", str(data), "--data_factor", "4", "--device", "cpu", "--max_steps", "2",
-                 "--test_every", "40", "--num_traj_frames", "2", "--result_dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                "default",
+                "--data_dir",
+                str(data),
+                "--data_factor",
+                "4",
+                "--device",
+                "cpu",
+                "--max_steps",
+                "2",
+                "--test_every",
+                "40",
+                "--num_traj_frames",
+                "2",
+                "--result_dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert (out / "ckpts/ckpt_2_rank0.pt").is_file() and (out / "ply/point_cloud_2.ply").stat().st_size > 0
     assert json.loads((out / "stats/val_step2.json").read_text())["num_views"] == 2
     assert [p.name for p in (out / "videos").iterdir()] == ["traj_2.mp4"]

@@ -13,8 +13,23 @@ from pathlib import Path
 
 from splat_train.trainer.loop import STOP_CHECK_EVERY
 
-TINY = ["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "8", "--synthetic_num_gaussians",
-        "150", "--num_traj_frames", "0", "--sh_degree", "1", "--device", "cpu", "--max_steps", "100000"]
+TINY = [
+    "default",
+    "--synthetic_image_size",
+    "32",
+    "--synthetic_num_cameras",
+    "8",
+    "--synthetic_num_gaussians",
+    "150",
+    "--num_traj_frames",
+    "0",
+    "--sh_degree",
+    "1",
+    "--device",
+    "cpu",
+    "--max_steps",
+    "100000",
+]
 
 
 def _children(pid: int) -> list[int]:
@@ -42,12 +57,14 @@ def _alive(pid: int) -> bool:
 def _interrupt_when_training(tmp_path: Path, sig: int, *flags: str) -> tuple[int, str, list[int]]:
     """Start ``splat-train`` (a subprocess), send ``sig`` once training has begun; return its exit
     code, its stderr and the pids of the processes it had started."""
-    proc = subprocess.Popen([sys.executable, "-m", "splat_train.trainer.cli", *TINY, *flags,
-                             "--result_dir", str(tmp_path / "run")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "splat_train.trainer.cli", *TINY, *flags, "--result_dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)],
-                     daemon=True).start()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)], daemon=True).start()
     try:
         while True:  # "splat-train: ..." is printed when the training loop starts
             line = lines.get(timeout=300)
@@ -75,8 +92,9 @@ def test_sigint_ends_a_run_at_once_with_one_line(tmp_path):
     assert rc == 130, err
     messages = _messages(err)
     assert len(messages) == 1, err  # no native stack dump (pycolmap's glog), no traceback
-    assert messages[0] == (f"stopped by SIGINT before the first checkpoint; "
-                           f"{tmp_path / 'run'} needs --overwrite to start again")
+    assert messages[0] == (
+        f"stopped by SIGINT before the first checkpoint; {tmp_path / 'run'} needs --overwrite to start again"
+    )
 
 
 def _newest_checkpoint_step(message: str) -> int:
@@ -97,8 +115,7 @@ def test_sigterm_writes_a_checkpoint_at_the_next_step_and_ends_with_one_line(tmp
 
 
 def test_sigterm_stops_spawned_cpu_ranks(tmp_path):
-    rc, err, spawned = _interrupt_when_training(tmp_path, signal.SIGTERM, "--nproc_per_node", "2",
-                                                "--save_steps", "1")
+    rc, err, spawned = _interrupt_when_training(tmp_path, signal.SIGTERM, "--nproc_per_node", "2", "--save_steps", "1")
     assert rc == 143, err
     messages = _messages(err)
     assert len(messages) == 1, err
@@ -116,15 +133,43 @@ def test_sigterm_stops_spawned_cpu_ranks(tmp_path):
 
 
 def _run(tmp_path: Path, result: str, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "splat_train.trainer.cli", *RERUN, *flags,
-                             "--result_dir", str(tmp_path / result)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "splat_train.trainer.cli", *RERUN, *flags, "--result_dir", str(tmp_path / result)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
-RERUN = ["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "8", "--synthetic_num_gaussians",
-         "150", "--num_traj_frames", "0", "--sh_degree", "1", "--device", "cpu", "--max_steps", "120",
-         "--refine_start_iter", "10", "--refine_every", "10", "--save_steps", "5", "--eval_steps", "120",
-         "--nproc_per_node", "2", "--resume", "auto"]
+RERUN = [
+    "default",
+    "--synthetic_image_size",
+    "32",
+    "--synthetic_num_cameras",
+    "8",
+    "--synthetic_num_gaussians",
+    "150",
+    "--num_traj_frames",
+    "0",
+    "--sh_degree",
+    "1",
+    "--device",
+    "cpu",
+    "--max_steps",
+    "120",
+    "--refine_start_iter",
+    "10",
+    "--refine_every",
+    "10",
+    "--save_steps",
+    "5",
+    "--eval_steps",
+    "120",
+    "--nproc_per_node",
+    "2",
+    "--resume",
+    "auto",
+]
 
 
 def test_sigterm_then_the_same_command_equals_an_uninterrupted_run(tmp_path):

@@ -100,15 +100,29 @@ def make_case(name, seed):
     num_targets = 17
     bitmap, rows = sc.reference_encode(x)
     return dict(
-        grad=x, bitmap=bitmap, rows=rows,
+        grad=x,
+        bitmap=bitmap,
+        rows=rows,
         base=torch.randn(x.shape, generator=gen),
         index=torch.randint(0, num_targets, (x.shape[0],), generator=gen),  # duplicates add up
         num_targets=num_targets,
     )
 
 
-CASES = ["R0", "R1", "R31", "R33", "R100", "R32_all_nonzero", "all_zero", "all_nonzero",
-         "single_lane", "neg_zero_nan_inf", "wide", "D1"]
+CASES = [
+    "R0",
+    "R1",
+    "R31",
+    "R33",
+    "R100",
+    "R32_all_nonzero",
+    "all_zero",
+    "all_nonzero",
+    "single_lane",
+    "neg_zero_nan_inf",
+    "wide",
+    "D1",
+]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -171,11 +185,13 @@ def _run_kernels(in_path, out_path):
         x = c["grad"]
         bitmap, rows = sc.encode(x)
         results[name] = dict(
-            bitmap=bitmap, rows=rows,
+            bitmap=bitmap,
+            rows=rows,
             copy=sc.decode_copy(torch.zeros_like(x), c["bitmap"], c["rows"]),
             add=sc.decode_add(c["base"].clone(), c["bitmap"], c["rows"]),
-            index_add=sc.decode_index_add(torch.zeros(c["num_targets"], x.shape[1]), c["index"],
-                                          c["bitmap"], c["rows"]),
+            index_add=sc.decode_index_add(
+                torch.zeros(c["num_targets"], x.shape[1]), c["index"], c["bitmap"], c["rows"]
+            ),
         )
     try:  # one set bit too many for the rows given
         sc.decode_copy(torch.zeros(40, 4), torch.tensor([7, 0], dtype=torch.int32), torch.zeros(2, 4))
@@ -204,8 +220,7 @@ def test_kernels_match_references(kernel_results, name):
     assert_same_bits(k["copy"], sc.reference_decode_copy(torch.zeros_like(x), c["bitmap"], c["rows"]), "copy")
     # one addition per element, as in the reference: equal bits
     assert_same_bits(k["add"], sc.reference_decode_add(c["base"].clone(), c["bitmap"], c["rows"]), "add")
-    ref = sc.reference_decode_index_add(torch.zeros(c["num_targets"], x.shape[1]), c["index"],
-                                        c["bitmap"], c["rows"])
+    ref = sc.reference_decode_index_add(torch.zeros(c["num_targets"], x.shape[1]), c["index"], c["bitmap"], c["rows"])
     assert_close(k["index_add"], ref, "index_add")  # atomics: the summation order may differ
 
 

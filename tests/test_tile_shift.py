@@ -11,8 +11,20 @@ from splat_train.trainer.render import CameraBatch, render, shift_cameras
 
 from scenes import make_cameras, make_scene
 
-FLAGS = ["--synthetic_image_size", "40", "--synthetic_num_cameras", "4", "--synthetic_num_gaussians", "200",
-         "--max_steps", "3", "--num_traj_frames", "0", "--raster", "fused"]
+FLAGS = [
+    "--synthetic_image_size",
+    "40",
+    "--synthetic_num_cameras",
+    "4",
+    "--synthetic_num_gaussians",
+    "200",
+    "--max_steps",
+    "3",
+    "--num_traj_frames",
+    "0",
+    "--raster",
+    "fused",
+]
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])

@@ -24,8 +24,21 @@ from splat_train.trainer import viewer as viewer_module  # noqa: E402
 from splat_train.trainer.config import Config  # noqa: E402
 from splat_train.trainer.export import save_ply  # noqa: E402
 
-TINY = ["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "8", "--synthetic_num_gaussians", "150",
-        "--num_traj_frames", "0", "--sh_degree", "1", "--export_formats", "ply"]
+TINY = [
+    "default",
+    "--synthetic_image_size",
+    "32",
+    "--synthetic_num_cameras",
+    "8",
+    "--synthetic_num_gaussians",
+    "150",
+    "--num_traj_frames",
+    "0",
+    "--sh_degree",
+    "1",
+    "--export_formats",
+    "ply",
+]
 STARTUP_S = 120  # bounds on waiting, not measurements: a loaded 2-core CI machine is slow
 
 
@@ -36,8 +49,12 @@ def _free_port() -> int:
 
 
 def _start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "splat_train.trainer.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "splat_train.trainer.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _page(port: int, proc: subprocess.Popen) -> str:
@@ -67,16 +84,29 @@ def _frame(port: int, width: int = 320, height: int = 240) -> np.ndarray:
     from PIL import Image
 
     async def receive() -> np.ndarray:
-        async with websockets.connect(f"ws://127.0.0.1:{port}", subprotocols=[f"viser-v{viser.__version__}"],
-                                      max_size=None) as ws:
-            await ws.send(msgspec.msgpack.encode(dict(
-                type="ViewerCameraMessage", wxyz=(1.0, 0.0, 0.0, 0.0), position=(0.0, 0.0, -3.0), fov=1.0,
-                near=0.01, far=100.0, image_height=height, image_width=width, look_at=(0.0, 0.0, 0.0),
-                up_direction=(0.0, -1.0, 0.0))))
+        async with websockets.connect(
+            f"ws://127.0.0.1:{port}", subprotocols=[f"viser-v{viser.__version__}"], max_size=None
+        ) as ws:
+            await ws.send(
+                msgspec.msgpack.encode(
+                    dict(
+                        type="ViewerCameraMessage",
+                        wxyz=(1.0, 0.0, 0.0, 0.0),
+                        position=(0.0, 0.0, -3.0),
+                        fov=1.0,
+                        near=0.01,
+                        far=100.0,
+                        image_height=height,
+                        image_width=width,
+                        look_at=(0.0, 0.0, 0.0),
+                        up_direction=(0.0, -1.0, 0.0),
+                    )
+                )
+            )
             while True:
                 raw = await ws.recv()
                 size, compressed = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:16], "little")
-                inner = zstandard.ZstdDecompressor().decompress(raw[16:16 + compressed], max_output_size=size)
+                inner = zstandard.ZstdDecompressor().decompress(raw[16 : 16 + compressed], max_output_size=size)
                 for message in msgspec.msgpack.decode(inner)["messages"]:
                     if message["type"] == "BackgroundImageMessage" and message.get("rgb_data"):
                         return np.asarray(Image.open(io.BytesIO(message["rgb_data"])))
@@ -88,9 +118,15 @@ def _blob_ply(path: Path) -> Path:
     """200 coloured Gaussians around the origin."""
     g = torch.Generator().manual_seed(0)
     n = 200
-    save_ply(path, means=torch.randn(n, 3, generator=g) * 0.4, scales=torch.full((n, 3), -2.5),
-             quats=torch.tensor([[1.0, 0, 0, 0]]).repeat(n, 1), opacities=torch.full((n,), 2.0),
-             sh0=torch.randn(n, 1, 3, generator=g) * 2, shN=torch.zeros(n, 3, 3))
+    save_ply(
+        path,
+        means=torch.randn(n, 3, generator=g) * 0.4,
+        scales=torch.full((n, 3), -2.5),
+        quats=torch.tensor([[1.0, 0, 0, 0]]).repeat(n, 1),
+        opacities=torch.full((n,), 2.0),
+        sh0=torch.randn(n, 1, 3, generator=g) * 2,
+        shN=torch.zeros(n, 3, 3),
+    )
     return path
 
 
@@ -115,8 +151,9 @@ def test_view_serves_a_ply_renders_a_frame_and_stops(tmp_path):
 
 def test_a_training_run_serves_its_model_between_steps_and_ends_on_its_own(tmp_path):
     port = _free_port()
-    proc = _start([*TINY, "--max_steps", "60", "--no_disable_viewer", "--port", str(port),
-                   "--result_dir", str(tmp_path / "run")])
+    proc = _start(
+        [*TINY, "--max_steps", "60", "--no_disable_viewer", "--port", str(port), "--result_dir", str(tmp_path / "run")]
+    )
     try:
         _page(port, proc)
         _assert_rendered(_frame(port))
@@ -142,11 +179,26 @@ def test_headless_chromium_shows_the_rendered_view(tmp_path):
         # the page can be captured before the first frame arrives (each capture is a new client for
         # which the viewer renders anew; seen in about one run in five with three captures)
         while time.monotonic() < deadline:
-            subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                            "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=900,650",
-                            "--virtual-time-budget=15000", f"--user-data-dir={tmp_path / 'profile'}",
-                            f"--screenshot={shot}", f"http://127.0.0.1:{port}/"], check=True, timeout=STARTUP_S,
-                           capture_output=True)
+            subprocess.run(
+                [
+                    "chromium",
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--no-first-run",
+                    "--window-size=900,650",
+                    "--virtual-time-budget=15000",
+                    f"--user-data-dir={tmp_path / 'profile'}",
+                    f"--screenshot={shot}",
+                    f"http://127.0.0.1:{port}/",
+                ],
+                check=True,
+                timeout=STARTUP_S,
+                capture_output=True,
+            )
             canvas = np.asarray(Image.open(shot).convert("RGB"))[150:600, 50:550]  # the view, left of the panel
             if canvas.std() > 5:
                 break
@@ -161,8 +213,12 @@ def test_view_errors_and_which_export_it_shows(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"error: no such run folder or PLY: {tmp_path / 'missing'}"
     run = tmp_path / "run"
     assert viewer_module.newest_export(run) is None
-    for rel in ["point_cloud/iteration_900/point_cloud.ply", "ply/point_cloud_30.ply",
-                "ply/point_cloud_200_distributed_merged.ply", "ply/point_cloud_1000.compressed.ply"]:
+    for rel in [
+        "point_cloud/iteration_900/point_cloud.ply",
+        "ply/point_cloud_30.ply",
+        "ply/point_cloud_200_distributed_merged.ply",
+        "ply/point_cloud_1000.compressed.ply",
+    ]:
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_bytes(b"")
     assert viewer_module.newest_export(run) == run / "ply/point_cloud_200_distributed_merged.ply"
@@ -182,8 +238,7 @@ def test_stopping_after_a_failed_step_releases_the_viewer_lock():
     finally) must release the lock, or the viewer's render thread waits on it for ever."""
     from splat_train.kernels import reference
 
-    viewer = viewer_module.SplatViewer(_free_port(), lambda: ({}, 0), torch.device("cpu"), reference,
-                                       mode="training")
+    viewer = viewer_module.SplatViewer(_free_port(), lambda: ({}, 0), torch.device("cpu"), reference, mode="training")
     viewer.before_step()
     assert not viewer.viewer.lock.acquire(blocking=False)  # held by the step
     viewer.stop()

@@ -35,8 +35,14 @@ def test_streamed_views_stay_within_their_cache_and_match(scene, batch_size, thr
     data = Dataset(scene, list(range(24)), preload=False)
     sampler = CameraSampler(data, batch_size, seed=3)
     image = 32 * 32 * 3
-    views = TrainViews(data, torch.device("cpu"), host_cache_bytes=8 * image, items_at=sampler.batch_at, lookahead=16,
-                       decode_threads=threads)
+    views = TrainViews(
+        data,
+        torch.device("cpu"),
+        host_cache_bytes=8 * image,
+        items_at=sampler.batch_at,
+        lookahead=16,
+        decode_threads=threads,
+    )
     assert views.where == "stream" and data._images is None
     assert views._pool._max_workers == (threads or views_module.DECODE_THREADS)  # --decode_threads
     for step in range(60):  # 2.5 epochs: images leave the cache and come back
@@ -72,8 +78,19 @@ def test_training_from_a_bounded_cache_equals_training_from_memory(tmp_path):
     from splat_train.trainer.launch import DistContext
     from splat_train.trainer.loop import Trainer
 
-    flags = ["default", "--synthetic_image_size", "32", "--synthetic_num_cameras", "12", "--synthetic_num_gaussians",
-             "100", "--sh_degree", "0", "--result_dir", str(tmp_path)]
+    flags = [
+        "default",
+        "--synthetic_image_size",
+        "32",
+        "--synthetic_num_cameras",
+        "12",
+        "--synthetic_num_gaussians",
+        "100",
+        "--sh_degree",
+        "0",
+        "--result_dir",
+        str(tmp_path),
+    ]
     params = []
     for extra in ([], ["--image_cache_gb", str(6 * 32 * 32 * 3 / 2**30)]):
         cfg = parse_args([*flags, *extra])
@@ -91,8 +108,10 @@ def test_describe_views_names_the_cache(tmp_path):
     from splat_train.trainer.data import describe_views
     from splat_train.trainer.data.images import Camera, Scene
 
-    cams = [Camera(f"{i}.png", tmp_path / f"{i}.png", np.eye(4, dtype=np.float32), np.eye(3, dtype=np.float32),
-                   64, 48) for i in range(3)]
+    cams = [
+        Camera(f"{i}.png", tmp_path / f"{i}.png", np.eye(4, dtype=np.float32), np.eye(3, dtype=np.float32), 64, 48)
+        for i in range(3)
+    ]
     scene = Scene(cams, None, None, 1.0, np.eye(4, dtype=np.float32), "colmap")
     line = describe_views(scene, [1, 2], [0], cache_bytes=2**30)[0]
     assert "decoded as needed into a cache of 1 GiB (--image_cache_gb)" in line

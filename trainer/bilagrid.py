@@ -48,8 +48,13 @@ class BilateralGrid(torch.nn.Module):
         guide = (images @ self.gray) * 2 - 1  # [C, H, W] luminance in [-1, 1]
         coords = torch.stack([xs.expand(C, H, W), ys[:, None].expand(C, H, W), guide], dim=-1)  # (x, y, z)
         # 5-D grid_sample: grids [C, 12, L, Hg, Wg] at coords [C, H, W, 1, 3] -> [C, 12, H, W, 1]
-        affine = F.grid_sample(self.grids[ids], coords[:, :, :, None, :], mode="bilinear", padding_mode="border",
-                               align_corners=True)[..., 0].permute(0, 2, 3, 1).reshape(C, H, W, 3, 4)
+        affine = (
+            F.grid_sample(
+                self.grids[ids], coords[:, :, :, None, :], mode="bilinear", padding_mode="border", align_corners=True
+            )[..., 0]
+            .permute(0, 2, 3, 1)
+            .reshape(C, H, W, 3, 4)
+        )
         return (affine[..., :3] @ images[..., None])[..., 0] + affine[..., 3]
 
     def tv_loss(self) -> torch.Tensor:
@@ -62,6 +67,8 @@ class BilateralGrid(torch.nn.Module):
 def lr_lambda(warmup: int, max_steps: int):
     """The grids' learning-rate factor at a step: linear warm-up from 0.01 over ``warmup``
     steps times exponential decay to 0.01 at ``max_steps`` (gsplat's chained schedulers)."""
+
     def factor(step: int) -> float:
         return (0.01 + 0.99 * min(step, warmup) / warmup) * 0.01 ** (step / max_steps)
+
     return factor

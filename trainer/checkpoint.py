@@ -42,9 +42,22 @@ def parse_name(name: str) -> Optional[tuple[int, int]]:
     """(step, rank) of a checkpoint file name (:func:`file_name`), None for any other name."""
     m = CKPT_RE.match(name)
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 PER_GAUSSIAN_STRATEGY_KEYS = PER_GAUSSIAN_STATE  # one home: shard.py
-RUN_OUTPUTS = ("ckpts", "ply", "stats", "renders", "videos", "tb", "profile", "cfg.yml", "point_cloud",
-               "cameras.json", "cfg_args")
+RUN_OUTPUTS = (
+    "ckpts",
+    "ply",
+    "stats",
+    "renders",
+    "videos",
+    "tb",
+    "profile",
+    "cfg.yml",
+    "point_cloud",
+    "cameras.json",
+    "cfg_args",
+)
 
 
 def list_checkpoints(ckpt_dir: Path) -> dict[int, dict[int, Path]]:
@@ -62,12 +75,20 @@ def list_checkpoints(ckpt_dir: Path) -> dict[int, dict[int, Path]]:
 def run_outputs(result_dir: Path) -> list[str]:
     """The names of RUN_OUTPUTS present in ``result_dir`` (folders with a trailing /)."""
     result_dir = Path(result_dir)
-    return [name + ("/" if (result_dir / name).is_dir() else "") for name in RUN_OUTPUTS
-            if (result_dir / name).exists()]
+    return [
+        name + ("/" if (result_dir / name).is_dir() else "") for name in RUN_OUTPUTS if (result_dir / name).exists()
+    ]
 
 
-def prepare_result_dir(result_dir: Path, resume: bool, overwrite: bool, evaluating: bool,
-                       auto_resume: bool = False, mutate: bool = True, log=None) -> bool:
+def prepare_result_dir(
+    result_dir: Path,
+    resume: bool,
+    overwrite: bool,
+    evaluating: bool,
+    auto_resume: bool = False,
+    mutate: bool = True,
+    log=None,
+) -> bool:
     """Decide how a run uses ``result_dir`` and return whether it resumes.
 
     Refuses to start a new run in a folder holding another run's outputs (ValueError naming the
@@ -178,8 +199,10 @@ def check_readable(path: Path) -> None:
         with zipfile.ZipFile(path) as archive:
             archive.namelist()
     except (zipfile.BadZipFile, OSError) as e:
-        raise ValueError(f"cannot read checkpoint {path}: not a complete PyTorch archive ({e}); the file is "
-                         "truncated, corrupted or not a checkpoint") from e
+        raise ValueError(
+            f"cannot read checkpoint {path}: not a complete PyTorch archive ({e}); the file is "
+            "truncated, corrupted or not a checkpoint"
+        ) from e
 
 
 def read(path: Path) -> dict:
@@ -192,8 +215,9 @@ def read(path: Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError ... with its own text
         reason = (str(e).strip().splitlines() or [""])[0]
-        raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {reason}; the file is "
-                         "truncated or corrupted") from e
+        raise ValueError(
+            f"cannot read checkpoint {path}: {type(e).__name__}: {reason}; the file is truncated or corrupted"
+        ) from e
     if not isinstance(state, dict) or "params" not in state:
         raise ValueError(f"{path} is not a splat-train checkpoint (no 'params')")
     return state
@@ -260,8 +284,10 @@ def load_shard(files: list[Path], rank: int, world_size: int) -> dict:
     ranks = [int(st.get("rank", i)) for i, st in enumerate(states)]
     steps = {int(st.get("step", 0)) for st in states}
     if saved_world != {len(states)} or ranks != list(range(len(states))) or len(steps) != 1:
-        raise ValueError(f"checkpoints {[str(f) for f in files]} are not one file per rank of one step "
-                         f"(ranks {ranks} of world size {sorted(saved_world)}, steps {sorted(steps)})")
+        raise ValueError(
+            f"checkpoints {[str(f) for f in files]} are not one file per rank of one step "
+            f"(ranks {ranks} of world size {sorted(saved_world)}, steps {sorted(steps)})"
+        )
     if len(states) == world_size:
         return states[rank]
     base = dict(states[rank] if rank < len(states) else states[0])
@@ -271,8 +297,11 @@ def load_shard(files: list[Path], rank: int, world_size: int) -> dict:
         merged = {"param_groups": opt["param_groups"], "state": {}}
         for key, value in opt["state"].items():
             merged["state"][key] = {
-                k: (_merge_rows([s["optimizers"][name]["state"][key][k] for s in states], rank, world_size)
-                    if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                k: (
+                    _merge_rows([s["optimizers"][name]["state"][key][k] for s in states], rank, world_size)
+                    if isinstance(v, torch.Tensor) and v.dim() > 0
+                    else v
+                )
                 for k, v in value.items()
             }
         optimizers[name] = merged

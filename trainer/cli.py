@@ -92,8 +92,12 @@ def run(ctx: DistContext, cfg: Config) -> None:
         if ctx.is_main:
             if not (cfg.ckpt or cfg.resume):  # a loaded model is not the initial one
                 _say(check_first_step(cfg, scene, ctx.world_size, ctx.device))
-            for line in describe_views(scene, *split_indices(len(scene.cameras), cfg.test_every), cfg.alpha_as_mask,
-                                       cache_bytes=int(cfg.image_cache_gb * 2**30)):
+            for line in describe_views(
+                scene,
+                *split_indices(len(scene.cameras), cfg.test_every),
+                cfg.alpha_as_mask,
+                cache_bytes=int(cfg.image_cache_gb * 2**30),
+            ):
                 _say(line)  # just before the Trainer decodes them
             if camera_line:
                 _say(camera_line)
@@ -117,8 +121,10 @@ def stopped_message(cfg: Optional[Config], signum: int) -> str:
     result_dir = Path(cfg.result_dir)
     steps = list_checkpoints(result_dir / "ckpts")
     if steps:
-        return (f"{line}; the newest checkpoint is step {max(steps)} in {result_dir / 'ckpts'} (--resume, or the "
-                "same command with --resume auto, continues it)")
+        return (
+            f"{line}; the newest checkpoint is step {max(steps)} in {result_dir / 'ckpts'} (--resume, or the "
+            "same command with --resume auto, continues it)"
+        )
     if run_outputs(result_dir):
         return f"{line} before the first checkpoint; {result_dir} needs --overwrite to start again"
     return line
@@ -150,12 +156,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ValueError(f"--ckpt: no such file: {f}")
             check_readable(f)
         external = detect_external()  # under torchrun / mpirun / srun every process gets here
-        resume = prepare_result_dir(Path(cfg.result_dir), cfg.resume, cfg.overwrite, evaluating=bool(cfg.ckpt),
-                                    auto_resume=cfg.auto_resume, mutate=external is None or external["rank"] == 0,
-                                    log=_warn if external is None or external["rank"] == 0 else None)
+        resume = prepare_result_dir(
+            Path(cfg.result_dir),
+            cfg.resume,
+            cfg.overwrite,
+            evaluating=bool(cfg.ckpt),
+            auto_resume=cfg.auto_resume,
+            mutate=external is None or external["rank"] == 0,
+            log=_warn if external is None or external["rank"] == 0 else None,
+        )
         cfg = dataclasses.replace(cfg, resume=resume)
-        return launch(run, (cfg,), nproc_per_node=cfg.nproc_per_node, device=cfg.device,
-                      dist_timeout_s=cfg.dist_timeout_s)
+        return launch(
+            run, (cfg,), nproc_per_node=cfg.nproc_per_node, device=cfg.device, dist_timeout_s=cfg.dist_timeout_s
+        )
     except (ValueError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

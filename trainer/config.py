@@ -277,7 +277,8 @@ class Config:
     export_frame: Literal["original", "normalized"] = "original"
     """Frame of every export (PLY, Inria folder and its cameras.json, web formats): original = the input data's world (COLMAP / transforms.json), the world normalization undone, so the splats line up with the input cameras and points; normalized = the centred, rotated, scaled world the trainer works in."""
     export_formats: list[Literal["ply", "inria", "splat", "ply_compressed"]] = field(
-        default_factory=lambda: ["ply", "inria"])
+        default_factory=lambda: ["ply", "inria"]
+    )
     """What each export writes: ply (ply/point_cloud_<step>.ply, always written: the run's model), inria (point_cloud/iteration_<step>/point_cloud.ply, cameras.json and cfg_args, the original 3DGS code's layout), splat (ply/point_cloud_<step>.splat, antimatter15's web format), ply_compressed (ply/point_cloud_<step>.compressed.ply, SuperSplat / PlayCanvas); the last two through gsplat's exporter."""
 
     disable_viewer: bool = True
@@ -324,9 +325,7 @@ def resolve(cfg: Config) -> Config:
         cfg = dataclasses.replace(cfg, data_dir=Path(cfg.data_dir).absolute())
     if cfg.steps_scaler == 1.0:
         return cfg
-    return dataclasses.replace(
-        cfg, schedule=scale_schedule(cfg.schedule, cfg.steps_scaler), steps_scaler=1.0
-    )
+    return dataclasses.replace(cfg, schedule=scale_schedule(cfg.schedule, cfg.steps_scaler), steps_scaler=1.0)
 
 
 def validate(cfg: Config) -> None:
@@ -346,36 +345,53 @@ def validate(cfg: Config) -> None:
         (cfg.schedule.refine_every >= 1, "--refine_every must be >= 1"),
         (cfg.schedule.reset_every >= 1, "--reset_every must be >= 1"),
         (not (cfg.resume and cfg.overwrite), "--resume and --overwrite cannot be combined"),
-        (not (cfg.auto_resume and (cfg.overwrite or cfg.ckpt)), "--resume auto cannot be combined with --overwrite or --ckpt"),
+        (
+            not (cfg.auto_resume and (cfg.overwrite or cfg.ckpt)),
+            "--resume auto cannot be combined with --overwrite or --ckpt",
+        ),
         (cfg.save_every_minutes >= 0, "--save_every_minutes must be >= 0 (0 = off)"),
         (cfg.dist_timeout_s > 0, "--dist_timeout_s must be > 0"),
         (not (cfg.resume and cfg.ckpt), "--resume and --ckpt cannot be combined"),
         (cfg.near_plane > 0 and cfg.far_plane > cfg.near_plane, "--near_plane/--far_plane must satisfy 0 < near < far"),
         (cfg.synthetic_image_size >= 16, "--synthetic_image_size must be >= 16"),
         (cfg.synthetic_num_cameras >= 2, "--synthetic_num_cameras must be >= 2"),
-        (cfg.schedule.prune_stage2_step >= 0 and cfg.schedule.prune_stage3_step >= 0,
-         "--prune_stage2_step/--prune_stage3_step must be >= 0 (0 = off)"),
-        (not (cfg.schedule.prune_stage2_step and cfg.schedule.prune_stage3_step)
-         or cfg.schedule.prune_stage3_step > cfg.schedule.prune_stage2_step,
-         "--prune_stage3_step must come after --prune_stage2_step"),
+        (
+            cfg.schedule.prune_stage2_step >= 0 and cfg.schedule.prune_stage3_step >= 0,
+            "--prune_stage2_step/--prune_stage3_step must be >= 0 (0 = off)",
+        ),
+        (
+            not (cfg.schedule.prune_stage2_step and cfg.schedule.prune_stage3_step)
+            or cfg.schedule.prune_stage3_step > cfg.schedule.prune_stage2_step,
+            "--prune_stage3_step must come after --prune_stage2_step",
+        ),
         (cfg.prune.prune_rounds >= 1, "--prune_rounds must be >= 1"),
         (0.0 <= cfg.device_images_share <= 1.0, "--device_images_share must be in [0, 1]"),
         (cfg.image_cache_gb >= 0, "--image_cache_gb must be >= 0 (0 = keep every image)"),
         (cfg.decode_threads >= 0, "--decode_threads must be >= 0 (0 = min(8, CPU cores))"),
         (0.0 < cfg.prune.prune_fraction <= 1.0, "--prune_fraction must be in (0, 1]"),
         (cfg.prune.tile_budget >= 0, "--tile_budget must be >= 0 (0 = from the device)"),
-        (not (cfg.raster == "fused" and cfg.app_opt),
-         "--raster fused never materializes the rendered image, so --app_opt cannot correct it; drop one"),
+        (
+            not (cfg.raster == "fused" and cfg.app_opt),
+            "--raster fused never materializes the rendered image, so --app_opt cannot correct it; drop one",
+        ),
         (not (cfg.raster == "fused" and cfg.pipeline != "ours"), "--raster fused needs --pipeline ours"),
-        (cfg.raster == "fused" or not cfg.random_tile_shift,
-         "--random_tile_shift moves the fused kernel's tile-local SSIM; it needs --raster fused"),
-        (not (cfg.pipeline == "gsplat-dist" and cfg.sparse_grad_comm),
-         "--sparse_grad_comm is an exchange of --pipeline ours (gsplat-dist runs gsplat's own); drop one"),
-        (cfg.lpips_weights is None or Path(cfg.lpips_weights).is_file(),
-         f"--lpips_weights: no such file: {cfg.lpips_weights}"),
+        (
+            cfg.raster == "fused" or not cfg.random_tile_shift,
+            "--random_tile_shift moves the fused kernel's tile-local SSIM; it needs --raster fused",
+        ),
+        (
+            not (cfg.pipeline == "gsplat-dist" and cfg.sparse_grad_comm),
+            "--sparse_grad_comm is an exchange of --pipeline ours (gsplat-dist runs gsplat's own); drop one",
+        ),
+        (
+            cfg.lpips_weights is None or Path(cfg.lpips_weights).is_file(),
+            f"--lpips_weights: no such file: {cfg.lpips_weights}",
+        ),
         (1 <= cfg.port <= 65535, "--port must be in 1..65535"),
-        (not (cfg.pipeline == "gsplat-dist" and cfg.packed),
-         "--pipeline gsplat-dist is dense only (gsplat's packed distributed path crashes); drop --packed"),
+        (
+            not (cfg.pipeline == "gsplat-dist" and cfg.packed),
+            "--pipeline gsplat-dist is dense only (gsplat's packed distributed path crashes); drop --packed",
+        ),
     ]
     checks += _gsplat_flag_checks(cfg)
     for ok, message in checks:
@@ -387,28 +403,44 @@ def _gsplat_flag_checks(cfg: Config) -> list[tuple[bool, str]]:
     """The checks of the options gsplat simple_trainer users bring (README: their table)."""
     fused = cfg.raster == "fused"
     return [
-        (cfg.compression is None,
-         "--compression png is gsplat's PngCompression, which needs plas and torchpq (CUDA-only packages outside "
-         "splat-train's dependencies); it is not supported here: compress the checkpoint with gsplat's "
-         "examples instead"),
-        (cfg.app_embed_dim is None,
-         "--app_embed_dim sizes gsplat's appearance MLP; --app_opt here is a per-image affine colour correction "
-         "with no embedding (trainer/aux_modules.py), so it is not supported: drop it"),
-        (not (cfg.densify.absgrad and cfg.densify.strategy == "mcmc"),
-         "--absgrad (--strategy.absgrad) is DefaultStrategy's; the mcmc strategy has none: drop one"),
-        (not (cfg.densify.absgrad and cfg.pipeline == "gsplat-dist"),
-         "--absgrad with --pipeline gsplat-dist: gsplat's distributed rasterization refuses absgrad (use "
-         "--pipeline ours, which routes it to the owners)"),
-        (not (cfg.depth_loss and (fused or cfg.pipeline == "gsplat-dist")),
-         "--depth_loss renders expected depth with the unfused rasterizer of --pipeline ours: drop --raster fused "
-         "or --pipeline gsplat-dist"),
+        (
+            cfg.compression is None,
+            "--compression png is gsplat's PngCompression, which needs plas and torchpq (CUDA-only packages outside "
+            "splat-train's dependencies); it is not supported here: compress the checkpoint with gsplat's "
+            "examples instead",
+        ),
+        (
+            cfg.app_embed_dim is None,
+            "--app_embed_dim sizes gsplat's appearance MLP; --app_opt here is a per-image affine colour correction "
+            "with no embedding (trainer/aux_modules.py), so it is not supported: drop it",
+        ),
+        (
+            not (cfg.densify.absgrad and cfg.densify.strategy == "mcmc"),
+            "--absgrad (--strategy.absgrad) is DefaultStrategy's; the mcmc strategy has none: drop one",
+        ),
+        (
+            not (cfg.densify.absgrad and cfg.pipeline == "gsplat-dist"),
+            "--absgrad with --pipeline gsplat-dist: gsplat's distributed rasterization refuses absgrad (use "
+            "--pipeline ours, which routes it to the owners)",
+        ),
+        (
+            not (cfg.depth_loss and (fused or cfg.pipeline == "gsplat-dist")),
+            "--depth_loss renders expected depth with the unfused rasterizer of --pipeline ours: drop --raster fused "
+            "or --pipeline gsplat-dist",
+        ),
         (cfg.depth_lambda >= 0, "--depth_lambda must be >= 0"),
-        (not (cfg.use_bilateral_grid and fused),
-         "--raster fused never materializes the rendered image, so --use_bilateral_grid cannot correct it; drop one"),
-        (len(cfg.bilateral_grid_shape) == 3 and min(cfg.bilateral_grid_shape) >= 1,
-         "--bilateral_grid_shape needs three positive cell counts (x y luminance)"),
-        (not (cfg.tb_save_image and fused),
-         "--tb_save_image needs the rendered image, which --raster fused never materializes; drop one"),
+        (
+            not (cfg.use_bilateral_grid and fused),
+            "--raster fused never materializes the rendered image, so --use_bilateral_grid cannot correct it; drop one",
+        ),
+        (
+            len(cfg.bilateral_grid_shape) == 3 and min(cfg.bilateral_grid_shape) >= 1,
+            "--bilateral_grid_shape needs three positive cell counts (x y luminance)",
+        ),
+        (
+            not (cfg.tb_save_image and fused),
+            "--tb_save_image needs the rendered image, which --raster fused never materializes; drop one",
+        ),
         (cfg.patch_size is None or cfg.patch_size >= 11, "--patch_size must be >= 11 (the SSIM window)"),
         (cfg.pose_noise >= 0, "--pose_noise must be >= 0"),
         (cfg.schedule.bilateral_grid_warmup >= 1, "--bilateral_grid_warmup must be >= 1"),
@@ -552,10 +584,15 @@ def from_argv(argv: Sequence[str], prog: Optional[str] = None) -> Config:
     if config_file is not None:
         # a saved cfg.yml records how that run was started (--resume, --overwrite, --ckpt); rerunning
         # its config starts a new run unless this command line says otherwise
-        base = dataclasses.replace(load_yaml(config_file, base), resume=False, overwrite=False, ckpt=None,
-                                   auto_resume=False)
+        base = dataclasses.replace(
+            load_yaml(config_file, base), resume=False, overwrite=False, ckpt=None, auto_resume=False
+        )
     cfg = tyro.cli(
-        Config, default=base, args=args, use_underscores=True, prog=prog or f"splat-train {preset or ''}".strip(),
+        Config,
+        default=base,
+        args=args,
+        use_underscores=True,
+        prog=prog or f"splat-train {preset or ''}".strip(),
         config=(tyro.conf.OmitArgPrefixes,),
     )
     validate(cfg)

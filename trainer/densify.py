@@ -49,8 +49,9 @@ class DefaultStrategy(_GsplatDefault):
             if state[key] is None:
                 state[key] = torch.zeros(n, device=grads.device)
         scales = self._ndc_scales(info, grads.device)
-        args = ((state["grad2d"], state["count"], grads, scales) +
-                ((None, info["gaussian_ids"], info["camera_ids"]) if packed else (info["radii"],)))
+        args = (state["grad2d"], state["count"], grads, scales) + (
+            (None, info["gaussian_ids"], info["camera_ids"]) if packed else (info["radii"],)
+        )
         if grads.device.type == "cuda" and densify_stats.available():
             densify_stats.accumulate(*args)
         else:
@@ -77,14 +78,24 @@ def make_strategy(cfg: Config):
     s, d = cfg.schedule, cfg.densify
     if d.strategy == "mcmc":
         return MCMCStrategy(
-            cap_max=d.cap_max, noise_lr=d.noise_lr, refine_start_iter=s.refine_start_iter,
-            refine_stop_iter=s.refine_stop_iter, refine_every=s.refine_every, min_opacity=d.min_opacity,
+            cap_max=d.cap_max,
+            noise_lr=d.noise_lr,
+            refine_start_iter=s.refine_start_iter,
+            refine_stop_iter=s.refine_stop_iter,
+            refine_every=s.refine_every,
+            min_opacity=d.min_opacity,
         )
     return DefaultStrategy(
-        prune_opa=d.prune_opa, grow_grad2d=d.grow_grad2d, grow_scale3d=d.grow_scale3d,
-        prune_scale3d=d.prune_scale3d, refine_start_iter=s.refine_start_iter,
-        refine_stop_iter=s.refine_stop_iter, reset_every=s.reset_every, refine_every=s.refine_every,
-        pause_refine_after_reset=s.pause_refine_after_reset, absgrad=d.absgrad,
+        prune_opa=d.prune_opa,
+        grow_grad2d=d.grow_grad2d,
+        grow_scale3d=d.grow_scale3d,
+        prune_scale3d=d.prune_scale3d,
+        refine_start_iter=s.refine_start_iter,
+        refine_stop_iter=s.refine_stop_iter,
+        reset_every=s.reset_every,
+        refine_every=s.refine_every,
+        pause_refine_after_reset=s.pause_refine_after_reset,
+        absgrad=d.absgrad,
     )
 
 
@@ -144,10 +155,12 @@ def post_backward(shard: "GaussianShard", cfg: Config, step: int, render_info: "
     MCMC reads the means' current learning rate; the default strategy the packed flag."""
     info = strategy_info(render_info)
     if cfg.densify.strategy == "mcmc":
-        shard.strategy.step_post_backward(shard.params, shard.optimizers, shard.strategy_state, step, info,
-                                          lr=shard.scheduler.get_last_lr()[0])
+        shard.strategy.step_post_backward(
+            shard.params, shard.optimizers, shard.strategy_state, step, info, lr=shard.scheduler.get_last_lr()[0]
+        )
     else:
-        shard.strategy.step_post_backward(shard.params, shard.optimizers, shard.strategy_state, step, info,
-                                          packed=cfg.packed)
+        shard.strategy.step_post_backward(
+            shard.params, shard.optimizers, shard.strategy_state, step, info, packed=cfg.packed
+        )
     if step % cfg.schedule.refine_every == 0:  # the strategies grow, prune or relocate only here
         shard.sizes_changed()

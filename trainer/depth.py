@@ -47,8 +47,9 @@ class DepthTargets:
     def __init__(self, dataset: Dataset, camera_model: str, device: torch.device):
         scene = dataset.scene
         if scene.points is None or any(scene.cameras[i].point_ids is None for i in dataset.indices):
-            raise DataError(f"--depth_loss needs each image's SfM points (COLMAP tracks); the {scene.source} scene "
-                            "has none")
+            raise DataError(
+                f"--depth_loss needs each image's SfM points (COLMAP tracks); the {scene.source} scene has none"
+            )
         masked = has_masks(scene, dataset.alpha_as_mask)  # else no view is decoded here (streamed datasets)
         pixels, depths, starts = [], [], [0]
         for item, index in enumerate(dataset.indices):
@@ -56,8 +57,13 @@ class DepthTargets:
             w2c = np.linalg.inv(camera.camtoworld.astype(np.float64))
             pts = scene.points[camera.point_ids].astype(np.float64) @ w2c[:3, :3].T + w2c[:3, 3]
             uv = project_points(pts, camera.K.astype(np.float64), camera_model)
-            keep = ((uv[:, 0] >= 0) & (uv[:, 0] < camera.width) & (uv[:, 1] >= 0) & (uv[:, 1] < camera.height)
-                    & (pts[:, 2] > 0))
+            keep = (
+                (uv[:, 0] >= 0)
+                & (uv[:, 0] < camera.width)
+                & (uv[:, 1] >= 0)
+                & (uv[:, 1] < camera.height)
+                & (pts[:, 2] > 0)
+            )
             mask = dataset.mask(item) if masked else None
             if mask is not None:
                 col = np.clip(uv[:, 0].astype(np.int64), 0, camera.width - 1)
@@ -74,10 +80,13 @@ class DepthTargets:
     def batch(self, items: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The targets of dataset items ``items``: pixels [P, 2], depths [P], image index in the
         batch [P] (int64), on the device (slices; no host synchronization)."""
-        parts = [(self.pixels[self.starts[i]:self.starts[i + 1]], self.depths[self.starts[i]:self.starts[i + 1]])
-                 for i in items]
-        image = torch.cat([torch.full((len(p),), j, dtype=torch.int64, device=self.depths.device)
-                           for j, (p, _) in enumerate(parts)])
+        parts = [
+            (self.pixels[self.starts[i] : self.starts[i + 1]], self.depths[self.starts[i] : self.starts[i + 1]])
+            for i in items
+        ]
+        image = torch.cat(
+            [torch.full((len(p),), j, dtype=torch.int64, device=self.depths.device) for j, (p, _) in enumerate(parts)]
+        )
         return torch.cat([p for p, _ in parts]), torch.cat([d for _, d in parts]), image
 
 
@@ -94,11 +103,17 @@ def sample_bilinear(images: torch.Tensor, pixels: torch.Tensor, image_ids: torch
     flat = images.reshape(-1)
     base = image_ids * (H * W)
     at = lambda yy, xx: flat[base + yy * W + xx]  # noqa: E731
-    return ((1 - fy) * ((1 - fx) * at(y0, x0) + fx * at(y0, x1)) + fy * ((1 - fx) * at(y1, x0) + fx * at(y1, x1)))
+    return (1 - fy) * ((1 - fx) * at(y0, x0) + fx * at(y0, x1)) + fy * ((1 - fx) * at(y1, x0) + fx * at(y1, x1))
 
 
-def depth_loss(rendered: torch.Tensor, pixels: torch.Tensor, depths: torch.Tensor, image_ids: torch.Tensor,
-               scene_scale: float, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+def depth_loss(
+    rendered: torch.Tensor,
+    pixels: torch.Tensor,
+    depths: torch.Tensor,
+    image_ids: torch.Tensor,
+    scene_scale: float,
+    weights: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """The module docstring's L_depth for one rank's batch: a 0-dim tensor, the mean over the C
     images of ``rendered`` [C, H, W, 1] of each image's mean |1/D - 1/z| over its points (an
     image without points adds 0), times ``scene_scale``. ``pixels`` [P, 2] are in the rendered

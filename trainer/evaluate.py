@@ -118,8 +118,9 @@ def write_video(path: Path, frames: list[np.ndarray], fps: int = 30) -> Path:
 
     def encode(tmp: str) -> None:  # the temporary name has no .mp4 suffix: name the container
         height, width = frames[0].shape[:2]
-        writer = imageio_ffmpeg.write_frames(tmp, (width, height), fps=fps, macro_block_size=1,
-                                             ffmpeg_log_level="quiet", output_params=["-f", "mp4"])
+        writer = imageio_ffmpeg.write_frames(
+            tmp, (width, height), fps=fps, macro_block_size=1, ffmpeg_log_level="quiet", output_params=["-f", "mp4"]
+        )
         writer.send(None)  # start ffmpeg
         try:
             for frame in frames:
@@ -143,8 +144,17 @@ class Evaluation:
     call (a :class:`shard.GaussianShard`). ``lpips_metric``: the LPIPS metric, when built at
     start (:func:`require_lpips`); else built at the first evaluation."""
 
-    def __init__(self, cfg: "Config", setup: RenderSetup, scene: "Scene", scene_scale: float, trainset: "Dataset",
-                 testset: "Dataset", report: "Reporter", lpips_metric: Optional[metrics.LPIPSMetric] = None):
+    def __init__(
+        self,
+        cfg: "Config",
+        setup: RenderSetup,
+        scene: "Scene",
+        scene_scale: float,
+        trainset: "Dataset",
+        testset: "Dataset",
+        report: "Reporter",
+        lpips_metric: Optional[metrics.LPIPSMetric] = None,
+    ):
         self.cfg, self.setup, self.scene, self.scene_scale = cfg, setup, scene, scene_scale
         self.trainset, self.testset, self.report = trainset, testset, report
         self.lpips_metric = lpips_metric
@@ -192,8 +202,12 @@ class Evaluation:
                 keep = item["mask"][..., None].float()  # training (gsplat zeroes its masked renders at evaluation too)
                 pred, gt = pred * keep, gt * keep
             name = self.scene.cameras[testset.indices[i]].name
-            row = dict(index=i, name=name, psnr=float(metrics.psnr(pred[None], gt[None]).mean()),
-                       ssim=float(metrics.ssim(pred[None], gt[None]).mean()))
+            row = dict(
+                index=i,
+                name=name,
+                psnr=float(metrics.psnr(pred[None], gt[None]).mean()),
+                ssim=float(metrics.ssim(pred[None], gt[None]).mean()),
+            )
             if lpips.available:
                 row["lpips"] = float(lpips(pred[None], gt[None]))
             rows.append(row)
@@ -207,8 +221,10 @@ class Evaluation:
         if gathered is None:  # rank 0 scores
             return None
         num_gaussians = sum(n for n, _, _, _ in gathered)
-        per_view = [{k: v for k, v in row.items() if k != "index"}
-                    for row in sorted((row for _, part, _, _ in gathered for row in part), key=lambda row: row["index"])]
+        per_view = [
+            {k: v for k, v in row.items() if k != "index"}
+            for row in sorted((row for _, part, _, _ in gathered for row in part), key=lambda row: row["index"])
+        ]
         # LPIPS is reported when every rank could score it (its weights are read per host)
         scored = lpips.available and all("lpips" in row for row in per_view)
         reason = lpips.reason if not lpips.available else "LPIPS unavailable on another rank's host"
@@ -229,8 +245,10 @@ class Evaluation:
         self.report.write_json(f"stats/val_step{step}.json", summary)
         self.report.scalars({k: summary[k] for k in ("psnr", "ssim", "lpips")}, step, prefix="val/")
         lpips_text = f" LPIPS({lpips.net}) {summary['lpips']:.4f}" if scored else ""
-        self.report.line(f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f}{lpips_text} "
-                   f"({len(per_view)} views)")
+        self.report.line(
+            f"step {step}: test PSNR {summary['psnr']:.3f} SSIM {summary['ssim']:.4f}{lpips_text} "
+            f"({len(per_view)} views)"
+        )
         return summary
 
     def depth_bounds(self) -> tuple[float, float]:
@@ -250,7 +268,6 @@ class Evaluation:
         near, far = np.percentile(depths, [1, 99])
         return float(max(near, 1e-3)), float(max(far, near * 1.01))
 
-
     def render_trajectory(self, shard: "GaussianShard", step: int) -> Optional[Path]:
         """Render ``num_traj_frames`` frames along :func:`trajectory.trajectory` collectively; rank 0 writes
         ``videos/traj_<step>.mp4`` (:func:`write_video`, 30 fps; an optional output). Returns the path
@@ -260,19 +277,30 @@ class Evaluation:
             return None
         ctx = self.setup.ctx
         if not _can_write_mp4():
-            self.report.print("warning: video not written: imageio-ffmpeg is not installed (pip install imageio-ffmpeg)")
+            self.report.print(
+                "warning: video not written: imageio-ffmpeg is not installed (pip install imageio-ffmpeg)"
+            )
             return None
         first = self.trainset.camera(0)
         path = self.report.result_dir / "videos" / f"traj_{step}.mp4"
-        self.report.line(f"video: rendering {n} frames at {first['width']}x{first['height']} along the "
-                            f"{self.cfg.render_traj_path} path for {path} (--disable_video skips it)")
+        self.report.line(
+            f"video: rendering {n} frames at {first['width']}x{first['height']} along the "
+            f"{self.cfg.render_traj_path} path for {path} (--disable_video skips it)"
+        )
         c2ws = np.stack([self.scene.cameras[i].camtoworld for i in self.trainset.indices])
         bounds = self.depth_bounds() if self.cfg.render_traj_path == "spiral" else (0.0, 0.0)
         poses = torch.from_numpy(trajectory(self.cfg.render_traj_path, c2ws, n, bounds)).to(ctx.device)
         mine, rounds = exchange.deal_views(n, ctx)
         picks = exchange.padded_rounds(mine, rounds)
-        cams = [CameraBatch(rigid_inverse(poses[i : i + 1]), first["K"][None].to(ctx.device),
-                            int(first["width"]), int(first["height"])) for i in picks]
+        cams = [
+            CameraBatch(
+                rigid_inverse(poses[i : i + 1]),
+                first["K"][None].to(ctx.device),
+                int(first["width"]),
+                int(first["height"]),
+            )
+            for i in picks
+        ]
         frames = render_views(shard, self.setup, cams)[: len(mine)]
         gathered = exchange.gather_to_main(ctx, list(zip(mine, frames)))
         if gathered is None:  # rank 0 writes the video

@@ -79,7 +79,6 @@ def any_rank(ctx: DistContext, flags: Sequence[bool]) -> list[bool]:
     return [bool(v) for v in values.cpu().tolist()]
 
 
-
 def from_main(ctx: DistContext, obj):
     """Rank 0's ``obj`` on every rank (a pickled broadcast through the host; control values only,
     e.g. rank 0's decision to resume and from which files). Identity at world size 1."""
@@ -88,6 +87,7 @@ def from_main(ctx: DistContext, obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0, group=ctx.group, device=ctx.comm_device)
     return box[0]
+
 
 def gather_to_main(ctx: DistContext, obj) -> "list | None":
     """Every rank's ``obj`` on rank 0, as a list in rank order (None on the other ranks; a pickled
@@ -235,7 +235,8 @@ def _all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], re
     d = x.shape[1]
     out = x.new_empty(sum(recv_rows), d)
     dist.all_to_all_single(
-        out, x.contiguous(),
+        out,
+        x.contiguous(),
         output_split_sizes=recv_rows,
         input_split_sizes=send_rows,
         group=ctx.group,
@@ -288,8 +289,14 @@ def all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], rec
     return _all_to_all_rows(ctx, x.contiguous(), list(send_rows), list(recv_rows))
 
 
-def all_to_all(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int],
-               grad_cols: "tuple[int, int] | None" = None, sparse: bool = False) -> torch.Tensor:
+def all_to_all(
+    ctx: DistContext,
+    x: torch.Tensor,
+    send_rows: list[int],
+    recv_rows: list[int],
+    grad_cols: "tuple[int, int] | None" = None,
+    sparse: bool = False,
+) -> torch.Tensor:
     """Differentiable all_to_all of rows (identity at world size 1); see :class:`AllToAll`.
     ``sparse``: the backward elides zero gradient rows (--sparse_grad_comm)."""
     if ctx.world_size == 1:

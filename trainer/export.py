@@ -76,8 +76,14 @@ def save_ply(
     atomic_write(path, ply.write)
 
 
-def ply_rows(means: torch.Tensor, scales: torch.Tensor, quats: torch.Tensor, opacities: torch.Tensor,
-             sh0: torch.Tensor, shN: torch.Tensor) -> np.ndarray:
+def ply_rows(
+    means: torch.Tensor,
+    scales: torch.Tensor,
+    quats: torch.Tensor,
+    opacities: torch.Tensor,
+    sh0: torch.Tensor,
+    shN: torch.Tensor,
+) -> np.ndarray:
     """The PLY's vertex rows of these Gaussians: float32 [N, P] in :func:`ply_property_names`
     order (arguments as :func:`save_ply`; raises ValueError on inconsistent shapes)."""
     if means.dim() != 2 or means.shape[1] != 3:
@@ -113,6 +119,7 @@ def write_ply_parts(path: "str | os.PathLike", num: int, num_rest_coeffs: int, p
     """Write a 3DGS PLY of ``num`` Gaussians from ``parts``, an iterable of float32 row blocks
     [n_i, P] (:func:`ply_rows`) whose n_i add up to ``num``, one block in memory at a time;
     atomically, as :func:`save_ply`. Raises ValueError when the rows do not add up."""
+
     def write(tmp: str) -> None:
         written = 0
         with open(tmp, "wb") as f:
@@ -197,8 +204,9 @@ def ply_name(step: int, world_size: int) -> str:
     return f"point_cloud_{step}_distributed_merged.ply" if world_size > 1 else f"point_cloud_{step}.ply"
 
 
-def to_export_frame(params: dict[str, torch.Tensor], scene_transform: np.ndarray, export_frame: str
-                    ) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+def to_export_frame(
+    params: dict[str, torch.Tensor], scene_transform: np.ndarray, export_frame: str
+) -> tuple[dict[str, torch.Tensor], np.ndarray]:
     """(Gaussians, [4, 4] similarity x_export = S @ x_normalized) of ``--export_frame``:
     "original" undoes the world normalization (``Scene.transform``; frame.to_input_frame),
     "normalized" keeps the trainer's world (S = identity)."""
@@ -209,8 +217,9 @@ def to_export_frame(params: dict[str, torch.Tensor], scene_transform: np.ndarray
     return to_input_frame(params, scene_transform), np.linalg.inv(np.asarray(scene_transform, dtype=np.float64))
 
 
-def export_merged(shard: "GaussianShard", ctx, cfg, scene_transform: np.ndarray, result_dir: Path, step: int
-                  ) -> "dict | None":
+def export_merged(
+    shard: "GaussianShard", ctx, cfg, scene_transform: np.ndarray, result_dir: Path, step: int
+) -> "dict | None":
     """Rank 0 writes ``<result_dir>/ply/<ply_name>`` of the whole scene (every rank's ``shard``) after ``step`` steps, in the ``--export_frame``; returns the export there,
     dict(step, path, params, to_frame) for :func:`export_formats` (None on other ranks). Every
     rank must call this. With W > 1 the ranks' shards travel to rank 0 one after another, each
@@ -226,8 +235,7 @@ def export_merged(shard: "GaussianShard", ctx, cfg, scene_transform: np.ndarray,
     if ctx.world_size > 1 and not web:
         local = {k: v.detach().cpu() for k, v in params.items()}
         local, to_frame = to_export_frame(local, scene_transform, cfg.export_frame)
-        rows = ply_rows(local["means"], local["scales"], local["quats"], local["opacities"], local["sh0"],
-                        local["shN"])
+        rows = ply_rows(local["means"], local["scales"], local["quats"], local["opacities"], local["sh0"], local["shN"])
         del local
         if not stream_shards(ctx, rows, path, params["shN"].shape[1]):
             return None
@@ -237,8 +245,9 @@ def export_merged(shard: "GaussianShard", ctx, cfg, scene_transform: np.ndarray,
         return None
     merged, to_frame = to_export_frame(merged, scene_transform, cfg.export_frame)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_ply(path, merged["means"], merged["scales"], merged["quats"], merged["opacities"], merged["sh0"],
-             merged["shN"])
+    save_ply(
+        path, merged["means"], merged["scales"], merged["quats"], merged["opacities"], merged["sh0"], merged["shN"]
+    )
     return dict(step=step, path=path, params=merged if web else None, to_frame=to_frame)
 
 
@@ -286,9 +295,17 @@ def write_formats(names, export: dict, result_dir, training_cameras, cfg, run=No
     written = []
     for fmt in dict.fromkeys(names):  # in order, once each
         if fmt == "inria":
-            written.append(run(f"Inria layout {Path(result_dir) / 'point_cloud'}", lambda: formats.write_inria_layout(
-                result_dir, export["step"], export["path"], training_cameras(), export["to_frame"], cfg)))
+            written.append(
+                run(
+                    f"Inria layout {Path(result_dir) / 'point_cloud'}",
+                    lambda: formats.write_inria_layout(
+                        result_dir, export["step"], export["path"], training_cameras(), export["to_frame"], cfg
+                    ),
+                )
+            )
         elif fmt in formats.WEB_SUFFIXES:
             target = formats.web_export_path(export["path"], fmt)
-            written.append(run(f"{fmt} export {target}", lambda: formats.write_web_format(target, export["params"], fmt)))
+            written.append(
+                run(f"{fmt} export {target}", lambda: formats.write_web_format(target, export["params"], fmt))
+            )
     return [p for p in written if p is not None]

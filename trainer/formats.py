@@ -54,8 +54,9 @@ def write_web_format(path: Path, params: dict[str, torch.Tensor], fmt: str) -> P
         raise ValueError(f"web format must be one of {sorted(WEB_SUFFIXES)}, got {fmt!r}")
     from gsplat.exporter import export_splats
 
-    tensors = {k: params[k].detach().to("cpu", torch.float32) for k in
-               ("means", "scales", "quats", "opacities", "sh0", "shN")}
+    tensors = {
+        k: params[k].detach().to("cpu", torch.float32) for k in ("means", "scales", "quats", "opacities", "sh0", "shN")
+    }
     atomic_write_bytes(path, export_splats(**tensors, format=fmt))
     return path
 
@@ -65,12 +66,22 @@ def inria_cameras(cameras, transform: np.ndarray) -> list[dict]:
     moved into the export frame by the similarity ``transform`` [4, 4] (x_export = transform @
     x_normalized). ids are positions in the list; img_name is the file name without folders and
     extension, as the Inria readers name images."""
-    c2ws = transform_cameras(np.asarray(transform, dtype=np.float64),
-                             np.stack([c.camtoworld for c in cameras]))  # [C, 4, 4]
-    return [dict(id=i, img_name=PurePosixPath(c.name).name.split(".")[0], width=int(c.width),
-                 height=int(c.height), position=c2w[:3, 3].tolist(), rotation=c2w[:3, :3].tolist(),
-                 fy=float(c.K[1, 1]), fx=float(c.K[0, 0]))
-            for i, (c, c2w) in enumerate(zip(cameras, c2ws))]
+    c2ws = transform_cameras(
+        np.asarray(transform, dtype=np.float64), np.stack([c.camtoworld for c in cameras])
+    )  # [C, 4, 4]
+    return [
+        dict(
+            id=i,
+            img_name=PurePosixPath(c.name).name.split(".")[0],
+            width=int(c.width),
+            height=int(c.height),
+            position=c2w[:3, 3].tolist(),
+            rotation=c2w[:3, :3].tolist(),
+            fy=float(c.K[1, 1]),
+            fx=float(c.K[0, 0]),
+        )
+        for i, (c, c2w) in enumerate(zip(cameras, c2ws))
+    ]
 
 
 def cfg_args_text(cfg, result_dir: Path, width: int) -> str:
@@ -80,23 +91,26 @@ def cfg_args_text(cfg, result_dir: Path, width: int) -> str:
     loader divides by it (1, 2, 4, 8), else the trained image width (``width``, pixels), which is
     how Inria reads other values."""
     factor = int(cfg.data_factor)
-    return str(Namespace(
-        sh_degree=int(cfg.sh_degree),
-        source_path=str(Path(cfg.data_dir).resolve()) if cfg.data_dir is not None else "",
-        model_path=str(Path(result_dir).resolve()),
-        images="images",
-        depths="",
-        resolution=factor if factor in INRIA_RESOLUTIONS else int(width),
-        white_background=False,
-        train_test_exp=False,
-        data_device="cuda",
-        eval=cfg.test_every > 0,
-    ))
+    return str(
+        Namespace(
+            sh_degree=int(cfg.sh_degree),
+            source_path=str(Path(cfg.data_dir).resolve()) if cfg.data_dir is not None else "",
+            model_path=str(Path(result_dir).resolve()),
+            images="images",
+            depths="",
+            resolution=factor if factor in INRIA_RESOLUTIONS else int(width),
+            white_background=False,
+            train_test_exp=False,
+            data_device="cuda",
+            eval=cfg.test_every > 0,
+        )
+    )
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
     """Make ``dst`` hold ``src``'s bytes, atomically: a hard link (no extra disk), or a copy where
     the file system refuses links. An existing ``dst`` is replaced."""
+
     def write(tmp: str) -> None:
         os.remove(tmp)
         try:

@@ -111,12 +111,15 @@ def _quat_multiply(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Hamilton product a * b of wxyz quaternions, broadcasting: [..., 4] x [..., 4] -> [..., 4]."""
     aw, ax, ay, az = a.unbind(-1)
     bw, bx, by, bz = b.unbind(-1)
-    return torch.stack([
-        aw * bw - ax * bx - ay * by - az * bz,
-        aw * bx + ax * bw + ay * bz - az * by,
-        aw * by - ax * bz + ay * bw + az * bx,
-        aw * bz + ax * by - ay * bx + az * bw,
-    ], dim=-1)
+    return torch.stack(
+        [
+            aw * bw - ax * bx - ay * by - az * bz,
+            aw * bx + ax * bw + ay * bz - az * by,
+            aw * by - ax * bz + ay * bw + az * bx,
+            aw * bz + ax * by - ay * bx + az * bw,
+        ],
+        dim=-1,
+    )
 
 
 def rotation_to_quat(rotation: np.ndarray) -> np.ndarray:
@@ -139,7 +142,9 @@ def transform_gaussians(params: dict[str, torch.Tensor], transform: np.ndarray) 
     scale, rotation, translation = decompose_similarity(transform)
     out = {k: v.detach().cpu() for k, v in params.items()}
     means = out["means"].to(torch.float64)
-    out["means"] = (scale * means @ torch.from_numpy(rotation).T + torch.from_numpy(translation)).to(params["means"].dtype)
+    out["means"] = (scale * means @ torch.from_numpy(rotation).T + torch.from_numpy(translation)).to(
+        params["means"].dtype
+    )
     q = torch.from_numpy(rotation_to_quat(rotation))
     out["quats"] = _quat_multiply(q, out["quats"].to(torch.float64)).to(params["quats"].dtype)
     out["scales"] = (out["scales"].to(torch.float64) + math.log(scale)).to(params["scales"].dtype)
@@ -152,4 +157,3 @@ def to_input_frame(params: dict[str, torch.Tensor], scene_transform: np.ndarray)
     """Gaussians of the normalized world -> the input data's frame: :func:`transform_gaussians`
     with the inverse of ``Scene.transform`` (x_normalized = T @ x_input)."""
     return transform_gaussians(params, np.linalg.inv(np.asarray(scene_transform, dtype=np.float64)))
-

@@ -214,21 +214,36 @@ def detect_external(env: Optional[dict] = None) -> Optional[dict]:
     """
     env = dict(os.environ if env is None else env)
     if "RANK" in env and "WORLD_SIZE" in env:
-        layout: dict[str, Any] = dict(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
-                      local_rank=int(env.get("LOCAL_RANK", 0)), launcher="torchrun")
+        layout: dict[str, Any] = dict(
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            launcher="torchrun",
+        )
     elif "OMPI_COMM_WORLD_SIZE" in env:
-        layout = dict(rank=int(env["OMPI_COMM_WORLD_RANK"]), world_size=int(env["OMPI_COMM_WORLD_SIZE"]),
-                      local_rank=int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)), launcher="mpirun")
+        layout = dict(
+            rank=int(env["OMPI_COMM_WORLD_RANK"]),
+            world_size=int(env["OMPI_COMM_WORLD_SIZE"]),
+            local_rank=int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)),
+            launcher="mpirun",
+        )
     elif "PMI_RANK" in env and "PMI_SIZE" in env:
-        layout = dict(rank=int(env["PMI_RANK"]), world_size=int(env["PMI_SIZE"]),
-                      local_rank=int(env.get("MPI_LOCALRANKID", env.get("PMI_LOCAL_RANK", 0))),
-                      launcher="mpiexec (MPICH / Intel MPI)")
+        layout = dict(
+            rank=int(env["PMI_RANK"]),
+            world_size=int(env["PMI_SIZE"]),
+            local_rank=int(env.get("MPI_LOCALRANKID", env.get("PMI_LOCAL_RANK", 0))),
+            launcher="mpiexec (MPICH / Intel MPI)",
+        )
     elif "SLURM_PROCID" in env and not slurm_batch_without_srun(env):
         tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS", "1"))
         if tasks <= 1:
             return None
-        layout = dict(rank=int(env["SLURM_PROCID"]), world_size=tasks,
-                      local_rank=int(env.get("SLURM_LOCALID", 0)), launcher="srun")
+        layout = dict(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=tasks,
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            launcher="srun",
+        )
         nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         if not env.get("MASTER_ADDR") and nodes:
             env["MASTER_ADDR"] = first_slurm_host(nodes)
@@ -246,8 +261,13 @@ def local_processes_of_launcher(env: "Optional[Mapping[str, str]]" = None) -> in
     OMPI_COMM_WORLD_LOCAL_SIZE, MPICH / Intel MPI's MPI_LOCALNRANKS, SLURM's
     SLURM_STEP_TASKS_PER_NODE or SLURM_NTASKS_PER_NODE (the leading number); 1 when none says."""
     env = os.environ if env is None else env
-    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_TASKS_PER_NODE",
-                 "SLURM_NTASKS_PER_NODE"):
+    for name in (
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "SLURM_STEP_TASKS_PER_NODE",
+        "SLURM_NTASKS_PER_NODE",
+    ):
         value = env.get(name, "")
         digits = value[: len(value) - len(value.lstrip("0123456789"))] if value else ""
         if digits:
@@ -263,8 +283,15 @@ def pick_device(local_rank: int, device: str) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def init_context(rank: int, world_size: int, local_rank: int, device: str, store: Any = None,
-                 timeout_s: float = DIST_TIMEOUT_S, stop: Optional[StopRequest] = None) -> DistContext:
+def init_context(
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    device: str,
+    store: Any = None,
+    timeout_s: float = DIST_TIMEOUT_S,
+    stop: Optional[StopRequest] = None,
+) -> DistContext:
     """Set the device first, then create the process group bound to it (world_size > 1), whose
     collectives give up after ``timeout_s`` seconds (``--dist_timeout_s``)."""
     set_rank(rank)  # on this process's diagnostics (log.py)
@@ -275,8 +302,9 @@ def init_context(rank: int, world_size: int, local_rank: int, device: str, store
     if world_size == 1:
         return DistContext(device=dev, stop=stop)
     backend = "nccl" if dev.type == "cuda" else "gloo"
-    kwargs: dict[str, Any] = dict(backend=backend, rank=rank, world_size=world_size,
-                  timeout=datetime.timedelta(seconds=timeout_s))
+    kwargs: dict[str, Any] = dict(
+        backend=backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s)
+    )
     if store is not None:
         kwargs["store"] = store
     else:
@@ -284,8 +312,15 @@ def init_context(rank: int, world_size: int, local_rank: int, device: str, store
     if dev.type == "cuda":
         kwargs["device_id"] = dev
     dist.init_process_group(**kwargs)
-    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev,
-                       backend=backend, group=dist.group.WORLD, stop=stop)
+    return DistContext(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        device=dev,
+        backend=backend,
+        group=dist.group.WORLD,
+        stop=stop,
+    )
 
 
 def _free_store(world_size: int, attempts: int = 5):
@@ -294,15 +329,22 @@ def _free_store(world_size: int, attempts: int = 5):
     last = None
     for _ in range(attempts):
         try:
-            return dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
-                                 wait_for_workers=False, timeout=datetime.timedelta(seconds=600))
+            return dist.TCPStore(
+                "127.0.0.1",
+                0,
+                world_size + 1,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=600),
+            )
         except (RuntimeError, OSError) as e:  # pragma: no cover - depends on the host
             last = e
     raise LaunchError(f"could not open a rendezvous port on 127.0.0.1: {last}")
 
 
-def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callable, args: tuple,
-            timeout_s: float = 600.0) -> None:
+def _worker(
+    local_rank: int, world_size: int, port: int, device: str, fn: Callable, args: tuple, timeout_s: float = 600.0
+) -> None:
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>` prints where this rank is (all threads)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     share_cpu_threads(world_size)
@@ -316,10 +358,10 @@ def _worker(local_rank: int, world_size: int, port: int, device: str, fn: Callab
     try:
         stop = StopRequest()
         with interruptible(stop):
-            store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
-                                  timeout=datetime.timedelta(seconds=timeout_s))
-            ctx = init_context(local_rank, world_size, local_rank, device, store=store, timeout_s=timeout_s,
-                               stop=stop)
+            store = dist.TCPStore(
+                "127.0.0.1", port, world_size + 1, is_master=False, timeout=datetime.timedelta(seconds=timeout_s)
+            )
+            ctx = init_context(local_rank, world_size, local_rank, device, store=store, timeout_s=timeout_s, stop=stop)
             fn(ctx, *args)
     except Interrupted as e:  # the launcher stops the ranks with SIGTERM and says so itself
         code = e.exit_code
@@ -386,8 +428,14 @@ def num_local_processes(nproc_per_node: int, device: str) -> int:
     return 1
 
 
-def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device: str = "auto",
-           timeout_s: Optional[float] = None, dist_timeout_s: float = DIST_TIMEOUT_S) -> int:
+def launch(
+    fn: Callable[..., None],
+    args: tuple,
+    nproc_per_node: int = 0,
+    device: str = "auto",
+    timeout_s: Optional[float] = None,
+    dist_timeout_s: float = DIST_TIMEOUT_S,
+) -> int:
     """Run ``fn(ctx, *args)`` on every rank; return the exit code (0 when every rank succeeded).
 
     A failure on one rank ends the others within a bounded time (spawn terminates the survivors;
@@ -410,17 +458,20 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
             share_cpu_threads(local)
         os.environ.setdefault("MASTER_ADDR", external["master_addr"])
         os.environ.setdefault("MASTER_PORT", str(external["master_port"]))
-        ctx = init_context(external["rank"], external["world_size"], external["local_rank"], device,
-                           timeout_s=dist_timeout_s)
+        ctx = init_context(
+            external["rank"], external["world_size"], external["local_rank"], device, timeout_s=dist_timeout_s
+        )
         fn(ctx, *args)
         if ctx.world_size > 1:
             del ctx
             end_rank()
         return 0
     if slurm_batch_without_srun() and int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
-        log.warning(f"note: SLURM batch script without srun (SLURM_NTASKS={os.environ['SLURM_NTASKS']}): this "
-                    "process starts the ranks of this node itself (one per visible GPU, or --nproc_per_node); to run "
-                    "on several nodes, start splat-train with srun")
+        log.warning(
+            f"note: SLURM batch script without srun (SLURM_NTASKS={os.environ['SLURM_NTASKS']}): this "
+            "process starts the ranks of this node itself (one per visible GPU, or --nproc_per_node); to run "
+            "on several nodes, start splat-train with srun"
+        )
     nproc = num_local_processes(nproc_per_node, device)
     if nproc > 1 and device != "cpu" and torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise LaunchError(f"--nproc_per_node {nproc} exceeds the {torch.cuda.device_count()} visible GPUs")
@@ -432,8 +483,13 @@ def launch(fn: Callable[..., None], args: tuple, nproc_per_node: int = 0, device
     procs = None
     try:
         with interruptible():
-            procs = mp.start_processes(_worker, args=(nproc, store.port, device, fn, args, dist_timeout_s),
-                                       nprocs=nproc, join=False, start_method="spawn")
+            procs = mp.start_processes(
+                _worker,
+                args=(nproc, store.port, device, fn, args, dist_timeout_s),
+                nprocs=nproc,
+                join=False,
+                start_method="spawn",
+            )
             while not procs.join(timeout=1.0):
                 if deadline is not None and time.monotonic() > deadline:
                     if procs.join(timeout=0):  # every rank ended just now: not a timeout
@@ -459,8 +515,9 @@ def _stop_hung(processes: list, timeout_s: float, grace_s: float = 10.0) -> None
     """Have every live rank print its stack, then terminate them all (SIGTERM, then SIGKILL),
     within about ``2 + 2 * grace_s`` seconds whatever the ranks do. A rank still starting up
     (before ``_worker`` registered its handler) ends on SIGUSR1 without a stack."""
-    log.error(f"error: the ranks were still running after {timeout_s:g} s; their stacks follow, then they are "
-              "terminated")
+    log.error(
+        f"error: the ranks were still running after {timeout_s:g} s; their stacks follow, then they are terminated"
+    )
     live = [p for p in processes if p.is_alive()]
     if hasattr(signal, "SIGUSR1"):
         _signal_all(live, signal.SIGUSR1)
@@ -492,8 +549,10 @@ def _terminate(processes: list, grace_s: float = 10.0) -> None:
         _signal_all(live, getattr(signal, "SIGKILL", signal.SIGTERM))
         stuck = join_all(grace_s)
         if stuck:
-            log.warning(f"warning: rank processes {[p.pid for p in stuck]} did not end on SIGKILL (stuck in the "
-                        "kernel or a driver call)")
+            log.warning(
+                f"warning: rank processes {[p.pid for p in stuck]} did not end on SIGKILL (stuck in the "
+                "kernel or a driver call)"
+            )
 
 
 def free_port() -> int:

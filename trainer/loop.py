@@ -33,13 +33,24 @@ from .launch import DistContext, Interrupted
 from . import losses
 from .losses import opacity_reg, photometric_loss, scale_reg
 from .aux_modules import pose_perturbation
-from .model import (activated, create_optimizers, create_shard, initial_points, means_lr_scheduler,
-                    optimizer_step)
+from .model import activated, create_optimizers, create_shard, initial_points, means_lr_scheduler, optimizer_step
 from .profiling import PhaseTimer
 from .report import Reporter
-from .render import (TILE_SIZE, CameraBatch, PassLayout, RenderSetup, check_camera_model, ops_for,
-                     padding_only_radii, render, resolve_backend, rigid_inverse, shift_cameras, shift_intrinsics,
-                     visible_gaussians)
+from .render import (
+    TILE_SIZE,
+    CameraBatch,
+    PassLayout,
+    RenderSetup,
+    check_camera_model,
+    ops_for,
+    padding_only_radii,
+    render,
+    resolve_backend,
+    rigid_inverse,
+    shift_cameras,
+    shift_intrinsics,
+    visible_gaussians,
+)
 from .shard import GaussianShard
 from .viewer import start_training_viewer
 
@@ -82,20 +93,31 @@ class Trainer:
         self.samplers = [CameraSampler(self.trainset, cfg.batch_size, cfg.seed, r) for r in range(ctx.world_size)]
         self.sampler = self.samplers[ctx.rank]
         self.depth_targets = DepthTargets(self.trainset, cfg.camera_model, self.device) if cfg.depth_loss else None
-        self.views = TrainViews(self.trainset, self.device, cfg.device_images_share,
-                                host_cache_bytes=int(cfg.image_cache_gb * 2**30), decode_threads=cfg.decode_threads,
-                                items_at=lambda step: self.sampler.batch_at(step))
+        self.views = TrainViews(
+            self.trainset,
+            self.device,
+            cfg.device_images_share,
+            host_cache_bytes=int(cfg.image_cache_gb * 2**30),
+            decode_threads=cfg.decode_threads,
+            items_at=lambda step: self.sampler.batch_at(step),
+        )
         if self.views.channels == 4 and cfg.raster == "fused":
-            raise ValueError("the training views have loss masks (masks/ files, alpha channels or fisheye borders), "
-                             "which --raster fused cannot apply (its tile-local loss reads the images as they are): "
-                             "use --raster unfused, or --no-alpha_as_mask when the masks are alpha channels")
+            raise ValueError(
+                "the training views have loss masks (masks/ files, alpha channels or fisheye borders), "
+                "which --raster fused cannot apply (its tile-local loss reads the images as they are): "
+                "use --raster unfused, or --no-alpha_as_mask when the masks are alpha channels"
+            )
         if cfg.pose_noise > 0:  # gsplat's pose_perturb: a fixed random correction of every training camera
             self.views.camtoworlds = pose_perturbation(len(self.trainset), cfg.pose_noise, cfg.seed, self.device)(
-                self.views.camtoworlds, self.views.ids).detach()
+                self.views.camtoworlds, self.views.ids
+            ).detach()
         self.viewmats = rigid_inverse(self.views.camtoworlds)  # [V, 4, 4] world-to-camera, training views
-        self.render_options: dict[str, Any] = dict(camera_model=cfg.camera_model, antialiased=cfg.antialiased)  # every render's
-        self.setup = RenderSetup(ctx, self.ops, cfg.sh_degree, cfg.packed, cfg.near_plane, cfg.far_plane,
-                                 self.render_options)  # evaluation's and pruning's renders
+        self.render_options: dict[str, Any] = dict(
+            camera_model=cfg.camera_model, antialiased=cfg.antialiased
+        )  # every render's
+        self.setup = RenderSetup(
+            ctx, self.ops, cfg.sh_degree, cfg.packed, cfg.near_plane, cfg.far_plane, self.render_options
+        )  # evaluation's and pruning's renders
         self.selective_adam = cfg.visible_adam or cfg.sparse_grad
         self._tb_image: Optional[torch.Tensor] = None  # --tb_save_image: the last logged training render
         self.loss_backend = losses.training_loss_backend(self.device, cfg.ssim_backend)
@@ -106,27 +128,36 @@ class Trainer:
         optimizers = create_optimizers(params, cfg, ctx.world_size, self.scene_scale)
         scheduler = means_lr_scheduler(optimizers["means"], cfg.schedule.max_steps)
         if cfg.densify.strategy == "mcmc" and self.device.type != "cuda":
-            raise ValueError("the mcmc preset relocates Gaussians with gsplat's CUDA op, which needs a GPU; "
-                             "on the CPU use the default preset (or --device cuda on a GPU machine)")
+            raise ValueError(
+                "the mcmc preset relocates Gaussians with gsplat's CUDA op, which needs a GPU; "
+                "on the CPU use the default preset (or --device cuda on a GPU machine)"
+            )
         if cfg.pipeline == "gsplat-dist" and ctx.world_size > 1 and not self.sampler.uniform_batches:
             sizes = len(self.sampler.groups)
-            raise ValueError(f"--pipeline gsplat-dist with {ctx.world_size} ranks needs batches of one camera count "
-                             f"and image size on every rank (gsplat's exchange assumes it), but the "
-                             f"{len(self.trainset)} training views ({sizes} image size(s)) in batches of "
-                             f"--batch_size {cfg.batch_size} leave shorter or mixed batches; use a --batch_size "
-                             "that divides the view count of a one-size dataset, or --pipeline ours")
+            raise ValueError(
+                f"--pipeline gsplat-dist with {ctx.world_size} ranks needs batches of one camera count "
+                f"and image size on every rank (gsplat's exchange assumes it), but the "
+                f"{len(self.trainset)} training views ({sizes} image size(s)) in batches of "
+                f"--batch_size {cfg.batch_size} leave shorter or mixed batches; use a --batch_size "
+                "that divides the view count of a one-size dataset, or --pipeline ours"
+            )
         if cfg.pipeline == "gsplat-dist" and self.device.type != "cuda":
-            raise ValueError("--pipeline gsplat-dist is gsplat's CUDA rasterization(distributed=True), which needs "
-                             "a GPU; on the CPU use --pipeline ours")
+            raise ValueError(
+                "--pipeline gsplat-dist is gsplat's CUDA rasterization(distributed=True), which needs "
+                "a GPU; on the CPU use --pipeline ours"
+            )
         strategy = make_strategy(cfg)
         prune.limit_densification(strategy, cfg)  # off from ByteSplat stage 2 on
         strategy.check_sanity(params, optimizers)
-        self.shard = GaussianShard(params, optimizers, scheduler, strategy, initialize_state(strategy, self.scene_scale))
+        self.shard = GaussianShard(
+            params, optimizers, scheduler, strategy, initialize_state(strategy, self.scene_scale)
+        )
         self.aux, self.aux_optimizers = self._make_aux_modules()
         self.step = 0  # completed steps
         self._stats_step = 0  # step of the previous train stats file
-        self.evaluation = evaluate.Evaluation(cfg, self.setup, scene, self.scene_scale, self.trainset, self.testset,
-                                              self.report)
+        self.evaluation = evaluate.Evaluation(
+            cfg, self.setup, scene, self.scene_scale, self.trainset, self.testset, self.report
+        )
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
@@ -144,8 +175,9 @@ class Trainer:
         cfg, aux, opts, schedulers = self.cfg, {}, {}, {}
         lr_mult = batch_rule(cfg.batch_size, self.ctx.world_size)[0]
         for name, enabled, cls, lr, reg in (
-                ("pose", cfg.pose_opt, PoseOptModule, cfg.optim.pose_opt_lr, cfg.optim.pose_opt_reg),
-                ("app", cfg.app_opt, AppearanceModule, cfg.optim.app_opt_lr, cfg.optim.app_opt_reg)):
+            ("pose", cfg.pose_opt, PoseOptModule, cfg.optim.pose_opt_lr, cfg.optim.pose_opt_reg),
+            ("app", cfg.app_opt, AppearanceModule, cfg.optim.app_opt_lr, cfg.optim.app_opt_reg),
+        ):
             if enabled:
                 aux[name] = replicate(cls(len(self.trainset)), self.ctx)
                 opts[name] = torch.optim.Adam(aux[name].parameters(), lr=lr * lr_mult, weight_decay=reg)
@@ -153,7 +185,8 @@ class Trainer:
             aux["bilagrid"] = replicate(BilateralGrid(len(self.trainset), *cfg.bilateral_grid_shape), self.ctx)
             opts["bilagrid"] = torch.optim.Adam(aux["bilagrid"].parameters(), lr=BILAGRID_LR * lr_mult, eps=1e-15)
             schedulers["bilagrid"] = torch.optim.lr_scheduler.LambdaLR(
-                opts["bilagrid"], bilagrid_lr_lambda(cfg.schedule.bilateral_grid_warmup, cfg.schedule.max_steps))
+                opts["bilagrid"], bilagrid_lr_lambda(cfg.schedule.bilateral_grid_warmup, cfg.schedule.max_steps)
+            )
         self.aux_schedulers = schedulers
         return aux, opts
 
@@ -163,8 +196,9 @@ class Trainer:
     optimizers = property(lambda self: self.shard.optimizers, lambda self, v: setattr(self.shard, "optimizers", v))
     scheduler = property(lambda self: self.shard.scheduler, lambda self, v: setattr(self.shard, "scheduler", v))
     strategy = property(lambda self: self.shard.strategy, lambda self, v: setattr(self.shard, "strategy", v))
-    strategy_state = property(lambda self: self.shard.strategy_state,
-                              lambda self, v: setattr(self.shard, "strategy_state", v))
+    strategy_state = property(
+        lambda self: self.shard.strategy_state, lambda self, v: setattr(self.shard, "strategy_state", v)
+    )
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -258,7 +292,7 @@ class Trainer:
         windows = self.windows(step, self.ctx.rank, items)
         width, height = windows[0][2:]
         if cfg.patch_size is not None:  # the crops of the images and their cameras
-            batch = torch.stack([image[y0:y0 + h, x0:x0 + w] for image, (x0, y0, w, h) in zip(batch, windows)])
+            batch = torch.stack([image[y0 : y0 + h, x0 : x0 + w] for image, (x0, y0, w, h) in zip(batch, windows)])
             Ks = self._window_intrinsics(Ks, windows, (0, 0))
         gts, keep = (batch[..., :3], batch[..., 3:]) if batch.shape[-1] == 4 else (batch, None)
         cams = CameraBatch(viewmats, Ks, width, height)
@@ -274,12 +308,25 @@ class Trainer:
         if cfg.pipeline == "gsplat-dist":
             result = self._render_gsplat_dist(cams, self.sh_degree_at(step), backgrounds)
         else:
-            result = render(activated(self.params), cams, self.ctx, self.ops, self.sh_degree_at(step),
-                            packed=cfg.packed, near=cfg.near_plane, far=cfg.far_plane,
-                            backgrounds=backgrounds, keep_means2d_grad=True, timer=timer, rasterize=not fused,
-                            layout=layout, absgrad=cfg.densify.absgrad, render_depth=cfg.depth_loss,
-                            sparse_grad_comm=cfg.sparse_grad_comm,
-                            **self.render_options)
+            result = render(
+                activated(self.params),
+                cams,
+                self.ctx,
+                self.ops,
+                self.sh_degree_at(step),
+                packed=cfg.packed,
+                near=cfg.near_plane,
+                far=cfg.far_plane,
+                backgrounds=backgrounds,
+                keep_means2d_grad=True,
+                timer=timer,
+                rasterize=not fused,
+                layout=layout,
+                absgrad=cfg.densify.absgrad,
+                render_depth=cfg.depth_loss,
+                sparse_grad_comm=cfg.sparse_grad_comm,
+                **self.render_options,
+            )
         if origin != (0, 0):  # densification sees the images, not the padded renders: their size
             # (NDC scaling of the 2D-mean gradients) and only the projections that reach them
             info = result.info
@@ -302,8 +349,12 @@ class Trainer:
                 loss, parts = fused_l1_ssim_loss(colors, gts, cfg.ssim_lambda, padding="valid")
             else:  # valid-padded SSIM, as gsplat simple_trainer's fused_ssim call
                 loss, parts = photometric_loss(
-                    colors, uint8_to_unit(gts), cfg.ssim_lambda, ssim_padding="valid",
-                    ssim_backend_name=None if self.loss_backend == "auto" else self.loss_backend)
+                    colors,
+                    uint8_to_unit(gts),
+                    cfg.ssim_lambda,
+                    ssim_padding="valid",
+                    ssim_backend_name=None if self.loss_backend == "auto" else self.loss_backend,
+                )
             if cfg.depth_loss:
                 parts["depth"] = self._depth_loss(result.depths, items, windows)
                 loss = loss + cfg.depth_lambda * parts["depth"]
@@ -339,9 +390,14 @@ class Trainer:
         densify.post_backward(self.shard, cfg, step, result.info)
         self.last_phases = timer.end_step()
         # tensors stay on the device: converting them here would synchronize every step
-        return dict(loss=loss.detach(), l1=parts["l1"], ssim=parts["ssim"],
-                    num_gaussians=int(self.params["means"].shape[0]), num_isects=result.info.num_isects,
-                    **({"depth": parts["depth"].detach()} if "depth" in parts else {}))
+        return dict(
+            loss=loss.detach(),
+            l1=parts["l1"],
+            ssim=parts["ssim"],
+            num_gaussians=int(self.params["means"].shape[0]),
+            num_isects=result.info.num_isects,
+            **({"depth": parts["depth"].detach()} if "depth" in parts else {}),
+        )
 
     def _depth_loss(self, rendered: torch.Tensor, items: list[int], windows: list) -> torch.Tensor:
         """--depth_loss of this rank's images (trainer/depth.py), the targets moved into the
@@ -396,15 +452,29 @@ class Trainer:
             means2d = relay_absgrad(means2d, rec.absgrad_lanes)
             info.raster_means2d = means2d  # the relay finds its output here until backward
         loss, stats = fused_raster_loss(
-            means2d, rec.conics, rec.colors, rec.opacities, tiles.offsets,
-            tiles.flatten_ids, gts, info.width, info.height, self.cfg.ssim_lambda,
-            backgrounds=backgrounds, packed=self.cfg.packed, budget=self.cfg.prune.tile_budget or None,
-            fallback=self.ops, origin=origin, absgrad=absgrad)
+            means2d,
+            rec.conics,
+            rec.colors,
+            rec.opacities,
+            tiles.offsets,
+            tiles.flatten_ids,
+            gts,
+            info.width,
+            info.height,
+            self.cfg.ssim_lambda,
+            backgrounds=backgrounds,
+            packed=self.cfg.packed,
+            budget=self.cfg.prune.tile_budget or None,
+            fallback=self.ops,
+            origin=origin,
+            absgrad=absgrad,
+        )
         if absgrad and stats["absgrad"] is not None:
             means2d.absgrad = stats["absgrad"].view(means2d.shape)
         self.timer.begin("loss")
-        self.last_fused_stats = {k: v for k, v in stats.items()
-                                 if k in ("fraction_fused", "fraction_isects_fused", "num_tiles")}
+        self.last_fused_stats = {
+            k: v for k, v in stats.items() if k in ("fraction_fused", "fraction_isects_fused", "num_tiles")
+        }
         nan = torch.full((), float("nan"))
         return loss, {"l1": nan, "ssim": nan}  # the fused kernel returns the combined loss only
 
@@ -419,21 +489,47 @@ class Trainer:
         self.timer.begin("projection")  # gsplat's pass is one opaque forward
         g = activated(self.params)
         colors, alphas, meta = rasterization(
-            g["means"], g["quats"], g["scales"], g["opacities"], g["colors"], cams.viewmats, cams.Ks,
-            cams.width, cams.height, sh_degree=sh_degree, packed=False, near_plane=self.cfg.near_plane,
-            far_plane=self.cfg.far_plane, backgrounds=backgrounds, distributed=self.ctx.world_size > 1,
-            camera_model=self.cfg.camera_model, rasterize_mode="antialiased" if self.cfg.antialiased else "classic")
+            g["means"],
+            g["quats"],
+            g["scales"],
+            g["opacities"],
+            g["colors"],
+            cams.viewmats,
+            cams.Ks,
+            cams.width,
+            cams.height,
+            sh_degree=sh_degree,
+            packed=False,
+            near_plane=self.cfg.near_plane,
+            far_plane=self.cfg.far_plane,
+            backgrounds=backgrounds,
+            distributed=self.ctx.world_size > 1,
+            camera_model=self.cfg.camera_model,
+            rasterize_mode="antialiased" if self.cfg.antialiased else "classic",
+        )
         means2d = meta["means2d"]  # the local, pre-exchange [C_all, N, 2]
         means2d.retain_grad()
         C_all, n = means2d.shape[0], means2d.shape[1]
         C = cams.viewmats.shape[0]
-        N_world = ([n] * self.ctx.world_size if not (self.cfg.opacity_reg or self.cfg.scale_reg)
-                   else gather_metadata(self.ctx, [n])[:, 0].tolist())
-        info = RenderInfo(means2d=means2d, radii=meta["radii"], packed=False, n_cameras=C_all,
-                          widths=[cams.width] * C_all, heights=[cams.height] * C_all,
-                          num_isects=int(meta["isect_ids"].numel()), N_world=N_world,
-                          C_world=[C] * self.ctx.world_size, width=cams.width, height=cams.height,
-                          num_local_cameras=C)
+        N_world = (
+            [n] * self.ctx.world_size
+            if not (self.cfg.opacity_reg or self.cfg.scale_reg)
+            else gather_metadata(self.ctx, [n])[:, 0].tolist()
+        )
+        info = RenderInfo(
+            means2d=means2d,
+            radii=meta["radii"],
+            packed=False,
+            n_cameras=C_all,
+            widths=[cams.width] * C_all,
+            heights=[cams.height] * C_all,
+            num_isects=int(meta["isect_ids"].numel()),
+            N_world=N_world,
+            C_world=[C] * self.ctx.world_size,
+            width=cams.width,
+            height=cams.height,
+            num_local_cameras=C,
+        )
         return RenderResult(colors, alphas, info)
 
     # ------------------------------------------------------------------ the run
@@ -449,8 +545,15 @@ class Trainer:
             self.evaluation.run(self.shard, 0)  # the initial model, before any step
         profiler = self._start_profiler() if cfg.profile else None
         viewer = start_training_viewer(  # --no_disable_viewer: rank 0 of a one-process run
-            cfg, self.report, lambda: (self.shard.activated(), self.sh_degree_at(self.step)), self.device, self.ops,
-            self.result_dir, self.scene.cameras[self.trainset.indices[0]].camtoworld, self.scene.points)
+            cfg,
+            self.report,
+            lambda: (self.shard.activated(), self.sh_degree_at(self.step)),
+            self.device,
+            self.ops,
+            self.result_dir,
+            self.scene.cameras[self.trainset.indices[0]].camtoworld,
+            self.scene.points,
+        )
         first_step = self.step
         self._last_save = time.monotonic()
         try:
@@ -463,10 +566,15 @@ class Trainer:
         bar.close()
         if s.max_steps > first_step:
             steps = s.max_steps - first_step
-            peak = (f", peak memory {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f} GiB on rank 0"
-                    if self.device.type == "cuda" else "")
-            self.report.print(f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
-                  f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}")
+            peak = (
+                f", peak memory {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f} GiB on rank 0"
+                if self.device.type == "cuda"
+                else ""
+            )
+            self.report.print(
+                f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
+                f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}"
+            )
             streamed = self.views.stream_summary()  # None unless the images were streamed
             if streamed:
                 self.report.print(streamed)
@@ -490,8 +598,9 @@ class Trainer:
         for step in bar:
             if profiler is not None:
                 # no synchronization per step in the profiled window
-                self.timer.switch(s.profile_start_step <= step < s.profile_start_step + s.profile_num_steps,
-                                  deferred=True)
+                self.timer.switch(
+                    s.profile_start_step <= step < s.profile_start_step + s.profile_num_steps, deferred=True
+                )
             if viewer is not None:
                 viewer.before_step()  # holds the viewer's lock: frames show the model between steps
             out = self.train_step(step)
@@ -501,8 +610,9 @@ class Trainer:
                     self._phase_log.append(self.last_phases)
             self.step = done = step + 1
             window_steps += 1
-            prune.run_stages(self.shard, self.setup, self.trainset, self.testset, self.cfg, self.report,
-                             done)  # ByteSplat pruning stages 2 and 3 at their steps (prune.py)
+            prune.run_stages(
+                self.shard, self.setup, self.trainset, self.testset, self.cfg, self.report, done
+            )  # ByteSplat pruning stages 2 and 3 at their steps (prune.py)
             if viewer is not None:
                 viewer.after_step(done, sum(w * h for w, h in map(self.trainset.size, self.sampler.batch_at(step))))
             if done % s.log_every == 0 or done == s.max_steps:
@@ -514,22 +624,28 @@ class Trainer:
                 out["ms_per_step"] = ms
                 self.last_stats = out
                 bar.set_postfix(loss=f"{out['loss']:.4f}", gs=out["num_gaussians"], its=f"{1000.0 / ms:.1f}")
-                self.report.scalars({k: out[k] for k in ("loss", "l1", "ssim", "depth", "num_gaussians",
-                                                         "ms_per_step") if k in out}, done, prefix="train/")
+                self.report.scalars(
+                    {k: out[k] for k in ("loss", "l1", "ssim", "depth", "num_gaussians", "ms_per_step") if k in out},
+                    done,
+                    prefix="train/",
+                )
                 if self._tb_image is not None:  # --tb_save_image: ground truth | render, one row per image
-                    self.report.image("train/render", self._tb_image.reshape(-1, *self._tb_image.shape[2:])
-                                      .float().cpu(), done)
+                    self.report.image(
+                        "train/render", self._tb_image.reshape(-1, *self._tb_image.shape[2:]).float().cpu(), done
+                    )
                     self._tb_image = None
-                self.report.scalars({k: v for k, v in self.last_fused_stats.items() if k.startswith("fraction")},
-                                    done, prefix="fused/")
+                self.report.scalars(
+                    {k: v for k, v in self.last_fused_stats.items() if k.startswith("fraction")}, done, prefix="fused/"
+                )
             if done == s.max_steps:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 loop_seconds = time.perf_counter() - loop_start  # training only: before eval/export
             last = done == s.max_steps
             saved = done in s.save_steps or last
-            written = self.write_outputs(done, save=saved, ply=done in s.ply_steps or last,
-                                         evaluation=done in s.eval_steps or last)
+            written = self.write_outputs(
+                done, save=saved, ply=done in s.ply_steps or last, evaluation=done in s.eval_steps or last
+            )
             self._answer_requests(done, saved)
         return out, written, loop_seconds
 
@@ -563,8 +679,9 @@ class Trainer:
         if save:
             written.append(self.save_checkpoint())
         if ply and self.cfg.save_ply:
-            self.last_export = export.export_merged(self.shard, self.ctx, self.cfg, self.scene.transform,
-                                                    self.result_dir, step)
+            self.last_export = export.export_merged(
+                self.shard, self.ctx, self.cfg, self.scene.transform, self.result_dir, step
+            )
             written.append(self.last_export["path"] if self.last_export else None)
         if evaluation:
             if self.evaluation.run(self.shard, step) is not None:
@@ -572,8 +689,9 @@ class Trainer:
                 written.append(self.result_dir / "renders" / f"val_step{step}_*.png")
         if ply:  # Inria layout, web formats (rank 0 holds the export)
             made, self.last_export = self.last_export, None
-            written += export.export_formats(made, self.cfg, self.result_dir,
-                                             lambda: [self.scene.cameras[i] for i in self.trainset.indices])
+            written += export.export_formats(
+                made, self.cfg, self.result_dir, lambda: [self.scene.cameras[i] for i in self.trainset.indices]
+            )
         if evaluation:
             written.append(self.evaluation.render_trajectory(self.shard, step))
         return [p for p in written if p is not None and any(p.parent.glob(p.name))]
@@ -600,15 +718,22 @@ class Trainer:
             trace_path = out_dir / f"trace_rank{rank}.json"
             prof.export_chrome_trace(str(trace_path))
             summary = summarize_trace(json.loads(trace_path.read_text()), s.profile_num_steps)
-            checkpoint.atomic_write(out_dir / f"summary_rank{rank}.json",
-                                    lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
+            checkpoint.atomic_write(
+                out_dir / f"summary_rank{rank}.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2))
+            )
             self.report.print(format_trace_summary(summary))
 
         wait = max(s.profile_start_step - self.step - 1, 0)
         prof = torch.profiler.profile(
-            activities=activities, on_trace_ready=save,
-            schedule=torch.profiler.schedule(wait=wait, warmup=1 if wait or self.step < s.profile_start_step else 0,
-                                             active=s.profile_num_steps, repeat=1))
+            activities=activities,
+            on_trace_ready=save,
+            schedule=torch.profiler.schedule(
+                wait=wait,
+                warmup=1 if wait or self.step < s.profile_start_step else 0,
+                active=s.profile_num_steps,
+                repeat=1,
+            ),
+        )
         prof.start()
         return prof
 
@@ -621,8 +746,10 @@ class Trainer:
             return
         table = {p: float(np.median([row.get(p, 0.0) for row in log])) for p in (*PHASES, "total")}
         path = self.result_dir / "profile" / f"phases_rank{self.ctx.rank}.json"
-        checkpoint.atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(
-            dict(steps=len(log), median_ms=table, per_step=log), indent=2)))
+        checkpoint.atomic_write(
+            path,
+            lambda tmp: Path(tmp).write_text(json.dumps(dict(steps=len(log), median_ms=table, per_step=log), indent=2)),
+        )
         total = table["total"] or 1.0
         lines = [f"{'phase':<22}{'ms':>9}{'share':>8}"]
         lines += [f"{p:<22}{table[p]:>9.3f}{100 * table[p] / total:>7.1f}%" for p in PHASES]
@@ -630,8 +757,9 @@ class Trainer:
         self.report.print("\n".join(lines))
 
     def save_checkpoint(self) -> Path:
-        path = checkpoint.save(self.result_dir / "ckpts", self.step, self.ctx.rank, self.ctx.world_size,
-                               self.state_dict())
+        path = checkpoint.save(
+            self.result_dir / "ckpts", self.step, self.ctx.rank, self.ctx.world_size, self.state_dict()
+        )
         self._write_train_stats()
         return path
 
@@ -641,13 +769,16 @@ class Trainer:
         steps = max(self.step - self._stats_step, 1)
         self._stats_step = self.step
         comm = self.ctx.stats.reset()
-        stats = dict(step=self.step, rank=self.ctx.rank, world_size=self.ctx.world_size,
-                     num_gaussians=int(self.params["means"].shape[0]),
-                     ms_per_step=self.last_stats.get("ms_per_step"),
-                     mem_peak_gib=(torch.cuda.max_memory_allocated(self.device) / 2**30
-                                   if self.device.type == "cuda" else None),
-                     comm_per_step={k: {op: v / steps for op, v in d.items()} for k, d in comm.items()},
-                     fused_tiles=self.last_fused_stats or None)
+        stats = dict(
+            step=self.step,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            num_gaussians=int(self.params["means"].shape[0]),
+            ms_per_step=self.last_stats.get("ms_per_step"),
+            mem_peak_gib=(torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None),
+            comm_per_step={k: {op: v / steps for op, v in d.items()} for k, d in comm.items()},
+            fused_tiles=self.last_fused_stats or None,
+        )
         path = self.result_dir / "stats" / f"train_step{self.step}_rank{self.ctx.rank}.json"
         checkpoint.atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
 
@@ -657,12 +788,16 @@ class Trainer:
         from .profiling import memory_model
 
         m = memory_model(self.cfg.sh_degree, self.ctx.world_size, self.device)
-        line = (f"splat-train: {self.backend} backend on {self.device}, world size {self.ctx.world_size}, "
-                f"{int(self.params['means'].shape[0]):,} Gaussians on rank 0; {m['bytes_per_gaussian']} bytes "
-                f"per Gaussian (params + grad + Adam, SH degree {self.cfg.sh_degree})")
+        line = (
+            f"splat-train: {self.backend} backend on {self.device}, world size {self.ctx.world_size}, "
+            f"{int(self.params['means'].shape[0]):,} Gaussians on rank 0; {m['bytes_per_gaussian']} bytes "
+            f"per Gaussian (params + grad + Adam, SH degree {self.cfg.sh_degree})"
+        )
         if m["predicted_capacity_per_gpu"]:
-            line += (f"; predicted capacity {m['predicted_capacity_per_gpu'] / 1e6:.0f} M per GPU, "
-                     f"{m['predicted_capacity_per_job'] / 1e6:.0f} M per job (before per-step buffers)")
+            line += (
+                f"; predicted capacity {m['predicted_capacity_per_gpu'] / 1e6:.0f} M per GPU, "
+                f"{m['predicted_capacity_per_job'] / 1e6:.0f} M per job (before per-step buffers)"
+            )
         self.report.print(line)
 
 

@@ -85,9 +85,7 @@ def _check_images(img1: torch.Tensor, img2: torch.Tensor, name: str) -> None:
     if img1.dim() != 4 or img1.shape[-1] != 3:
         raise ValueError(f"{name}: expected images [B, H, W, 3], got {tuple(img1.shape)}")
     if img1.shape != img2.shape:
-        raise ValueError(
-            f"{name}: image shapes differ: {tuple(img1.shape)} vs {tuple(img2.shape)}"
-        )
+        raise ValueError(f"{name}: image shapes differ: {tuple(img1.shape)} vs {tuple(img2.shape)}")
     if not img1.is_floating_point() or not img2.is_floating_point():
         raise ValueError(f"{name}: expected floating-point images, got {img1.dtype}, {img2.dtype}")
 
@@ -152,8 +150,7 @@ def ssim_map(
     height, width = img1.shape[1:3]
     if padding == "valid" and (height < window_size or width < window_size):
         raise ValueError(
-            f"ssim padding='valid' needs images of at least {window_size}x{window_size} "
-            f"pixels, got {height}x{width}"
+            f"ssim padding='valid' needs images of at least {window_size}x{window_size} pixels, got {height}x{width}"
         )
     x = img1.permute(0, 3, 1, 2)  # [B, 3, H, W]
     y = img2.permute(0, 3, 1, 2)

@@ -84,14 +84,26 @@ def _optical_depth(opacities: torch.Tensor, extent: torch.Tensor, samples: int =
 def _box_add(grid: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, values: torch.Tensor) -> None:
     """Add values[g] to every tile of the box [lo[g], hi[g]) of a difference grid [th + 1, tw + 1]
     (summed by a 2D cumsum afterwards). lo, hi [G, 2] tile (x, y); values [G]."""
-    for (x, y), sign in (((lo[:, 0], lo[:, 1]), 1.0), ((hi[:, 0], lo[:, 1]), -1.0), ((lo[:, 0], hi[:, 1]), -1.0),
-                         ((hi[:, 0], hi[:, 1]), 1.0)):
+    for (x, y), sign in (
+        ((lo[:, 0], lo[:, 1]), 1.0),
+        ((hi[:, 0], lo[:, 1]), -1.0),
+        ((lo[:, 0], hi[:, 1]), -1.0),
+        ((hi[:, 0], hi[:, 1]), 1.0),
+    ):
         grid.index_put_((y, x), sign * values, accumulate=True)
 
 
 @torch.no_grad()
-def footprint(gaussians: dict, viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int,
-              near: float = 0.01, far: float = 1e10, chunk: int = 1 << 18) -> Footprint:
+def footprint(
+    gaussians: dict,
+    viewmat: torch.Tensor,
+    K: torch.Tensor,
+    width: int,
+    height: int,
+    near: float = 0.01,
+    far: float = 1e10,
+    chunk: int = 1 << 18,
+) -> Footprint:
     """The cost of rendering activated ``gaussians`` (model.activated: means [N, 3], quats [N, 4],
     scales [N, 3], opacities [N]) into one pinhole camera (viewmat [4, 4], K [3, 3] pixels,
     width x height pixels). Projects with the reference (CPU), ``chunk`` Gaussians at a time.
@@ -112,8 +124,18 @@ def footprint(gaussians: dict, viewmat: torch.Tensor, K: torch.Tensor, width: in
     for start in range(0, gaussians["means"].shape[0], chunk):
         part = {k: v[start : start + chunk].float().cpu() for k, v in gaussians.items() if k != "colors"}
         radii, means2d, _, conics, _ = reference.fully_fused_projection(
-            part["means"], None, part["quats"], part["scales"], viewmat[None].float().cpu(),
-            K[None].float().cpu(), width, height, near_plane=near, far_plane=far, opacities=part["opacities"])
+            part["means"],
+            None,
+            part["quats"],
+            part["scales"],
+            viewmat[None].float().cpu(),
+            K[None].float().cpu(),
+            width,
+            height,
+            near_plane=near,
+            far_plane=far,
+            opacities=part["opacities"],
+        )
         seen = (radii[0] > 0).all(-1)
         r, m, q, o = radii[0][seen].float(), means2d[0][seen], conics[0][seen], part["opacities"][seen]
         lo = torch.minimum(torch.floor((m - r) / TILE_SIZE).clamp(min=0).long(), grid)  # [G, 2] inclusive
@@ -152,8 +174,10 @@ class StepEstimate:
 
     def describe(self) -> str:
         f = self.footprint
-        text = (f"{self.num_gaussians:,} initial Gaussians at {f.width}x{f.height} on the "
-                f"{'CPU reference' if self.backend == 'reference' else 'gsplat'} rasterizer")
+        text = (
+            f"{self.num_gaussians:,} initial Gaussians at {f.width}x{f.height} on the "
+            f"{'CPU reference' if self.backend == 'reference' else 'gsplat'} rasterizer"
+        )
         if self.backend == "reference":
             text += f": {f.pairs / 1e6:,.1f} M pixel-Gaussian pairs x {PAIR_BYTES} B per camera"
         else:
@@ -161,8 +185,15 @@ class StepEstimate:
         return text
 
 
-def estimate_step(backend: str, fp: Footprint, num_gaussians: int, world_size: int, batch_size: int,
-                  sh_degree: int, image_bytes: int = 0) -> StepEstimate:
+def estimate_step(
+    backend: str,
+    fp: Footprint,
+    num_gaussians: int,
+    world_size: int,
+    batch_size: int,
+    sh_degree: int,
+    image_bytes: int = 0,
+) -> StepEstimate:
     """The per-rank bytes of a step that renders ``batch_size`` cameras like ``fp`` from a model of
     ``num_gaussians`` split over ``world_size`` ranks (module docstring's formula). ``backend``:
     "reference" | "gsplat"; ``image_bytes``: decoded images held in host memory (0 on a GPU)."""
@@ -187,9 +218,13 @@ def _cgroup_available() -> Optional[int]:
     """Bytes left under this process's cgroup memory limit (v2, else v1; reclaimable page cache
     counted as free), or None without a limit."""
     for limit_file, usage_file, inactive_key in (
-            ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "inactive_file"),
-            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-             "total_inactive_file")):
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "inactive_file"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+            "total_inactive_file",
+        ),
+    ):
         try:
             limit = Path(limit_file).read_text().strip()
             usage = int(Path(usage_file).read_text())
@@ -254,8 +289,11 @@ def _sampled_model(points, cfg, device: torch.device):
     else:
         ids = np.arange(0, n, stride)
         if device.type == "cuda":
-            dist = knn_mean_distance_morton(torch.from_numpy(points.means).to(device),
-                                            torch.from_numpy(ids).to(device)).cpu().numpy()
+            dist = (
+                knn_mean_distance_morton(torch.from_numpy(points.means).to(device), torch.from_numpy(ids).to(device))
+                .cpu()
+                .numpy()
+            )
         else:
             dist = knn_mean_distance(points.means, points.means[ids])
         sample = InitPoints(points.means[ids], points.rgbs[ids], dist)
@@ -294,18 +332,28 @@ def first_step_estimate(cfg, scene, world_size: int, device: torch.device) -> St
     for i in picks:
         camera = scene.cameras[i]
         viewmat = rigid_inverse(torch.from_numpy(camera.camtoworld).float())
-        fp = footprint(gaussians, viewmat, torch.from_numpy(camera.K).float(), camera.width, camera.height,
-                       cfg.near_plane, cfg.far_plane)
+        fp = footprint(
+            gaussians,
+            viewmat,
+            torch.from_numpy(camera.K).float(),
+            camera.width,
+            camera.height,
+            cfg.near_plane,
+            cfg.far_plane,
+        )
         if factor != 1.0:
-            fp = Footprint(fp.width, fp.height, round(fp.visible * factor), round(fp.isects * factor),
-                           fp.pairs * factor)
-        estimates.append(estimate_step(backend, fp, len(points.means), world_size, cfg.batch_size, cfg.sh_degree,
-                                       image_bytes))
+            fp = Footprint(
+                fp.width, fp.height, round(fp.visible * factor), round(fp.isects * factor), fp.pairs * factor
+            )
+        estimates.append(
+            estimate_step(backend, fp, len(points.means), world_size, cfg.batch_size, cfg.sh_degree, image_bytes)
+        )
     return max(estimates, key=lambda e: e.total)
 
 
-def check_first_step(cfg, scene, world_size: int, device: torch.device,
-                     available: Optional[tuple[int, str]] = None) -> str:
+def check_first_step(
+    cfg, scene, world_size: int, device: torch.device, available: Optional[tuple[int, str]] = None
+) -> str:
     """Refuse a run whose first step cannot fit: ValueError naming the estimate, the memory left
     and the flags that lower it. Otherwise return a line saying both. ``available``: (bytes,
     what), default :func:`available_memory`; the estimate counts every rank sharing it."""
@@ -315,17 +363,29 @@ def check_first_step(cfg, scene, world_size: int, device: torch.device,
     free, what = available if available is not None else available_memory(device)
     shared = f", {ranks} ranks on this host" if ranks > 1 else ""
     if need <= free:
-        return (f"memory: the first step needs about {need / GIB:.1f} GiB of the {free / GIB:.1f} GiB of {what} "
-                f"({estimate.describe()}{shared}; trainer/memory.py)")
-    size = (f"--data_factor (now {cfg.data_factor}; doubling it quarters the pixels)" if cfg.data_dir is not None
-            else f"--synthetic_image_size (now {cfg.synthetic_image_size})")
-    fewer = (f"--init_num_pts (now {cfg.init_num_pts:,})" if cfg.init_type == "random"
-             else f"--init_type random --init_num_pts N (fewer than the {estimate.num_gaussians:,} SfM points)")
-    other = ("--backend gsplat on a GPU (--device cuda)" if estimate.backend == "reference"
-             else "more GPUs (--nproc_per_node)")
+        return (
+            f"memory: the first step needs about {need / GIB:.1f} GiB of the {free / GIB:.1f} GiB of {what} "
+            f"({estimate.describe()}{shared}; trainer/memory.py)"
+        )
+    size = (
+        f"--data_factor (now {cfg.data_factor}; doubling it quarters the pixels)"
+        if cfg.data_dir is not None
+        else f"--synthetic_image_size (now {cfg.synthetic_image_size})"
+    )
+    fewer = (
+        f"--init_num_pts (now {cfg.init_num_pts:,})"
+        if cfg.init_type == "random"
+        else f"--init_type random --init_num_pts N (fewer than the {estimate.num_gaussians:,} SfM points)"
+    )
+    other = (
+        "--backend gsplat on a GPU (--device cuda)"
+        if estimate.backend == "reference"
+        else "more GPUs (--nproc_per_node)"
+    )
     if estimate.terms["images"] * 2 >= estimate.total and cfg.image_cache_gb == 0:
         other = f"--image_cache_gb (the images alone take {estimate.terms['images'] / GIB:.1f} GiB), or " + other
-    raise ValueError(f"the first training step needs about {need / GIB:.1f} GiB but {free / GIB:.1f} GiB of {what} "
-                     f"is left ({estimate.describe()}{shared}; trainer/memory.py gives the formula); lower it with "
-                     f"{size}, {fewer}" + (f", --batch_size (now {cfg.batch_size})" if cfg.batch_size > 1 else "")
-                     + f", or {other}")
+    raise ValueError(
+        f"the first training step needs about {need / GIB:.1f} GiB but {free / GIB:.1f} GiB of {what} "
+        f"is left ({estimate.describe()}{shared}; trainer/memory.py gives the formula); lower it with "
+        f"{size}, {fewer}" + (f", --batch_size (now {cfg.batch_size})" if cfg.batch_size > 1 else "") + f", or {other}"
+    )

@@ -40,8 +40,9 @@ def psnr(pred: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
     Raises ValueError when shapes differ or an image has no pixels.
     """
     if pred.shape != gt.shape or pred.dim() < 2 or pred[0].numel() == 0:
-        raise ValueError(f"psnr: expected equal, non-empty [B, ...] shapes, got "
-                         f"{tuple(pred.shape)} and {tuple(gt.shape)}")
+        raise ValueError(
+            f"psnr: expected equal, non-empty [B, ...] shapes, got {tuple(pred.shape)} and {tuple(gt.shape)}"
+        )
     mse = (pred - gt).square().flatten(1).mean(dim=1)  # [B]
     return -10.0 * torch.log10(mse)
 
@@ -55,10 +56,8 @@ def ssim(pred: torch.Tensor, gt: torch.Tensor, padding: str = "valid") -> torch.
     Raises ValueError as losses.ssim does.
     """
     if pred.shape != gt.shape or pred.dim() != 4:
-        raise ValueError(f"ssim: expected equal [B, H, W, 3] shapes, got "
-                         f"{tuple(pred.shape)} and {tuple(gt.shape)}")
-    values = [losses.ssim(pred[i : i + 1], gt[i : i + 1], padding=padding)
-              for i in range(pred.shape[0])]
+        raise ValueError(f"ssim: expected equal [B, H, W, 3] shapes, got {tuple(pred.shape)} and {tuple(gt.shape)}")
+    values = [losses.ssim(pred[i : i + 1], gt[i : i + 1], padding=padding) for i in range(pred.shape[0])]
     return torch.stack(values)
 
 
@@ -88,8 +87,9 @@ class LPIPSMetric:
         net, normalize: the backbone, and whether [0, 1] images are scaled to [-1, 1] first.
     """
 
-    def __init__(self, net: str = "alex", device: torch.device | str = "cpu",
-                 weights: "str | os.PathLike | None" = None) -> None:
+    def __init__(
+        self, net: str = "alex", device: torch.device | str = "cpu", weights: "str | os.PathLike | None" = None
+    ) -> None:
         if net not in LPIPS_BACKBONE_FILES:
             raise ValueError(f"LPIPS net must be one of {sorted(LPIPS_BACKBONE_FILES)}, got {net!r}")
         self.net = net
@@ -110,17 +110,20 @@ class LPIPSMetric:
     def _build(self) -> None:
         backend = _first_importable(("torchmetrics", "lpips"))
         if backend is None:
-            self.reason = ("LPIPS unavailable: neither torchmetrics nor lpips is installed "
-                           "(splat-train does not depend on them)")
+            self.reason = (
+                "LPIPS unavailable: neither torchmetrics nor lpips is installed (splat-train does not depend on them)"
+            )
             return
         if _first_importable(("torchvision",)) is None:
             self.reason = f"LPIPS unavailable: {backend} is installed but torchvision is not"
             return
         weights = self.backbone_file()
         if not os.path.isfile(weights):
-            self.reason = (f"LPIPS unavailable: backbone weights {weights} are not on disk and "
-                           "splat-train never downloads them; copy the file there (or pass "
-                           "--lpips_weights FILE) to enable LPIPS")
+            self.reason = (
+                f"LPIPS unavailable: backbone weights {weights} are not on disk and "
+                "splat-train never downloads them; copy the file there (or pass "
+                "--lpips_weights FILE) to enable LPIPS"
+            )
             return
         with _hub_folder_holding(weights, LPIPS_BACKBONE_FILES[self.net]) if self.weights else contextlib.nullcontext():
             if backend == "torchmetrics":
@@ -137,8 +140,12 @@ class LPIPSMetric:
 
     def describe(self) -> dict:
         """What produced the numbers, for the stats file: net, backbone file, input scaling, backend."""
-        return dict(lpips_net=self.net, lpips_normalize=self.normalize, lpips_backend=self.backend,
-                    lpips_weights=self.backbone_file())
+        return dict(
+            lpips_net=self.net,
+            lpips_normalize=self.normalize,
+            lpips_backend=self.backend,
+            lpips_weights=self.backbone_file(),
+        )
 
     @torch.no_grad()
     def __call__(self, pred: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
@@ -149,8 +156,9 @@ class LPIPSMetric:
         if not self.available:
             raise RuntimeError(self.reason)
         if pred.shape != gt.shape or pred.dim() != 4 or pred.shape[-1] != 3:
-            raise ValueError(f"LPIPS: expected equal [B, H, W, 3] shapes, got "
-                             f"{tuple(pred.shape)} and {tuple(gt.shape)}")
+            raise ValueError(
+                f"LPIPS: expected equal [B, H, W, 3] shapes, got {tuple(pred.shape)} and {tuple(gt.shape)}"
+            )
         x = pred.permute(0, 3, 1, 2).to(self.device)  # [B, 3, H, W]
         y = gt.permute(0, 3, 1, 2).to(self.device)
         if self.backend == "lpips":

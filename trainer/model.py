@@ -54,10 +54,7 @@ def initial_points(scene: Scene, cfg: Config, scene_scale: float) -> InitPoints:
     if cfg.init_type == "sfm":
         if scene.points is None or len(scene.points) == 0:
             where = cfg.data_dir if cfg.data_dir is not None else "the synthetic scene"
-            raise DataError(
-                f"{where} has no 3D points to initialize from (--init_type sfm); "
-                "use --init_type random"
-            )
+            raise DataError(f"{where} has no 3D points to initialize from (--init_type sfm); use --init_type random")
         assert scene.points_rgb is not None  # loaded with the points
         rgbs = scene.points_rgb.astype(np.float32) / 255.0
         return InitPoints(scene.points.astype(np.float32), rgbs, scene.points_knn_rms)
@@ -88,13 +85,21 @@ def knn_mean_distance(points: np.ndarray, query: np.ndarray, k: int = 3) -> np.n
 
 MORTON_BITS = 21  # bits per axis of the Morton codes (3 x 21 = 63 bits of an int64)
 # grid offsets, fractions of the box (orders x window against exactness: docs/gpu-bound-step.md)
-MORTON_SHIFTS = ((0.0, 0.0, 0.0), (0.37, 0.23, 0.11), (0.13, 0.41, 0.29), (0.71, 0.53, 0.83),
-                 (0.29, 0.89, 0.61), (0.57, 0.07, 0.47), (0.91, 0.67, 0.19))
+MORTON_SHIFTS = (
+    (0.0, 0.0, 0.0),
+    (0.37, 0.23, 0.11),
+    (0.13, 0.41, 0.29),
+    (0.71, 0.53, 0.83),
+    (0.29, 0.89, 0.61),
+    (0.57, 0.07, 0.47),
+    (0.91, 0.67, 0.19),
+)
 
 
 def _morton_codes(cells: torch.Tensor) -> torch.Tensor:
     """int64 [P, 3] cell coordinates in [0, 2^21) -> int64 [P] Morton (Z-order) codes, the bits of
     x, y, z interleaved (the "magic bits" spread of Morton 1966 / Karras 2012)."""
+
     def spread(v):
         v = v & 0x1FFFFF
         v = (v | (v << 32)) & 0x1F00000000FFFF
@@ -102,11 +107,13 @@ def _morton_codes(cells: torch.Tensor) -> torch.Tensor:
         v = (v | (v << 8)) & 0x100F00F00F00F00F
         v = (v | (v << 4)) & 0x10C30C30C30C30C3
         return (v | (v << 2)) & 0x1249249249249249
+
     return spread(cells[:, 0]) | (spread(cells[:, 1]) << 1) | (spread(cells[:, 2]) << 2)
 
 
-def knn_mean_distance_morton(points: torch.Tensor, query_ids: torch.Tensor, k: int = 3, window: int = 16,
-                             chunk: int = 1 << 20) -> torch.Tensor:
+def knn_mean_distance_morton(
+    points: torch.Tensor, query_ids: torch.Tensor, k: int = 3, window: int = 16, chunk: int = 1 << 20
+) -> torch.Tensor:
     """Approximate :func:`knn_mean_distance` on any device in a few sorts: RMS distance from each
     query point ``points[query_ids]`` to its ``k`` nearest other points.
 
@@ -168,8 +175,14 @@ def create_shard(
     if points.knn_rms is not None:  # computed once for several trainers (the benchmark's variants)
         dist = np.asarray(points.knn_rms[shard], dtype=np.float32)
     elif device.type == "cuda":  # neighbours from the whole set; seconds for tens of millions of points
-        dist = knn_mean_distance_morton(torch.from_numpy(points.means).to(device),
-                                        torch.arange(rank, len(points.means), world_size, device=device)).cpu().numpy()
+        dist = (
+            knn_mean_distance_morton(
+                torch.from_numpy(points.means).to(device),
+                torch.arange(rank, len(points.means), world_size, device=device),
+            )
+            .cpu()
+            .numpy()
+        )
     else:
         dist = knn_mean_distance(points.means, means)
     rgbs = torch.from_numpy(np.ascontiguousarray(points.rgbs[shard]))
@@ -248,6 +261,7 @@ def _adam_impl(device: torch.device) -> dict:
         return {}
     try:
         from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
         supported = _get_fused_kernels_supported_devices()
     except ImportError:  # pragma: no cover - a torch that moved the helper
         supported = ["cuda"]
@@ -292,8 +306,9 @@ def _selective_adam_reference(optimizers: list[torch.optim.Adam], visible: torch
 
     for p, state, group in params_with_state(optimizers):
         beta1, beta2 = group["betas"]
-        new = selective_adam_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], visible, float(group["lr"]),
-                                    beta1, beta2, group["eps"])
+        new = selective_adam_update(
+            p, p.grad, state["exp_avg"], state["exp_avg_sq"], visible, float(group["lr"]), beta1, beta2, group["eps"]
+        )
         for target, value in zip((p, state["exp_avg"], state["exp_avg_sq"]), new):
             target.copy_(value)
 
@@ -303,7 +318,9 @@ def means_lr_scheduler(optimizer: torch.optim.Optimizer, max_steps: int) -> torc
     return torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.01 ** (1.0 / max_steps))
 
 
-def activated(params: Union[torch.nn.ParameterDict, Mapping[str, torch.Tensor]], sh_degree: Optional[int] = None) -> dict[str, torch.Tensor]:
+def activated(
+    params: Union[torch.nn.ParameterDict, Mapping[str, torch.Tensor]], sh_degree: Optional[int] = None
+) -> dict[str, torch.Tensor]:
     """Render-ready tensors: means [N,3], quats [N,4] (unnormalized), scales = exp [N,3],
     opacities = sigmoid [N], colors = SH coefficients [N, K, 3] (all degrees stored)."""
     return dict(

@@ -23,8 +23,17 @@ from typing import Any, Optional
 
 import torch
 
-PHASES = ("projection", "forward_exchange", "rasterization", "loss", "backward_raster",
-          "backward_exchange", "backward_projection", "optimizer", "densification")
+PHASES = (
+    "projection",
+    "forward_exchange",
+    "rasterization",
+    "loss",
+    "backward_raster",
+    "backward_exchange",
+    "backward_projection",
+    "optimizer",
+    "densification",
+)
 
 
 class PhaseTimer:
@@ -138,9 +147,13 @@ def memory_model(sh_degree: int, world_size: int, device: torch.device) -> dict:
     per = floats * 4 * 4
     total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     per_gpu = int(0.9 * total / per) if total else None
-    return dict(bytes_per_gaussian=per, bytes_per_gaussian_without_grad=floats * 4 * 3,
-                device_memory_bytes=total, predicted_capacity_per_gpu=per_gpu,
-                predicted_capacity_per_job=per_gpu * world_size if per_gpu else None)
+    return dict(
+        bytes_per_gaussian=per,
+        bytes_per_gaussian_without_grad=floats * 4 * 3,
+        device_memory_bytes=total,
+        predicted_capacity_per_gpu=per_gpu,
+        predicted_capacity_per_job=per_gpu * world_size if per_gpu else None,
+    )
 
 
 def profile_calls(fn, calls: int, device: torch.device, most: int = 6) -> dict:
@@ -164,18 +177,31 @@ def profile_calls(fn, calls: int, device: torch.device, most: int = 6) -> dict:
         if gpu:
             torch.cuda.synchronize(device)
     if gpu:
-        events = [(e.key, e.self_device_time_total, e.count) for e in prof.key_averages()
-                  if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0]
+        events = [
+            (e.key, e.self_device_time_total, e.count)
+            for e in prof.key_averages()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0
+        ]
     else:
         events = [(e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages() if e.self_cpu_time_total > 0]
     events.sort(key=lambda e: -e[1])
-    return dict(unit="GPU kernels" if gpu else "CPU operators", calls=calls,
-                total_ms=sum(e[1] for e in events) / calls / 1e3, count=sum(e[2] for e in events) / calls,
-                top=[dict(name=k, ms=t / calls / 1e3, count=c / calls) for k, t, c in events[:most]])
+    return dict(
+        unit="GPU kernels" if gpu else "CPU operators",
+        calls=calls,
+        total_ms=sum(e[1] for e in events) / calls / 1e3,
+        count=sum(e[2] for e in events) / calls,
+        top=[dict(name=k, ms=t / calls / 1e3, count=c / calls) for k, t, c in events[:most]],
+    )
 
 
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-              "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize")
+SYNC_CALLS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "hipStreamSynchronize",
+    "hipDeviceSynchronize",
+    "hipEventSynchronize",
+)
 """Runtime calls that block the host until the device catches up (a host synchronization)."""
 
 
@@ -199,11 +225,18 @@ def summarize_trace(trace: dict | list, steps: int, most: int = 12) -> dict:
     for e in spans:
         if e.get("cat") == "cuda_runtime":
             runtime[e["name"]] = runtime.get(e["name"], 0) + 1
-    out: dict[str, Any] = dict(steps=steps, wall_ms_per_step=None, gpu_busy_ms_per_step=None, gpu_busy_share=None,
-               kernels_per_step=None, memcpys_per_step=None, memsets_per_step=None,
-               syncs_per_step=sum(runtime.get(n, 0) for n in SYNC_CALLS) / steps,
-               runtime_calls_per_step={k: v / steps for k, v in sorted(runtime.items(), key=lambda kv: -kv[1])},
-               top_kernels=[])
+    out: dict[str, Any] = dict(
+        steps=steps,
+        wall_ms_per_step=None,
+        gpu_busy_ms_per_step=None,
+        gpu_busy_share=None,
+        kernels_per_step=None,
+        memcpys_per_step=None,
+        memsets_per_step=None,
+        syncs_per_step=sum(runtime.get(n, 0) for n in SYNC_CALLS) / steps,
+        runtime_calls_per_step={k: v / steps for k, v in sorted(runtime.items(), key=lambda kv: -kv[1])},
+        top_kernels=[],
+    )
     if not device:
         return out
     start = min(e["ts"] for e in device)
@@ -224,11 +257,18 @@ def summarize_trace(trace: dict | list, steps: int, most: int = 12) -> dict:
         entry[0] += e["dur"]
         entry[1] += 1
     count = {cat: sum(1 for e in device if e["cat"] == cat) / steps for cat in ("kernel", "gpu_memcpy", "gpu_memset")}
-    out.update(wall_ms_per_step=(end - start) / 1e3 / steps, gpu_busy_ms_per_step=busy / 1e3 / steps,
-               gpu_busy_share=busy / max(end - start, 1e-9), kernels_per_step=count["kernel"],
-               memcpys_per_step=count["gpu_memcpy"], memsets_per_step=count["gpu_memset"],
-               top_kernels=[dict(name=k, ms_per_step=v[0] / 1e3 / steps, count_per_step=v[1] / steps)
-                            for k, v in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:most]])
+    out.update(
+        wall_ms_per_step=(end - start) / 1e3 / steps,
+        gpu_busy_ms_per_step=busy / 1e3 / steps,
+        gpu_busy_share=busy / max(end - start, 1e-9),
+        kernels_per_step=count["kernel"],
+        memcpys_per_step=count["gpu_memcpy"],
+        memsets_per_step=count["gpu_memset"],
+        top_kernels=[
+            dict(name=k, ms_per_step=v[0] / 1e3 / steps, count_per_step=v[1] / steps)
+            for k, v in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:most]
+        ],
+    )
     return out
 
 
@@ -238,10 +278,13 @@ def format_trace_summary(summary: dict) -> str:
         return f"profile: no device events over {summary['steps']} steps (a CPU run)"
     s = summary
     calls = ", ".join(f"{k} {v:.1f}" for k, v in list(s["runtime_calls_per_step"].items())[:6])
-    lines = [f"profile: {s['wall_ms_per_step']:.2f} ms/step (first to last device event), GPU busy "
-             f"{s['gpu_busy_ms_per_step']:.2f} ms/step ({100 * s['gpu_busy_share']:.0f}%); per step "
-             f"{s['kernels_per_step']:.0f} kernels, {s['memcpys_per_step']:.1f} memcpys, "
-             f"{s['syncs_per_step']:.1f} host syncs",
-             f"  runtime calls per step: {calls}", "  largest kernels (ms/step):"]
+    lines = [
+        f"profile: {s['wall_ms_per_step']:.2f} ms/step (first to last device event), GPU busy "
+        f"{s['gpu_busy_ms_per_step']:.2f} ms/step ({100 * s['gpu_busy_share']:.0f}%); per step "
+        f"{s['kernels_per_step']:.0f} kernels, {s['memcpys_per_step']:.1f} memcpys, "
+        f"{s['syncs_per_step']:.1f} host syncs",
+        f"  runtime calls per step: {calls}",
+        "  largest kernels (ms/step):",
+    ]
     lines += [f"  {k['ms_per_step']:8.3f}  x{k['count_per_step']:.1f}  {k['name']}" for k in s["top_kernels"]]
     return "\n".join(lines)

@@ -60,8 +60,8 @@ import torch
 
 from ..kernels import budget as device_budget
 from . import evaluate, exchange, metrics
-from .prune_scores import (EPS, Measurement, pixel_winners, record_statistics,  # noqa: F401 (re-exported)
-                           stage3_scores, tile_counts)
+from .prune_scores import EPS, pixel_winners, tile_counts  # noqa: F401 (re-exported)
+from .prune_scores import Measurement, record_statistics, stage3_scores
 from .render import RenderSetup, route_to_owners
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,8 +69,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .data import Dataset
     from .report import Reporter
     from .shard import GaussianShard
-
-
 
 
 # ---------------------------------------------------------------- budget, surgery, densification
@@ -105,8 +103,9 @@ def limit_densification(strategy, cfg) -> None:
 
 
 @torch.no_grad()
-def measure(shard: "GaussianShard", setup: RenderSetup, views: "Dataset", budget: int,
-            composite: bool = True) -> Measurement:
+def measure(
+    shard: "GaussianShard", setup: RenderSetup, views: "Dataset", budget: int, composite: bool = True
+) -> Measurement:
     """Render every training view ``views`` (collectively; view i on rank i mod W, a rank out of
     views re-renders one and discards it) and route the per-record statistics to their owners."""
     ctx = setup.ctx
@@ -133,8 +132,17 @@ def measure(shard: "GaussianShard", setup: RenderSetup, views: "Dataset", budget
     tiles = exchange.all_gather_rows(ctx, tiles)
     num_tiles, num_within, total = (int(v) for v in tiles[:, :3].sum(0))
     excess, over_isects = (int(v) for v in tiles[:, 4:].sum(0))
-    return Measurement(acc[:, 0], acc[:, 1], acc[:, 2], num_tiles, num_within,
-                       total / max(num_tiles, 1), int(tiles[:, 3].max()), excess, over_isects)
+    return Measurement(
+        acc[:, 0],
+        acc[:, 1],
+        acc[:, 2],
+        num_tiles,
+        num_within,
+        total / max(num_tiles, 1),
+        int(tiles[:, 3].max()),
+        excess,
+        over_isects,
+    )
 
 
 # ---------------------------------------------------------------- selection
@@ -180,12 +188,21 @@ def initial_pruning(shard: "GaussianShard", setup: RenderSetup, views: "Dataset"
     num_pruned = shard.remove(m.wins == 0)
     limit_densification(shard.strategy, cfg)
     after = measure(shard, setup, views, budget, composite=False)
-    return dict(stage=2, step=step, tile_budget=budget, num_before=num_before, num_after=_count_all(shard, setup),
-                num_pruned_local=num_pruned, tiles_before=m.tile_summary(), tiles_after=after.tile_summary())
+    return dict(
+        stage=2,
+        step=step,
+        tile_budget=budget,
+        num_before=num_before,
+        num_after=_count_all(shard, setup),
+        num_pruned_local=num_pruned,
+        tiles_before=m.tile_summary(),
+        tiles_after=after.tile_summary(),
+    )
 
 
-def hardware_aware_pruning(shard: "GaussianShard", setup: RenderSetup, views: "Dataset", cfg: "Config",
-                           step: int) -> dict:
+def hardware_aware_pruning(
+    shard: "GaussianShard", setup: RenderSetup, views: "Dataset", cfg: "Config", step: int
+) -> dict:
     """Stage 3: prune in rounds until every tile of every training view holds at most the budget
     (or ``--prune_rounds`` rounds ran); see the module docstring for the score. Collective."""
     p = cfg.prune
@@ -202,9 +219,18 @@ def hardware_aware_pruning(shard: "GaussianShard", setup: RenderSetup, views: "D
         rounds += 1
         per_round.append(dict(candidates=num_candidates, removed=k))
         m = measure(shard, setup, views, budget, composite=True)
-    return dict(stage=3, step=step, tile_budget=budget, num_before=num_before, num_after=_count_all(shard, setup),
-                rounds=rounds, per_round=per_round, all_tiles_fit=m.max_per_tile <= budget,
-                tiles_before=first.tile_summary(), tiles_after=m.tile_summary())
+    return dict(
+        stage=3,
+        step=step,
+        tile_budget=budget,
+        num_before=num_before,
+        num_after=_count_all(shard, setup),
+        rounds=rounds,
+        per_round=per_round,
+        all_tiles_fit=m.max_per_tile <= budget,
+        tiles_before=first.tile_summary(),
+        tiles_after=m.tile_summary(),
+    )
 
 
 def _count_all_true(ctx, mask: torch.Tensor) -> int:
@@ -222,14 +248,22 @@ def heldout_psnr(shard: "GaussianShard", setup: RenderSetup, testset: "Dataset")
     by_view = {i: setup.camera_batch(testset.batch([i])) for i in dict.fromkeys(picks)}  # each decoded once
     cams = [by_view[i] for i in picks]
     renders = evaluate.render_views(shard, setup, cams)[: len(mine)]
-    total = sum(float(metrics.psnr(torch.from_numpy(r)[None], testset[i]["image"][None]).mean())
-                for i, r in zip(mine, renders))
+    total = sum(
+        float(metrics.psnr(torch.from_numpy(r)[None], testset[i]["image"][None]).mean()) for i, r in zip(mine, renders)
+    )
     sums = exchange.sum_over_ranks(ctx, torch.tensor([total, len(mine)], dtype=torch.float64))
     return float(sums[0] / sums[1])
 
 
-def run_stages(shard: "GaussianShard", setup: RenderSetup, trainset: "Dataset", testset: "Dataset",
-               cfg: "Config", reporter: "Reporter", done: int) -> Optional[dict]:
+def run_stages(
+    shard: "GaussianShard",
+    setup: RenderSetup,
+    trainset: "Dataset",
+    testset: "Dataset",
+    cfg: "Config",
+    reporter: "Reporter",
+    done: int,
+) -> Optional[dict]:
     """Run the stage scheduled after step ``done`` (if any) on ``shard``, measured on the training
     views ``trainset`` and scored on ``testset``, then report it. Collective."""
     s = cfg.schedule
@@ -243,8 +277,12 @@ def run_stages(shard: "GaussianShard", setup: RenderSetup, trainset: "Dataset", 
     psnr_before = heldout_psnr(shard, setup, testset)
     stats = stage(shard, setup, trainset, cfg, done)
     stats.pop("num_pruned_local", None)
-    stats.update(num_pruned=stats["num_before"] - stats["num_after"], seconds=time.perf_counter() - t0,
-                 test_psnr_before=psnr_before, test_psnr_after=heldout_psnr(shard, setup, testset))
+    stats.update(
+        num_pruned=stats["num_before"] - stats["num_after"],
+        seconds=time.perf_counter() - t0,
+        test_psnr_before=psnr_before,
+        test_psnr_after=heldout_psnr(shard, setup, testset),
+    )
     report(reporter, stats)
     return stats
 
@@ -263,7 +301,9 @@ def report(reporter: "Reporter", stats: dict) -> None:
         reporter.scalar(f"{tag}/{name}_after", after[name], step)
     reporter.scalars({f"{tag}/test_psnr": stats["test_psnr_after"]}, step)
     psnr = stats["test_psnr_after"]
-    reporter.line(f"prune stage {k} after step {step}: {stats['num_pruned']:,} of {stats['num_before']:,} Gaussians "
-               f"removed; tiles within budget {stats['tile_budget']}: {100 * before['fraction_within_budget']:.1f}% "
-               f"-> {100 * after['fraction_within_budget']:.1f}% (mean {after['mean_per_tile']:.1f}, max "
-               f"{after['max_per_tile']} per tile)" + (f"; test PSNR {psnr:.3f}" if psnr is not None else ""))
+    reporter.line(
+        f"prune stage {k} after step {step}: {stats['num_pruned']:,} of {stats['num_before']:,} Gaussians "
+        f"removed; tiles within budget {stats['tile_budget']}: {100 * before['fraction_within_budget']:.1f}% "
+        f"-> {100 * after['fraction_within_budget']:.1f}% (mean {after['mean_per_tile']:.1f}, max "
+        f"{after['max_per_tile']} per tile)" + (f"; test PSNR {psnr:.3f}" if psnr is not None else "")
+    )

@@ -25,8 +25,9 @@ EPS = 1e-6
 """Added to the importance (pixels) in the stage-3 score so unseen Gaussians score finitely."""
 
 
-def pixel_winners(pixel_ids: torch.Tensor, record_ids: torch.Tensor, weights: torch.Tensor,
-                  keys: torch.Tensor) -> torch.Tensor:
+def pixel_winners(
+    pixel_ids: torch.Tensor, record_ids: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor
+) -> torch.Tensor:
     """Each pixel's largest-contribution record.
 
     pixel_ids, record_ids, weights: [M] (kernels.reference.compositing_weights: the contributing
@@ -77,15 +78,24 @@ def record_statistics(info: RenderInfo, budget: int, composite: bool) -> tuple[t
     values[:, 2].index_add_(0, flatten_ids.long(), excess[tile_of_isect])
     if composite:
         pixel_ids, record_ids, weights, _ = compositing_weights(
-            rec.means2d, rec.conics, rec.opacities, info.width, info.height, TILE_SIZE,
-            tiles.offsets, flatten_ids, packed=info.packed)
+            rec.means2d,
+            rec.conics,
+            rec.opacities,
+            info.width,
+            info.height,
+            TILE_SIZE,
+            tiles.offsets,
+            flatten_ids,
+            packed=info.packed,
+        )
         if info.packed:
             assert rec.gaussian_ids is not None
             keys = rec.gaussian_ids.long()
         else:
             keys = torch.arange(num_records, device=device) % lead[-1]  # global Gaussian index
-        values[:, 0] = torch.bincount(pixel_winners(pixel_ids, record_ids, weights, keys),
-                                      minlength=num_records).double()
+        values[:, 0] = torch.bincount(
+            pixel_winners(pixel_ids, record_ids, weights, keys), minlength=num_records
+        ).double()
         values[:, 1].index_add_(0, record_ids, weights.double())
     return values.reshape(*lead, 3), counts
 
@@ -116,8 +126,12 @@ class Measurement:
         return math.ceil(num_candidates * self.excess / self.over_isects)
 
     def tile_summary(self) -> dict:
-        return dict(fraction_within_budget=self.num_within / max(self.num_tiles, 1),
-                    mean_per_tile=self.mean_per_tile, max_per_tile=self.max_per_tile, num_tiles=self.num_tiles)
+        return dict(
+            fraction_within_budget=self.num_within / max(self.num_tiles, 1),
+            mean_per_tile=self.mean_per_tile,
+            max_per_tile=self.max_per_tile,
+            num_tiles=self.num_tiles,
+        )
 
 
 def stage3_scores(m: Measurement, budget: int) -> torch.Tensor:

@@ -36,7 +36,6 @@ from .launch import DistContext
 from .profiling import PhaseTimer, boundary
 
 
-
 def ops_for(backend: str, device: torch.device) -> ModuleType:
     """The op module of a backend ("gsplat" | "reference" | "auto": gsplat on CUDA)."""
     if backend == "auto":
@@ -215,26 +214,54 @@ class RenderResult:
     depths: Optional[torch.Tensor] = None  # [C, H, W, 1] expected depth (render_depth=True)
 
 
-def _project(ops, gaussians, viewmats, Ks, width, height, near, far, packed, camera_model="pinhole",
-             antialiased=False):
+def _project(ops, gaussians, viewmats, Ks, width, height, near, far, packed, camera_model="pinhole", antialiased=False):
     """Both backends share gsplat's fully_fused_projection signature (covars=None: from quats,
     scales); opacities tighten the bounding box (arXiv 2402.00525, as gsplat's rasterization).
     ``antialiased``: the compensations of the 2D blur are returned too (gsplat's
     rasterize_mode="antialiased")."""
     out = ops.fully_fused_projection(
-        gaussians["means"], None, gaussians["quats"], gaussians["scales"], viewmats, Ks, width, height,
-        near_plane=near, far_plane=far, packed=packed, opacities=gaussians["opacities"],
-        calc_compensations=antialiased, camera_model=camera_model)
+        gaussians["means"],
+        None,
+        gaussians["quats"],
+        gaussians["scales"],
+        viewmats,
+        Ks,
+        width,
+        height,
+        near_plane=near,
+        far_plane=far,
+        packed=packed,
+        opacities=gaussians["opacities"],
+        calc_compensations=antialiased,
+        camera_model=camera_model,
+    )
     if packed:
         _, camera_ids, gaussian_ids, radii, means2d, depths, conics, compensations = out
-        return dict(camera_ids=camera_ids.long(), gaussian_ids=gaussian_ids.long(), radii=radii,
-                    means2d=means2d, depths=depths, conics=conics, compensations=compensations)
+        return dict(
+            camera_ids=camera_ids.long(),
+            gaussian_ids=gaussian_ids.long(),
+            radii=radii,
+            means2d=means2d,
+            depths=depths,
+            conics=conics,
+            compensations=compensations,
+        )
     radii, means2d, depths, conics, compensations = out
     return dict(radii=radii, means2d=means2d, depths=depths, conics=conics, compensations=compensations)
 
 
-def project_all(ops, gaussians, viewmats, Ks, sizes: list[tuple[int, int]], near, far, packed,
-                camera_model="pinhole", antialiased=False):
+def project_all(
+    ops,
+    gaussians,
+    viewmats,
+    Ks,
+    sizes: list[tuple[int, int]],
+    near,
+    far,
+    packed,
+    camera_model="pinhole",
+    antialiased=False,
+):
     """Project the local Gaussians against every camera; cameras may differ in size.
 
     Cameras are grouped by (width, height) (one group in the common case) so the projection's
@@ -246,7 +273,7 @@ def project_all(ops, gaussians, viewmats, Ks, sizes: list[tuple[int, int]], near
     for c, size in enumerate(sizes):
         groups.setdefault(size, []).append(c)
     if len(groups) == 1:
-        (w, h), = groups
+        ((w, h),) = groups
         return _project(ops, gaussians, viewmats, Ks, w, h, near, far, packed, camera_model, antialiased)
     parts, order = [], []
     for (w, h), cams in groups.items():
@@ -382,16 +409,26 @@ def render(
     fields = [proj["radii"], means2d, proj["depths"][..., None], proj["conics"], opacities[..., None], colors]
     timer.begin("forward_exchange")
     if packed:
-        recv, xlayout = _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes,
-                                         sparse_grad_comm)
+        recv, xlayout = _exchange_packed(
+            ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes, sparse_grad_comm
+        )
     else:
         recv, xlayout = _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes, sparse_grad_comm)
     timer.begin("rasterization")
 
     tile_w, tile_h = math.ceil(cams.width / TILE_SIZE), math.ceil(cams.height / TILE_SIZE)
     _, isect_ids, flatten_ids = ops.isect_tiles(
-        recv.means2d, recv.radii, recv.depths, TILE_SIZE, tile_w, tile_h,
-        packed=packed, n_images=C, image_ids=recv.image_ids, gaussian_ids=recv.gaussian_ids)
+        recv.means2d,
+        recv.radii,
+        recv.depths,
+        TILE_SIZE,
+        tile_w,
+        tile_h,
+        packed=packed,
+        n_images=C,
+        image_ids=recv.image_ids,
+        gaussian_ids=recv.gaussian_ids,
+    )
     offsets = ops.isect_offset_encode(isect_ids, C, tile_w, tile_h)
     render_colors = render_alphas = render_depths = raster_means2d = None
     if rasterize:
@@ -401,22 +438,43 @@ def render(
             raster_means2d = relay_absgrad(recv.means2d, recv.absgrad_lanes)
         channels = torch.cat([recv.colors, recv.depths[..., None]], -1) if render_depth else recv.colors
         render_colors, render_alphas = ops.rasterize_to_pixels(
-            raster_means2d, recv.conics, channels, recv.opacities, cams.width, cams.height,
-            TILE_SIZE, offsets, flatten_ids, packed=packed, absgrad=absgrad)
+            raster_means2d,
+            recv.conics,
+            channels,
+            recv.opacities,
+            cams.width,
+            cams.height,
+            TILE_SIZE,
+            offsets,
+            flatten_ids,
+            packed=packed,
+            absgrad=absgrad,
+        )
         if render_depth:  # gsplat's "ED": accumulated depth over accumulated alpha
             render_colors, render_depths = render_colors[..., :3], render_colors[..., 3:]
             render_depths = render_depths / render_alphas.clamp_min(1e-10)
         # composited here: gsplat 1.5.3 rejects per-image [C, 3] backgrounds when packed
         render_colors = composite_background(render_colors, render_alphas, backgrounds)
     info = RenderInfo(
-        means2d=means2d, radii=proj["radii"], packed=packed, n_cameras=C_all,
+        means2d=means2d,
+        radii=proj["radii"],
+        packed=packed,
+        n_cameras=C_all,
         gaussian_ids=proj["gaussian_ids"] if packed else None,
         camera_ids=proj["camera_ids"] if packed else None,
-        widths=[s[0] for s in sizes], heights=[s[1] for s in sizes],
-        num_isects=int(isect_ids.numel()), N_world=N_world, C_world=C_world,
+        widths=[s[0] for s in sizes],
+        heights=[s[1] for s in sizes],
+        num_isects=int(isect_ids.numel()),
+        N_world=N_world,
+        C_world=C_world,
         tiles=TileLists(offsets, flatten_ids, tile_w, tile_h),
-        records=recv, layout=xlayout, width=cams.width, height=cams.height, num_local_cameras=C,
-        absgrad=absgrad_lanes, raster_means2d=raster_means2d,
+        records=recv,
+        layout=xlayout,
+        width=cams.width,
+        height=cams.height,
+        num_local_cameras=C,
+        absgrad=absgrad_lanes,
+        raster_means2d=raster_means2d,
     )
     return RenderResult(render_colors, render_alphas, info, render_depths)
 
@@ -437,14 +495,28 @@ class RenderSetup:
 
     def __call__(self, gaussians: dict, cams: CameraBatch, sh_degree: Optional[int] = None, **kwargs) -> RenderResult:
         """:func:`render` with this setup (SH degree ``sh_degree``, default the full one)."""
-        return render(gaussians, cams, self.ctx, self.ops, self.sh_degree if sh_degree is None else sh_degree,
-                      packed=self.packed, near=self.near, far=self.far, **self.options, **kwargs)
+        return render(
+            gaussians,
+            cams,
+            self.ctx,
+            self.ops,
+            self.sh_degree if sh_degree is None else sh_degree,
+            packed=self.packed,
+            near=self.near,
+            far=self.far,
+            **self.options,
+            **kwargs,
+        )
 
     def camera_batch(self, batch: dict) -> CameraBatch:
         """The CameraBatch of a dataset batch (data.Dataset.batch), on this rank's device."""
         device = self.ctx.device
-        return CameraBatch(rigid_inverse(batch["camtoworld"].to(device)), batch["K"].to(device),
-                           int(batch["width"]), int(batch["height"]))
+        return CameraBatch(
+            rigid_inverse(batch["camtoworld"].to(device)),
+            batch["K"].to(device),
+            int(batch["width"]),
+            int(batch["height"]),
+        )
 
 
 def visible_gaussians(info: RenderInfo) -> torch.Tensor:
@@ -472,12 +544,15 @@ def check_camera_model(scene, camera_model: str) -> Optional[str]:
         raise ValueError(f"the views mix {' and '.join(models)} cameras; one --camera_model projects them all")
     if special and special[0] != camera_model:
         count = sum(c.model == special[0] for c in scene.cameras)
-        raise ValueError(f"--camera_model {camera_model}: the {count} views are {special[0]} cameras "
-                         f"({scene.source} scene): add --camera_model {special[0]}")
+        raise ValueError(
+            f"--camera_model {camera_model}: the {count} views are {special[0]} cameras "
+            f"({scene.source} scene): add --camera_model {special[0]}"
+        )
     if camera_model != "pinhole" and not special:
         unit = "pixels per scene unit" if camera_model == "ortho" else "pixels per radian"
-        return (f"camera model: {camera_model}: the cameras' intrinsics are read as {camera_model} ones "
-                f"(fx, fy in {unit})")
+        return (
+            f"camera model: {camera_model}: the cameras' intrinsics are read as {camera_model} ones (fx, fy in {unit})"
+        )
     return None
 
 
@@ -517,20 +592,23 @@ def _split_fields(rows: torch.Tensor, lead_shape, **ids) -> Records:
     rows = rows.reshape(*lead_shape, RECORD_LANES)
     parts, start = {}, 0
     for name, lanes in RECORD_FIELDS:
-        part = rows[..., start:start + lanes]
+        part = rows[..., start : start + lanes]
         parts[name] = part[..., 0] if lanes == 1 else part
         start += lanes
     radii = parts.pop("radii")
     return Records(radii=radii.detach().round().to(torch.int32), absgrad_lanes=radii, **parts, **ids)
 
 
-def _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes=None,
-                    sparse=False) -> tuple[Records, ExchangeLayout]:
+def _exchange_dense(
+    ctx, fields, N, N_world, C_world, timer, absgrad_lanes=None, sparse=False
+) -> tuple[Records, ExchangeLayout]:
     """Dense all_to_all: rank r sends all N local records of every camera rank j renders.
     ``absgrad_lanes``: the radii as float lanes that require grad (absgrad), sent in their place."""
     if ctx.world_size == 1:
-        return (_local_records(fields, timer, absgrad_lanes),
-                ExchangeLayout(False, N, N_world, send_rows=[N * c for c in C_world], recv_rows=[C_world[0] * N]))
+        return (
+            _local_records(fields, timer, absgrad_lanes),
+            ExchangeLayout(False, N, N_world, send_rows=[N * c for c in C_world], recv_rows=[C_world[0] * N]),
+        )
     lanes = fields[0].float() if absgrad_lanes is None else absgrad_lanes
     payload = torch.cat([lanes, *fields[1:]], dim=-1).reshape(-1, RECORD_LANES)  # [C_all * N, 12]
     C = C_world[ctx.rank]
@@ -538,8 +616,10 @@ def _exchange_dense(ctx, fields, N, N_world, C_world, timer, absgrad_lanes=None,
     recv_rows = [C * n for n in N_world]
     recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad_lanes is not None, sparse)
     chunks = [chunk.reshape(C, n, RECORD_LANES) for chunk, n in zip(torch.split(recv, recv_rows), N_world)]
-    return (_split_fields(torch.cat(chunks, dim=1), (C, sum(N_world))),
-            ExchangeLayout(False, N, N_world, send_rows, recv_rows))
+    return (
+        _split_fields(torch.cat(chunks, dim=1), (C, sum(N_world))),
+        ExchangeLayout(False, N, N_world, send_rows, recv_rows),
+    )
 
 
 def _local_records(fields, timer, absgrad_lanes, **ids) -> Records:
@@ -561,16 +641,19 @@ def _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad=False, 
     return boundary(recv, timer, "backward_exchange")
 
 
-def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes=None,
-                     sparse=False) -> tuple[Records, ExchangeLayout]:
+def _exchange_packed(
+    ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absgrad_lanes=None, sparse=False
+) -> tuple[Records, ExchangeLayout]:
     """Packed all_to_all: only visible records travel, with the indices the receiver needs.
 
     Camera ids are rebased global -> the receiver's local ids and Gaussian ids local -> global
     before sending (gsplat rendering.py does the same with two more all_to_alls; here they ride
     in the payload buffer, bit-cast into float lanes)."""
     if ctx.world_size == 1:  # local ids are global ids: nothing to rebase, nothing to send
-        return (_local_records(fields, timer, absgrad_lanes, image_ids=cam_ids, gaussian_ids=gs_ids),
-                ExchangeLayout(True, N_world[0], N_world, [cam_ids.shape[0]], [cam_ids.shape[0]], gs_ids))
+        return (
+            _local_records(fields, timer, absgrad_lanes, image_ids=cam_ids, gaussian_ids=gs_ids),
+            ExchangeLayout(True, N_world[0], N_world, [cam_ids.shape[0]], [cam_ids.shape[0]], gs_ids),
+        )
     device = cam_ids.device
     cam_offsets = torch.tensor([0] + C_world, device=device).cumsum(0)  # [W + 1]
     dest = torch.searchsorted(cam_offsets[1:], cam_ids, right=True)  # rank rendering each record
@@ -584,6 +667,10 @@ def _exchange_packed(ctx, fields, cam_ids, gs_ids, N_world, C_world, timer, absg
         [exchange.ids_to_float_lanes(local_cam), exchange.ids_to_float_lanes(global_gs), lanes, *fields[1:]], dim=-1
     )  # [nnz, 14]
     recv = _timed_all_to_all(ctx, payload, send_rows, recv_rows, timer, absgrad_lanes is not None, sparse)
-    records = _split_fields(recv[:, 2:], (recv.shape[0],), image_ids=exchange.float_lanes_to_ids(recv[:, 0]),
-                            gaussian_ids=exchange.float_lanes_to_ids(recv[:, 1]))
+    records = _split_fields(
+        recv[:, 2:],
+        (recv.shape[0],),
+        image_ids=exchange.float_lanes_to_ids(recv[:, 0]),
+        gaussian_ids=exchange.float_lanes_to_ids(recv[:, 1]),
+    )
     return records, ExchangeLayout(True, N_world[ctx.rank], N_world, send_rows, recv_rows, gs_ids)

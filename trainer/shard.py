@@ -73,8 +73,7 @@ class GaussianShard:
             opt.load_state_dict(state["optimizers"][name])
         self.scheduler.load_state_dict(state["scheduler"])
         self.strategy_state = {
-            k: (v.to(device) if isinstance(v, torch.Tensor) else v)
-            for k, v in state["strategy_state"].items()
+            k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in state["strategy_state"].items()
         }
         self.sizes_changed()
 

@@ -27,8 +27,9 @@ from splat_train.kernels.sparse_comm import decode_copy, encode, num_words
 from .launch import DistContext
 
 
-def sparse_all_to_all_rows(ctx: DistContext, grad: torch.Tensor, recv_rows: list[int],
-                           send_rows: list[int]) -> torch.Tensor:
+def sparse_all_to_all_rows(
+    ctx: DistContext, grad: torch.Tensor, recv_rows: list[int], send_rows: list[int]
+) -> torch.Tensor:
     """Reverse all_to_all of gradient rows with zero rows elided.
 
     grad: float32 [sum(recv_rows), D] on ctx.comm_device; chunk j (recv_rows[j] rows, in rank
@@ -44,8 +45,9 @@ def sparse_all_to_all_rows(ctx: DistContext, grad: torch.Tensor, recv_rows: list
     """
     world_size, me = ctx.world_size, ctx.rank
     if len(recv_rows) != world_size or len(send_rows) != world_size:
-        raise ValueError(f"recv_rows and send_rows need {world_size} entries, got "
-                         f"{len(recv_rows)} and {len(send_rows)}")
+        raise ValueError(
+            f"recv_rows and send_rows need {world_size} entries, got {len(recv_rows)} and {len(send_rows)}"
+        )
     if grad.dtype != torch.float32 or grad.dim() != 2 or grad.shape[0] != sum(recv_rows):
         raise ValueError(f"grad must be float32 [{sum(recv_rows)}, D], got {grad.dtype} {tuple(grad.shape)}")
     assert world_size > 1, "sparse_all_to_all_rows is only called at world size > 1"
@@ -71,8 +73,9 @@ def sparse_all_to_all_rows(ctx: DistContext, grad: torch.Tensor, recv_rows: list
     in_splits = [0 if j == me else num_words(recv_rows[j]) + int(send_nnz[j]) * d for j in range(world_size)]
     out_splits = [0 if j == me else num_words(send_rows[j]) + recv_nnz[j] * d for j in range(world_size)]
     recv_buf = grad.new_empty(sum(out_splits))
-    dist.all_to_all_single(recv_buf, send_buf, output_split_sizes=out_splits,
-                           input_split_sizes=in_splits, group=ctx.group)
+    dist.all_to_all_single(
+        recv_buf, send_buf, output_split_sizes=out_splits, input_split_sizes=in_splits, group=ctx.group
+    )
     ctx.stats.record("all_to_all_sparse", 4 * sum(in_splits), 4 * sum(out_splits))
 
     # 3. decode each source's chunk into the zeroed output at that source's offset

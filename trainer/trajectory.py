@@ -50,13 +50,18 @@ def ellipse_poses(camtoworlds: np.ndarray, num_frames: int) -> np.ndarray:
     axis = int(np.argmax(np.abs(mean_down)))
     down = np.eye(3)[axis] * np.sign(mean_down[axis])
     theta = np.linspace(0, 2 * np.pi, num_frames, endpoint=False)
-    poses = [_look(centre - p, down, p) for p in np.stack(
-        [centre[0] + radii[0] * np.cos(theta), centre[1] + radii[1] * np.sin(theta), np.full_like(theta, height)], 1)]
+    poses = [
+        _look(centre - p, down, p)
+        for p in np.stack(
+            [centre[0] + radii[0] * np.cos(theta), centre[1] + radii[1] * np.sin(theta), np.full_like(theta, height)], 1
+        )
+    ]
     return np.stack(poses).astype(np.float32)
 
 
-def spiral_poses(camtoworlds: np.ndarray, num_frames: int, near: float, far: float, rotations: int = 2,
-                 zrate: float = 0.5) -> np.ndarray:
+def spiral_poses(
+    camtoworlds: np.ndarray, num_frames: int, near: float, far: float, rotations: int = 2, zrate: float = 0.5
+) -> np.ndarray:
     """A forward-facing spiral (LLFF / mip-NeRF's generate_spiral_path, as gsplat renders it):
     around the mean camera, radii the 90th percentile of the cameras' offsets from it in its own
     axes, ``rotations`` turns with the depth offset at ``zrate`` of the angle, every pose looking

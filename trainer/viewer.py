@@ -55,17 +55,26 @@ class SplatViewer:
     and OSError when the port cannot be bound.
     """
 
-    def __init__(self, port: int, gaussians_fn: Callable[[], tuple[dict, int]], device: torch.device, ops,
-                 mode: str = "rendering", output_dir: Optional[Path] = None, near: float = 0.01,
-                 far: float = 1e10) -> None:
+    def __init__(
+        self,
+        port: int,
+        gaussians_fn: Callable[[], tuple[dict, int]],
+        device: torch.device,
+        ops,
+        mode: str = "rendering",
+        output_dir: Optional[Path] = None,
+        near: float = 0.01,
+        far: float = 1e10,
+    ) -> None:
         require_viewer("the viewer")
         import nerfview
         import viser
 
         self.gaussians_fn, self.device, self.ops, self.near, self.far = gaussians_fn, device, ops, near, far
         self.server = viser.ViserServer(port=port, verbose=False)
-        self.viewer = nerfview.Viewer(server=self.server, render_fn=self._render,
-                                      output_dir=Path(output_dir or "."), mode=mode)
+        self.viewer = nerfview.Viewer(
+            server=self.server, render_fn=self._render, output_dir=Path(output_dir or "."), mode=mode
+        )
         if device.type != "cuda":  # nerfview's still frames are 2048 px: minutes on a CPU
             self.viewer.render_tab_state.viewer_res = CPU_VIEWER_RES
             self.viewer._rendering_tab_handles["viewer_res_slider"].value = CPU_VIEWER_RES
@@ -96,8 +105,15 @@ class SplatViewer:
         K = torch.from_numpy(camera_state.get_K((width, height))).float().to(self.device)
         viewmat = torch.linalg.inv(torch.from_numpy(camera_state.c2w).float()).to(self.device)
         gaussians, sh_degree = self.gaussians_fn()
-        result = render(gaussians, CameraBatch(viewmat[None], K[None], width, height),
-                        DistContext(device=self.device), self.ops, sh_degree, near=self.near, far=self.far)
+        result = render(
+            gaussians,
+            CameraBatch(viewmat[None], K[None], width, height),
+            DistContext(device=self.device),
+            self.ops,
+            sh_degree,
+            near=self.near,
+            far=self.far,
+        )
         assert result.colors is not None
         return (result.colors[0].clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
 
@@ -135,21 +151,25 @@ def check_training_viewer(cfg, world_size: int) -> None:
     if cfg.disable_viewer:
         return
     if world_size > 1:
-        raise ValueError(f"--no_disable_viewer serves the model from one process, and this run has {world_size}; "
-                         f"watch it with `splat-train view {cfg.result_dir}` (it shows the newest --ply_steps export)")
+        raise ValueError(
+            f"--no_disable_viewer serves the model from one process, and this run has {world_size}; "
+            f"watch it with `splat-train view {cfg.result_dir}` (it shows the newest --ply_steps export)"
+        )
     require_viewer("--no_disable_viewer")
 
 
-def start_training_viewer(cfg, report, model: Callable[[], tuple], device, ops, result_dir: Path,
-                          camtoworld, points: Optional[np.ndarray]) -> Optional[SplatViewer]:
+def start_training_viewer(
+    cfg, report, model: Callable[[], tuple], device, ops, result_dir: Path, camtoworld, points: Optional[np.ndarray]
+) -> Optional[SplatViewer]:
     """Rank 0 (``report.active``) with --no_disable_viewer: the live viewer (None otherwise).
     ``model()`` gives (activated Gaussians, SH degree) of the model between steps; the view opens
     at ``camtoworld`` [4, 4] looking at the median of ``points`` [P, 3] (the origin without them).
     Says where it is served through ``report``. Raises OSError when the port cannot be bound."""
     if cfg.disable_viewer or not report.active:
         return None
-    viewer = SplatViewer(cfg.port, model, device, ops, mode="training", output_dir=result_dir,
-                         near=cfg.near_plane, far=cfg.far_plane)
+    viewer = SplatViewer(
+        cfg.port, model, device, ops, mode="training", output_dir=result_dir, near=cfg.near_plane, far=cfg.far_plane
+    )
     viewer.look_from(camtoworld, np.median(points, axis=0) if points is not None and len(points) else np.zeros(3))
     report.print(f"viewer: http://localhost:{viewer.port} (the model between steps; it stops with the run)")
     return viewer
@@ -166,9 +186,11 @@ def newest_export(path: Path) -> Optional[Path]:
     if path.is_file():
         return path
     ours = [(int(m.group(1)), p) for p in (path / "ply").glob("point_cloud_*.ply") if (m := PLY_RE.match(p.name))]
-    inria = [(int(p.parent.name.removeprefix("iteration_")), p)
-             for p in (path / "point_cloud").glob("iteration_*/point_cloud.ply")
-             if p.parent.name.removeprefix("iteration_").isdigit()]
+    inria = [
+        (int(p.parent.name.removeprefix("iteration_")), p)
+        for p in (path / "point_cloud").glob("iteration_*/point_cloud.ply")
+        if p.parent.name.removeprefix("iteration_").isdigit()
+    ]
     found = ours or inria
     return max(found, key=lambda sp: sp[0])[1] if found else None
 
@@ -209,8 +231,11 @@ def view_main(argv=None) -> int:
     exit 0 then, 2 with one ``error:`` line for a path that does not exist or missing packages."""
     from .render import ops_for
 
-    p = argparse.ArgumentParser(prog="splat-train view", description="Browse a run's newest PLY (or a PLY file) in "
-                                "a web viewer; a running run's newer exports are loaded as they appear.")
+    p = argparse.ArgumentParser(
+        prog="splat-train view",
+        description="Browse a run's newest PLY (or a PLY file) in "
+        "a web viewer; a running run's newer exports are loaded as they appear.",
+    )
     p.add_argument("path", type=Path, help="a run's --result_dir, or a 3DGS .ply file")
     p.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080; the next free one when taken)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to render")
@@ -222,8 +247,9 @@ def view_main(argv=None) -> int:
         if not 1 <= args.port <= 65535:
             raise ValueError(f"--port must be in 1..65535, got {args.port}")
         require_viewer("splat-train view")
-        device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-                              else "cpu")
+        device = torch.device(
+            "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+        )
         model = _Model(device)
         ply = newest_export(args.path)
         if ply is None:
@@ -231,15 +257,23 @@ def view_main(argv=None) -> int:
             while (ply := newest_export(args.path)) is None:
                 time.sleep(args.reload_every)
         model.load(ply)
-        viewer = SplatViewer(args.port, lambda: (model.gaussians, model.sh_degree), device, ops_for("auto", device),
-                             output_dir=args.path if args.path.is_dir() else args.path.parent)
+        viewer = SplatViewer(
+            args.port,
+            lambda: (model.gaussians, model.sh_degree),
+            device,
+            ops_for("auto", device),
+            output_dir=args.path if args.path.is_dir() else args.path.parent,
+        )
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.path.is_dir():
         _initial_view(viewer, args.path, model.gaussians)
-    print(f"viewer: http://localhost:{viewer.port} showing {ply} ({model.gaussians['means'].shape[0]:,} Gaussians); "
-          "Ctrl-C stops it", flush=True)
+    print(
+        f"viewer: http://localhost:{viewer.port} showing {ply} ({model.gaussians['means'].shape[0]:,} Gaussians); "
+        "Ctrl-C stops it",
+        flush=True,
+    )
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

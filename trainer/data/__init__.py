@@ -23,12 +23,29 @@ from .masks import has_masks, load_view, mask_lines
 from .nerf import load_nerf
 from .sampler import CameraSampler, Dataset, split_indices
 
-__all__ = ["Camera", "CameraSampler", "DataError", "Dataset", "Scene", "Undistortion",
-           "describe_views", "has_masks", "load_image", "load_scene", "load_view", "split_indices"]
+__all__ = [
+    "Camera",
+    "CameraSampler",
+    "DataError",
+    "Dataset",
+    "Scene",
+    "Undistortion",
+    "describe_views",
+    "has_masks",
+    "load_image",
+    "load_scene",
+    "load_view",
+    "split_indices",
+]
 
 
-def load_scene(data_dir: Path, data_factor: int = 1, normalize: bool = True,
-               log: Optional[Callable[[str], None]] = None, tracks: bool = False) -> Scene:
+def load_scene(
+    data_dir: Path,
+    data_factor: int = 1,
+    normalize: bool = True,
+    log: Optional[Callable[[str], None]] = None,
+    tracks: bool = False,
+) -> Scene:
     """Load the scene in data_dir, images downscaled by data_factor.
 
     Dispatch: a COLMAP model in data_dir/sparse/0 or data_dir/sparse (binary or text), else
@@ -47,20 +64,23 @@ def load_scene(data_dir: Path, data_factor: int = 1, normalize: bool = True,
         return load_colmap(data_dir, model_dir, int(data_factor), normalize, log, tracks=tracks)
     if (data_dir / "transforms.json").is_file():
         return load_nerf(data_dir / "transforms.json", int(data_factor), normalize, log)
-    raise DataError(f"{data_dir} holds neither a COLMAP model (sparse/0/ or sparse/ with cameras, "
-                    "images, points3D as .bin or .txt) nor a transforms.json")
+    raise DataError(
+        f"{data_dir} holds neither a COLMAP model (sparse/0/ or sparse/ with cameras, "
+        "images, points3D as .bin or .txt) nor a transforms.json"
+    )
 
 
 def _sizes(pairs: list[tuple[int, int]]) -> str:
-    """"480x270", or "480x360 (39), 360x480 (17)" for several sizes (most common first)."""
+    """ "480x270", or "480x360 (39), 360x480 (17)" for several sizes (most common first)."""
     counts = Counter(pairs).most_common()
     if len(counts) == 1:
         return f"{counts[0][0][0]}x{counts[0][0][1]}"
     return ", ".join(f"{w}x{h} ({n})" for (w, h), n in counts)
 
 
-def describe_views(scene: Scene, train: list[int], test: list[int], alpha_as_mask: bool = True,
-                   cache_bytes: int = 0) -> list[str]:
+def describe_views(
+    scene: Scene, train: list[int], test: list[int], alpha_as_mask: bool = True, cache_bytes: int = 0
+) -> list[str]:
     """One line on the images about to be decoded (count, size, where they are read from, the
     memory they take as uint8, or the bounded cache they stream through when ``cache_bytes`` is
     set), one on undistortion when a camera has distortion, and one per kind of loss mask the
@@ -76,10 +96,13 @@ def describe_views(scene: Scene, train: list[int], test: list[int], alpha_as_mas
         folders = sorted({str(c.image_path.parent) for c in cameras})
         cached = [f for f in folders if Path(f).is_relative_to(cache_root())]
         source = ("the downscale cache " if cached else "") + (
-            folders[0] if len(folders) == 1 else f"{len(folders)} folders under {Path(folders[0]).parent}")
+            folders[0] if len(folders) == 1 else f"{len(folders)} folders under {Path(folders[0]).parent}"
+        )
         if cache_bytes > 0:
-            lines = [f"images: {size}, read from {source}: {num_bytes / 2**20:,.1f} MB decoded as needed into a "
-                     f"cache of {cache_bytes / 2**30:g} GiB (--image_cache_gb)"]
+            lines = [
+                f"images: {size}, read from {source}: {num_bytes / 2**20:,.1f} MB decoded as needed into a "
+                f"cache of {cache_bytes / 2**30:g} GiB (--image_cache_gb)"
+            ]
         else:
             lines = [f"images: {size}, read from {source}: decoding {num_bytes / 2**20:,.1f} MB into memory"]
     distorted = [c for c in cameras if c.dist is not None and not c.dist.fisheye]
@@ -87,16 +110,20 @@ def describe_views(scene: Scene, train: list[int], test: list[int], alpha_as_mas
     dist: dict[int, Any] = {id(c): c.dist for c in distorted + fisheyes}  # none of them None
     if fisheyes:
         models = ", ".join(sorted({dist[id(c)].model for c in fisheyes}))
-        lines.append(f"fisheye: {models} remapped to an ideal equidistant fisheye for {len(fisheyes)} of "
-                     f"{len(cameras)} views, cropped to the pixels that see the image "
-                     f"({_sizes([(dist[id(c)].src_width, dist[id(c)].src_height) for c in fisheyes])} -> "
-                     f"{_sizes([(c.width, c.height) for c in fisheyes])}); the rest of the crop is masked")
+        lines.append(
+            f"fisheye: {models} remapped to an ideal equidistant fisheye for {len(fisheyes)} of "
+            f"{len(cameras)} views, cropped to the pixels that see the image "
+            f"({_sizes([(dist[id(c)].src_width, dist[id(c)].src_height) for c in fisheyes])} -> "
+            f"{_sizes([(c.width, c.height) for c in fisheyes])}); the rest of the crop is masked"
+        )
     if distorted:
         models = ", ".join(sorted({dist[id(c)].model or "distortion" for c in distorted}))
         before = _sizes([(dist[id(c)].src_width, dist[id(c)].src_height) for c in distorted])
         after = _sizes([(c.width, c.height) for c in distorted])
-        lines.append(f"distortion: {models} undone with OpenCV for {len(distorted)} of {len(cameras)} views, "
-                     f"cropped to the valid region: {before} -> {after}")
+        lines.append(
+            f"distortion: {models} undone with OpenCV for {len(distorted)} of {len(cameras)} views, "
+            f"cropped to the valid region: {before} -> {after}"
+        )
     return lines + mask_lines(scene, alpha_as_mask)
 
 
@@ -106,10 +133,16 @@ def scene_from_config(cfg, log: Optional[Callable[[str], None]] = None) -> Scene
     from .synthetic import make_synthetic_scene
 
     if cfg.data_dir is None:
-        return make_synthetic_scene(cfg.synthetic_num_gaussians, cfg.synthetic_num_cameras,
-                                    cfg.synthetic_image_size, seed=0, camera_model=cfg.camera_model,
-                                    tracks=cfg.depth_loss)
+        return make_synthetic_scene(
+            cfg.synthetic_num_gaussians,
+            cfg.synthetic_num_cameras,
+            cfg.synthetic_image_size,
+            seed=0,
+            camera_model=cfg.camera_model,
+            tracks=cfg.depth_loss,
+        )
     if not Path(cfg.data_dir).is_dir():
         raise DataError(f"--data_dir: no such folder: {cfg.data_dir}")
-    return load_scene(Path(cfg.data_dir), cfg.data_factor, normalize=cfg.normalize_world_space, log=log,
-                      tracks=cfg.depth_loss)
+    return load_scene(
+        Path(cfg.data_dir), cfg.data_factor, normalize=cfg.normalize_world_space, log=log, tracks=cfg.depth_loss
+    )

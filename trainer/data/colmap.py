@@ -56,10 +56,12 @@ def pinhole_and_distortion(camera, cameras_file: Path) -> tuple[np.ndarray, Opti
     elif model in ("PINHOLE", "OPENCV", "OPENCV_FISHEYE"):
         fx, fy, cx, cy = p[:4]
     else:
-        raise DataError(f"{cameras_file}: camera {camera.camera_id} has model {model}; supported: "
-                        "SIMPLE_PINHOLE, PINHOLE, SIMPLE_RADIAL, RADIAL, OPENCV, and with --camera_model "
-                        f"fisheye {', '.join(FISHEYE_MODELS)} (undistort the images with `colmap "
-                        "image_undistorter` first)")
+        raise DataError(
+            f"{cameras_file}: camera {camera.camera_id} has model {model}; supported: "
+            "SIMPLE_PINHOLE, PINHOLE, SIMPLE_RADIAL, RADIAL, OPENCV, and with --camera_model "
+            f"fisheye {', '.join(FISHEYE_MODELS)} (undistort the images with `colmap "
+            "image_undistorter` first)"
+        )
     coeffs = np.zeros(4)  # k1, k2, p1, p2 (fisheye: k1..k4)
     if model in ("SIMPLE_RADIAL", "SIMPLE_RADIAL_FISHEYE"):
         coeffs[0] = p[3]
@@ -72,8 +74,14 @@ def pinhole_and_distortion(camera, cameras_file: Path) -> tuple[np.ndarray, Opti
     return K, (coeffs if np.any(coeffs) or fisheye else None), fisheye
 
 
-def load_colmap(data_dir: Path, model_dir: Path, data_factor: int, normalize: bool,
-                log: Optional[Callable[[str], None]] = None, tracks: bool = False) -> Scene:
+def load_colmap(
+    data_dir: Path,
+    model_dir: Path,
+    data_factor: int,
+    normalize: bool,
+    log: Optional[Callable[[str], None]] = None,
+    tracks: bool = False,
+) -> Scene:
     """Read the model in model_dir and the images under data_dir -> Scene (source "colmap").
     ``log``: see images.locate_images. Loss masks (masks.py): ``masks/`` files of the images'
     names and the images' alpha channels. ``tracks``: fill each Camera's ``point_ids`` with the
@@ -92,32 +100,37 @@ def load_colmap(data_dir: Path, model_dir: Path, data_factor: int, normalize: bo
         raise DataError(f"COLMAP model {model_dir} has no registered images")
 
     cameras_file = _model_file(model_dir, "cameras")
-    intrinsics = {cid: pinhole_and_distortion(reconstruction.cameras[cid], cameras_file)
-                  for cid in sorted({im.camera_id for im in images})}
+    intrinsics = {
+        cid: pinhole_and_distortion(reconstruction.cameras[cid], cameras_file)
+        for cid in sorted({im.camera_id for im in images})
+    }
 
     images_dir = data_dir / IMAGES_FOLDER
     if data_factor > 1 and (data_dir / f"{IMAGES_FOLDER}_{data_factor}").is_dir():
         images_dir = data_dir / f"{IMAGES_FOLDER}_{data_factor}"  # the originals are not needed
     missing = [im.name for im in images if not (images_dir / im.name).is_file()]
     if missing:
-        raise DataError(f"{len(missing)} of the {len(images)} images registered in {model_dir} "
-                        f"are missing from {images_dir}: {', '.join(missing[:5])}"
-                        + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""))
+        raise DataError(
+            f"{len(missing)} of the {len(images)} images registered in {model_dir} "
+            f"are missing from {images_dir}: {', '.join(missing[:5])}"
+            + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
+        )
 
-    sizes = [(reconstruction.cameras[im.camera_id].width, reconstruction.cameras[im.camera_id].height)
-             for im in images]
+    sizes = [(reconstruction.cameras[im.camera_id].width, reconstruction.cameras[im.camera_id].height) for im in images]
     located = locate_images(data_dir, IMAGES_FOLDER, [im.name for im in images], sizes, data_factor, log)
 
     names = [im.name for im in images]
     mask_names = find_mask_names(data_dir, names)
     with_mask = [i for i, m in enumerate(mask_names) if m is not None]
-    mask_files = locate_images(data_dir, MASKS_FOLDER, [str(mask_names[i]) for i in with_mask],
-                               [sizes[i] for i in with_mask], data_factor, log)
+    mask_files = locate_images(
+        data_dir, MASKS_FOLDER, [str(mask_names[i]) for i in with_mask], [sizes[i] for i in with_mask], data_factor, log
+    )
     mask_paths: list[Optional[Path]] = [None] * len(images)
     for i, (path, _, _) in zip(with_mask, mask_files):
         mask_paths[i] = path
-    alphas = alpha_sources(data_dir, IMAGES_FOLDER, names, [data_dir / IMAGES_FOLDER / n for n in names], located,
-                           data_factor)
+    alphas = alpha_sources(
+        data_dir, IMAGES_FOLDER, names, [data_dir / IMAGES_FOLDER / n for n in names], located, data_factor
+    )
 
     camtoworlds = np.stack([np.linalg.inv(_cam_from_world(im)) for im in images])  # [C, 4, 4]
     point_rows = {pid: row for row, pid in enumerate(reconstruction.points3D)}
@@ -142,20 +155,40 @@ def load_colmap(data_dir: Path, model_dir: Path, data_factor: int, normalize: bo
             if key not in undistortions:
                 plan = make_fisheye_undistortion if fisheye else make_undistortion
                 undistortions[key] = plan(
-                    K, coeffs, file_w, file_h, what=f"{cameras_file} camera {im.camera_id}",
+                    K,
+                    coeffs,
+                    file_w,
+                    file_h,
+                    what=f"{cameras_file} camera {im.camera_id}",
                     cache_maps=num_users[im.camera_id] > 1,
-                    model=f"COLMAP {reconstruction.cameras[im.camera_id].model.name}")
+                    model=f"COLMAP {reconstruction.cameras[im.camera_id].model.name}",
+                )
             dist = undistortions[key]
             K, file_w, file_h = dist.K, dist.width, dist.height
-        cameras.append(Camera(name=im.name, image_path=path, camtoworld=camtoworld.astype(np.float32),
-                              K=K.astype(np.float32), width=int(file_w), height=int(file_h), dist=dist,
-                              model="fisheye" if fisheye else "pinhole", mask_path=mask_paths[i],
-                              alpha_path=alphas[i],
-                              point_ids=np.asarray(observed.get(im.image_id, []), dtype=np.int64) if tracks else None))
+        cameras.append(
+            Camera(
+                name=im.name,
+                image_path=path,
+                camtoworld=camtoworld.astype(np.float32),
+                K=K.astype(np.float32),
+                width=int(file_w),
+                height=int(file_h),
+                dist=dist,
+                model="fisheye" if fisheye else "pinhole",
+                mask_path=mask_paths[i],
+                alpha_path=alphas[i],
+                point_ids=np.asarray(observed.get(im.image_id, []), dtype=np.int64) if tracks else None,
+            )
+        )
 
-    return Scene(cameras=cameras, points=points.astype(np.float32), points_rgb=points_rgb,
-                 scene_scale=scene_scale(camtoworlds), transform=transform.astype(np.float32),
-                 source="colmap")
+    return Scene(
+        cameras=cameras,
+        points=points.astype(np.float32),
+        points_rgb=points_rgb,
+        scene_scale=scene_scale(camtoworlds),
+        transform=transform.astype(np.float32),
+        source="colmap",
+    )
 
 
 def _observations(reconstruction, point_rows: dict) -> dict:

@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 
-
-def _source(K_distorted: np.ndarray, coeffs: np.ndarray, K: np.ndarray, width: int, height: int
-            ) -> tuple[np.ndarray, np.ndarray]:
+def _source(
+    K_distorted: np.ndarray, coeffs: np.ndarray, K: np.ndarray, width: int, height: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Source coordinates (corner convention, pixels) of every output pixel of a [height, width]
     equidistant image with intrinsics K: two float64 [height, width] arrays."""
     u, v = np.meshgrid(np.arange(width, dtype=np.float64) + 0.5, np.arange(height, dtype=np.float64) + 0.5)
@@ -33,8 +33,9 @@ def _source(K_distorted: np.ndarray, coeffs: np.ndarray, K: np.ndarray, width: i
     return K_distorted[0, 2] + K_distorted[0, 0] * x * scale, K_distorted[1, 2] + K_distorted[1, 1] * y * scale
 
 
-def remap_tables(K_distorted: np.ndarray, coeffs: np.ndarray, K: np.ndarray, width: int, height: int
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def remap_tables(
+    K_distorted: np.ndarray, coeffs: np.ndarray, K: np.ndarray, width: int, height: int
+) -> tuple[np.ndarray, np.ndarray]:
     """cv2.remap float32 tables (OpenCV convention: pixel centres at integers) of the
     [height, width] output with intrinsics K."""
     sx, sy = _source(K_distorted, coeffs, K, width, height)

@@ -61,8 +61,12 @@ class Undistortion:
             maps = remap_tables(self.K_distorted, self.coeffs, self.K, self.width, self.height)
         else:
             maps = cv2.initUndistortRectifyMap(
-                _to_opencv(self.K_distorted), self.coeffs, None, _to_opencv(self.K),
-                (self.width, self.height), cv2.CV_16SC2,
+                _to_opencv(self.K_distorted),
+                self.coeffs,
+                None,
+                _to_opencv(self.K),
+                (self.width, self.height),
+                cv2.CV_16SC2,
             )
         if self.cache_maps:
             self._maps = maps
@@ -80,8 +84,7 @@ class Undistortion:
         """[src_height, src_width, 3] uint8 -> [height, width, 3] uint8 undistorted, cropped."""
         assert image.shape[:2] == (self.src_height, self.src_width), image.shape
         map1, map2 = self.maps()
-        return cv2.remap(image, map1, map2, interpolation=cv2.INTER_LINEAR,
-                         borderMode=cv2.BORDER_REPLICATE)
+        return cv2.remap(image, map1, map2, interpolation=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
 
 
 @dataclass
@@ -129,8 +132,9 @@ def _from_opencv(K: np.ndarray) -> np.ndarray:
     return K
 
 
-def make_undistortion(K: np.ndarray, coeffs, width: int, height: int, what: str,
-                      cache_maps: bool = False, model: str = "") -> Undistortion:
+def make_undistortion(
+    K: np.ndarray, coeffs, width: int, height: int, what: str, cache_maps: bool = False, model: str = ""
+) -> Undistortion:
     """Plan undistortion of a [height, width] image with pinhole K [3, 3] and OpenCV coeffs.
 
     The new pinhole is cv2.getOptimalNewCameraMatrix(alpha=0) (every output pixel sees the source),
@@ -147,22 +151,33 @@ def make_undistortion(K: np.ndarray, coeffs, width: int, height: int, what: str,
     # fewer, even for zero distortion.)
     w, h = min(w + 1, width - x), min(h + 1, height - y)
     if w <= 1 or h <= 1:
-        raise DataError(f"{what}: distortion {coeffs.tolist()} leaves no valid image region "
-                        f"after undistortion of a {width}x{height} image")
+        raise DataError(
+            f"{what}: distortion {coeffs.tolist()} leaves no valid image region "
+            f"after undistortion of a {width}x{height} image"
+        )
     K_new = np.array(K_new, dtype=np.float64)
     K_new[0, 2] -= x
     K_new[1, 2] -= y
-    return Undistortion(K_distorted=np.asarray(K, dtype=np.float64), coeffs=coeffs,
-                        src_width=width, src_height=height, K=_from_opencv(K_new),
-                        width=int(w), height=int(h), cache_maps=cache_maps, model=model)
+    return Undistortion(
+        K_distorted=np.asarray(K, dtype=np.float64),
+        coeffs=coeffs,
+        src_width=width,
+        src_height=height,
+        K=_from_opencv(K_new),
+        width=int(w),
+        height=int(h),
+        cache_maps=cache_maps,
+        model=model,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # Reading files
 
 
-def make_fisheye_undistortion(K: np.ndarray, coeffs, width: int, height: int, what: str,
-                              cache_maps: bool = False, model: str = "") -> Undistortion:
+def make_fisheye_undistortion(
+    K: np.ndarray, coeffs, width: int, height: int, what: str, cache_maps: bool = False, model: str = ""
+) -> Undistortion:
     """Plan the remap of a [height, width] OpenCV-fisheye image with intrinsics K [3, 3] (pixels)
     and coeffs k1..k4 to an ideal equidistant fisheye of the same focal lengths, cropped to the
     valid pixels' bounding box. ``what`` names the camera in the DataError raised when no output
@@ -179,8 +194,18 @@ def make_fisheye_undistortion(K: np.ndarray, coeffs, width: int, height: int, wh
     K_new = K.copy()
     K_new[0, 2] -= x0
     K_new[1, 2] -= y0
-    return Undistortion(K_distorted=K, coeffs=coeffs, src_width=width, src_height=height, K=K_new,
-                        width=out_w, height=out_h, cache_maps=cache_maps, model=model, fisheye=True)
+    return Undistortion(
+        K_distorted=K,
+        coeffs=coeffs,
+        src_width=width,
+        src_height=height,
+        K=K_new,
+        width=out_w,
+        height=out_h,
+        cache_maps=cache_maps,
+        model=model,
+        fisheye=True,
+    )
 
 
 def image_size(path: Path) -> tuple[int, int]:
@@ -246,15 +271,18 @@ def load_image(scene: Scene, index: int, decoded: Optional[np.ndarray] = None) -
     if scene.images is not None:
         image = np.asarray(scene.images[index])
         if image.shape != (camera.height, camera.width, 3) or image.dtype != np.uint8:
-            raise DataError(f"in-memory image {index} ({camera.name}) is {image.dtype} {image.shape}, "
-                            f"expected uint8 {(camera.height, camera.width, 3)}")
+            raise DataError(
+                f"in-memory image {index} ({camera.name}) is {image.dtype} {image.shape}, "
+                f"expected uint8 {(camera.height, camera.width, 3)}"
+            )
         return image
     image = read_rgb(camera.image_path) if decoded is None else decoded
     dist = camera.dist
     expected = (dist.src_width, dist.src_height) if dist is not None else (camera.width, camera.height)
     if (image.shape[1], image.shape[0]) != expected:
-        raise DataError(f"image {camera.image_path} is {image.shape[1]}x{image.shape[0]}, "
-                        f"expected {expected[0]}x{expected[1]}")
+        raise DataError(
+            f"image {camera.image_path} is {image.shape[1]}x{image.shape[0]}, expected {expected[0]}x{expected[1]}"
+        )
     return dist.apply(image) if dist is not None else image
 
 
@@ -292,8 +320,14 @@ def _write_atomic_png(path: Path, rgb: np.ndarray) -> None:
     atomic_write_bytes(path, encoded.tobytes())
 
 
-def locate_images(data_dir: Path, folder: str, names: list[str], sizes: list[tuple[int, int]],
-                  factor: int, log: Optional[Callable[[str], None]] = None) -> list[tuple[Path, int, int]]:
+def locate_images(
+    data_dir: Path,
+    folder: str,
+    names: list[str],
+    sizes: list[tuple[int, int]],
+    factor: int,
+    log: Optional[Callable[[str], None]] = None,
+) -> list[tuple[Path, int, int]]:
     """The file to read for each image, and its (width, height) in pixels.
 
     data_dir / folder / name must exist (callers check, to word the error for their format);
@@ -321,23 +355,32 @@ def locate_images(data_dir: Path, folder: str, names: list[str], sizes: list[tup
     if folder not in ("", ".") and prebuilt.is_dir():
         missing = [n for n in names if not (prebuilt / n).is_file()]
         if missing:
-            raise DataError(f"{prebuilt} lacks {len(missing)} of the {len(names)} images "
-                            f"(e.g. {', '.join(missing[:3])}); complete it or remove the folder")
+            raise DataError(
+                f"{prebuilt} lacks {len(missing)} of the {len(names)} images "
+                f"(e.g. {', '.join(missing[:3])}); complete it or remove the folder"
+            )
         for name, (w, h) in zip(names, sizes):
             path = prebuilt / name
             fw, fh = image_size(path)
             if abs(fw - w / factor) > 1 or abs(fh - h / factor) > 1:
-                raise DataError(f"{path} is {fw}x{fh}, but a 1/{factor} downscale of the "
-                                f"{w}x{h} original should be about {w / factor:g}x{h / factor:g}")
+                raise DataError(
+                    f"{path} is {fw}x{fh}, but a 1/{factor} downscale of the "
+                    f"{w}x{h} original should be about {w / factor:g}x{h / factor:g}"
+                )
             located.append((path, fw, fh))
         return located
 
     target = cache_dir(data_dir) / _cache_folder_name(folder, factor)
-    stale = [not (target / (n + ".png")).is_file()
-             or (target / (n + ".png")).stat().st_mtime < (data_dir / folder / n).stat().st_mtime for n in names]
+    stale = [
+        not (target / (n + ".png")).is_file()
+        or (target / (n + ".png")).stat().st_mtime < (data_dir / folder / n).stat().st_mtime
+        for n in names
+    ]
     if log is not None and any(stale):
-        log(f"downscaling {sum(stale)} images of {data_dir / folder} by {factor} into the cache {target} "
-            "(once: later runs read them from there)")
+        log(
+            f"downscaling {sum(stale)} images of {data_dir / folder} by {factor} into the cache {target} "
+            "(once: later runs read them from there)"
+        )
     for name, (w, h), remake in zip(names, sizes, stale):
         source = data_dir / folder / name
         path = target / (name + ".png")
@@ -345,8 +388,9 @@ def locate_images(data_dir: Path, folder: str, names: list[str], sizes: list[tup
         if remake:
             image = read_rgb(source)
             if (image.shape[1], image.shape[0]) != (w, h):
-                raise DataError(f"image {source} is {image.shape[1]}x{image.shape[0]}, "
-                                f"but the camera model says {w}x{h}")
+                raise DataError(
+                    f"image {source} is {image.shape[1]}x{image.shape[0]}, but the camera model says {w}x{h}"
+                )
             _write_atomic_png(path, cv2.resize(image, (fw, fh), interpolation=cv2.INTER_AREA))
         located.append((path, fw, fh))
     return located

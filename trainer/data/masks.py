@@ -32,8 +32,17 @@ import cv2
 import numpy as np
 
 from ..fileio import atomic_write_bytes
-from .images import (Camera, DataError, Scene, _cache_folder_name, cache_dir, cache_root, downscaled_size,
-                     has_alpha, read_rgba)
+from .images import (
+    Camera,
+    DataError,
+    Scene,
+    _cache_folder_name,
+    cache_dir,
+    cache_root,
+    downscaled_size,
+    has_alpha,
+    read_rgba,
+)
 
 MASKS_FOLDER = "masks"
 KEEP_THRESHOLD = 128  # of 255: a mask or alpha value at or above it keeps the pixel
@@ -58,8 +67,14 @@ def _write_grey_png(path: Path, grey: np.ndarray) -> None:
     atomic_write_bytes(path, encoded.tobytes())
 
 
-def alpha_sources(data_dir: Path, folder: str, names: list[str], originals: list[Path],
-                  located: list[tuple[Path, int, int]], factor: int) -> list[Optional[Path]]:
+def alpha_sources(
+    data_dir: Path,
+    folder: str,
+    names: list[str],
+    originals: list[Path],
+    located: list[tuple[Path, int, int]],
+    factor: int,
+) -> list[Optional[Path]]:
     """Per image, the file whose alpha channel is the alpha of the image as loaded (None when it
     has none): the file read itself when it is the original or a prebuilt ``<folder>_<f>/``; for
     an image read from the downscale cache (RGB, composited), ``<name>.alpha.png`` beside it,
@@ -78,8 +93,12 @@ def alpha_sources(data_dir: Path, folder: str, names: list[str], originals: list
         if not alpha_path.is_file() or alpha_path.stat().st_mtime < original.stat().st_mtime:
             _, alpha = read_rgba(original)
             assert alpha is not None  # alpha_sources lists only files with an alpha channel
-            _write_grey_png(alpha_path, cv2.resize(alpha, downscaled_size(alpha.shape[1], alpha.shape[0], factor),
-                                                   interpolation=cv2.INTER_AREA))
+            _write_grey_png(
+                alpha_path,
+                cv2.resize(
+                    alpha, downscaled_size(alpha.shape[1], alpha.shape[0], factor), interpolation=cv2.INTER_AREA
+                ),
+            )
         out.append(alpha_path)
     return out
 
@@ -90,8 +109,9 @@ def _grey(path: Path, size: tuple[int, int], what: str) -> np.ndarray:
     rgb, alpha = read_rgba(path)
     grey = alpha if (what == "alpha" and alpha is not None) else rgb[:, :, 0]
     if (grey.shape[1], grey.shape[0]) != size:
-        raise DataError(f"{what} {path} is {grey.shape[1]}x{grey.shape[0]}, expected {size[0]}x{size[1]} "
-                        "(the size of its image)")
+        raise DataError(
+            f"{what} {path} is {grey.shape[1]}x{grey.shape[0]}, expected {size[0]}x{size[1]} (the size of its image)"
+        )
     return grey
 
 
@@ -104,8 +124,11 @@ def load_keep(camera: Camera, alpha: Optional[np.ndarray], alpha_as_mask: bool) 
     size = (dist.src_width, dist.src_height) if dist is not None else (camera.width, camera.height)
     keep = None
     if alpha_as_mask and camera.alpha_path is not None:
-        a = alpha if (alpha is not None and camera.alpha_path == camera.image_path) else \
-            _grey(camera.alpha_path, size, "alpha")
+        a = (
+            alpha
+            if (alpha is not None and camera.alpha_path == camera.image_path)
+            else _grey(camera.alpha_path, size, "alpha")
+        )
         keep = a >= KEEP_THRESHOLD
     if camera.mask_path is not None:
         m = _grey(camera.mask_path, size, "mask") >= KEEP_THRESHOLD
@@ -139,16 +162,22 @@ def mask_lines(scene: Scene, alpha_as_mask: bool) -> list[str]:
     lines = []
     with_alpha = sum(c.alpha_path is not None for c in cams)
     if with_alpha and alpha_as_mask:
-        lines.append(f"masks: the alpha channel of {with_alpha} of {len(cams)} images is their loss mask "
-                     f"(alpha < {KEEP_THRESHOLD} left out of the loss; --no-alpha_as_mask composites them "
-                     "onto black and trains on every pixel)")
+        lines.append(
+            f"masks: the alpha channel of {with_alpha} of {len(cams)} images is their loss mask "
+            f"(alpha < {KEEP_THRESHOLD} left out of the loss; --no-alpha_as_mask composites them "
+            "onto black and trains on every pixel)"
+        )
     elif with_alpha:
-        lines.append(f"masks: {with_alpha} of {len(cams)} images have an alpha channel, composited onto black "
-                     "(--no-alpha_as_mask); every pixel trains")
+        lines.append(
+            f"masks: {with_alpha} of {len(cams)} images have an alpha channel, composited onto black "
+            "(--no-alpha_as_mask); every pixel trains"
+        )
     with_file = sum(c.mask_path is not None for c in cams)
     if with_file:
-        lines.append(f"masks: {with_file} of {len(cams)} views have a mask file ({MASKS_FOLDER}/ or mask_path): "
-                     f"pixels below {KEEP_THRESHOLD} are left out of the loss")
+        lines.append(
+            f"masks: {with_file} of {len(cams)} views have a mask file ({MASKS_FOLDER}/ or mask_path): "
+            f"pixels below {KEEP_THRESHOLD} are left out of the loss"
+        )
     if scene.masks is not None:
         lines.append(f"masks: {sum(m is not None for m in scene.masks)} of {len(cams)} views have a loss mask")
     return lines
@@ -156,6 +185,9 @@ def mask_lines(scene: Scene, alpha_as_mask: bool) -> list[str]:
 
 def has_masks(scene: Scene, alpha_as_mask: bool) -> bool:
     """Whether any view of ``scene`` has a loss mask (without decoding anything)."""
-    return any((c.alpha_path is not None and alpha_as_mask) or c.mask_path is not None
-               or (c.dist is not None and c.dist.fisheye) for c in scene.cameras) or (
-        scene.masks is not None and any(m is not None for m in scene.masks))
+    return any(
+        (c.alpha_path is not None and alpha_as_mask)
+        or c.mask_path is not None
+        or (c.dist is not None and c.dist.fisheye)
+        for c in scene.cameras
+    ) or (scene.masks is not None and any(m is not None for m in scene.masks))

@@ -18,8 +18,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .images import (Camera, DataError, Scene, image_size, locate_images, make_fisheye_undistortion,
-                     make_undistortion)
+from .images import Camera, DataError, Scene, image_size, locate_images, make_fisheye_undistortion, make_undistortion
 from .masks import alpha_sources
 from .normalize import normalize_world, scene_scale
 
@@ -69,9 +68,11 @@ def _distortion(meta: dict, frame: dict, where: str) -> tuple[np.ndarray | None,
     absent; for nerfstudio's OPENCV_FISHEYE, OpenCV fisheye k1..k4 [4] and fisheye True."""
     model = frame.get("camera_model", meta.get("camera_model"))
     if model is not None and model not in PINHOLE_MODELS + (FISHEYE_MODEL,):
-        raise DataError(f"{where}: camera_model {model} is not supported; supported: "
-                        f"{', '.join(PINHOLE_MODELS)} (with optional k1, k2, k3, p1, p2) and {FISHEYE_MODEL} "
-                        "(k1..k4, with --camera_model fisheye)")
+        raise DataError(
+            f"{where}: camera_model {model} is not supported; supported: "
+            f"{', '.join(PINHOLE_MODELS)} (with optional k1, k2, k3, p1, p2) and {FISHEYE_MODEL} "
+            "(k1..k4, with --camera_model fisheye)"
+        )
     keys = ("k1", "k2", "k3", "k4") if model == FISHEYE_MODEL else ("k1", "k2", "p1", "p2", "k3")
     coeffs = np.array([float(frame.get(k, meta.get(k, 0.0)) or 0.0) for k in keys])
     if model == FISHEYE_MODEL:
@@ -103,8 +104,7 @@ def _camtoworld(frame: dict, where: str) -> np.ndarray:
     return matrix @ OPENGL_TO_OPENCV
 
 
-def load_nerf(json_path: Path, data_factor: int, normalize: bool,
-              log: Optional[Callable[[str], None]] = None) -> Scene:
+def load_nerf(json_path: Path, data_factor: int, normalize: bool, log: Optional[Callable[[str], None]] = None) -> Scene:
     """Read json_path (frames' file_path relative to its folder) -> Scene (source "nerf").
     ``log``: see images.locate_images.
 
@@ -133,8 +133,10 @@ def load_nerf(json_path: Path, data_factor: int, normalize: bool,
         else:
             found.append((frame, path))
     if missing:
-        warnings.warn(f"{json_path}: skipping {len(missing)} of {len(frames)} frames whose image is "
-                      f"missing: {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+        warnings.warn(
+            f"{json_path}: skipping {len(missing)} of {len(frames)} frames whose image is "
+            f"missing: {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
+        )
     if not found:
         raise DataError(f"{json_path}: none of the {len(frames)} frames' images exist under {base}")
     found.sort(key=lambda item: _relative_name(item[1], base))
@@ -145,8 +147,16 @@ def load_nerf(json_path: Path, data_factor: int, normalize: bool,
         where = f"{json_path} frame {frame['file_path']}"
         w, h = frame.get("w", meta.get("w")), frame.get("h", meta.get("h"))
         size = (int(w), int(h)) if w is not None and h is not None else image_size(path)
-        records.append((path, size, _pinhole(meta, frame, *size, where), _distortion(meta, frame, where),
-                        _camtoworld(frame, where), _mask_file(base, frame, where)))
+        records.append(
+            (
+                path,
+                size,
+                _pinhole(meta, frame, *size, where),
+                _distortion(meta, frame, where),
+                _camtoworld(frame, where),
+                _mask_file(base, frame, where),
+            )
+        )
 
     # Downscaled files, one images_<f> / cache lookup per folder (images, then mask files).
     located: dict = {}
@@ -186,15 +196,35 @@ def load_nerf(json_path: Path, data_factor: int, normalize: bool,
             if key not in undistortions:
                 plan = make_fisheye_undistortion if fisheye else make_undistortion
                 undistortions[key] = plan(
-                    K, coeffs, file_w, file_h, what=f"{json_path} frame {path.name}",
+                    K,
+                    coeffs,
+                    file_w,
+                    file_h,
+                    what=f"{json_path} frame {path.name}",
                     cache_maps=keys.count(key) > 1,
-                    model=f"{json_path.name} {FISHEYE_MODEL if fisheye else 'k1/k2/p1/p2/k3'}")
+                    model=f"{json_path.name} {FISHEYE_MODEL if fisheye else 'k1/k2/p1/p2/k3'}",
+                )
             dist = undistortions[key]
             K, file_w, file_h = dist.K, dist.width, dist.height
-        cameras.append(Camera(name=_relative_name(path, base), image_path=image_path,
-                              camtoworld=camtoworld.astype(np.float32), K=K.astype(np.float32),
-                              width=int(file_w), height=int(file_h), dist=dist,
-                              model="fisheye" if fisheye else "pinhole",
-                              mask_path=None if mask is None else masks[mask], alpha_path=alphas[path]))
-    return Scene(cameras=cameras, points=None, points_rgb=None, scene_scale=scene_scale(camtoworlds),
-                 transform=transform.astype(np.float32), source="nerf")
+        cameras.append(
+            Camera(
+                name=_relative_name(path, base),
+                image_path=image_path,
+                camtoworld=camtoworld.astype(np.float32),
+                K=K.astype(np.float32),
+                width=int(file_w),
+                height=int(file_h),
+                dist=dist,
+                model="fisheye" if fisheye else "pinhole",
+                mask_path=None if mask is None else masks[mask],
+                alpha_path=alphas[path],
+            )
+        )
+    return Scene(
+        cameras=cameras,
+        points=None,
+        points_rgb=None,
+        scene_scale=scene_scale(camtoworlds),
+        transform=transform.astype(np.float32),
+        source="nerf",
+    )

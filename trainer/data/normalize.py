@@ -102,8 +102,9 @@ def transform_cameras(transform: np.ndarray, camtoworlds: np.ndarray) -> np.ndar
     return out
 
 
-def normalize_world(camtoworlds: np.ndarray, points: Optional[np.ndarray]
-                    ) -> tuple[np.ndarray, Optional[np.ndarray], np.ndarray]:
+def normalize_world(
+    camtoworlds: np.ndarray, points: Optional[np.ndarray]
+) -> tuple[np.ndarray, Optional[np.ndarray], np.ndarray]:
     """Apply T1 (and, with 3+ points, T2 and T3) -> (camtoworlds [C, 4, 4], points [P, 3], T [4, 4]).
 
     camtoworlds come back float64, points in their dtype, T float64 with T @ old = new.

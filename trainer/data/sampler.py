@@ -27,8 +27,10 @@ def split_indices(num_cameras: int, test_every: int) -> tuple[list[int], list[in
     test = [i for i in range(num_cameras) if i % test_every == 0]
     train = [i for i in range(num_cameras) if i % test_every != 0]
     if num_cameras > 0 and not train:
-        raise DataError(f"test_every={test_every} makes all {num_cameras} cameras test views; "
-                        "use test_every=0 for no test views, or a larger value")
+        raise DataError(
+            f"test_every={test_every} makes all {num_cameras} cameras test views; "
+            "use test_every=0 for no test views, or a larger value"
+        )
     return train, test
 
 
@@ -43,8 +45,9 @@ class Dataset:
     mask (--alpha_as_mask).
     """
 
-    def __init__(self, scene: Scene, indices: list[int], preload: "bool | Sequence[int]" = True,
-                 alpha_as_mask: bool = True):
+    def __init__(
+        self, scene: Scene, indices: list[int], preload: "bool | Sequence[int]" = True, alpha_as_mask: bool = True
+    ):
         self.scene = scene
         self.indices = [int(i) for i in indices]
         self.alpha_as_mask = alpha_as_mask
@@ -171,7 +174,7 @@ class CameraSampler:
         batches = []
         for group in self.groups:
             order = rng.permutation(group)
-            batches += [order[s:s + self.batch_size].tolist() for s in range(0, len(order), self.batch_size)]
+            batches += [order[s : s + self.batch_size].tolist() for s in range(0, len(order), self.batch_size)]
         batches = [batches[j] for j in rng.permutation(len(batches))]
         self._last_epoch = (epoch, batches)
         return batches
@@ -184,8 +187,9 @@ class CameraSampler:
         return self.epoch_batches(epoch)[position]
 
 
-def patch_window(seed: int, step: int, rank: int, position: int, width: int, height: int,
-                 patch_size: int) -> tuple[int, int, int, int]:
+def patch_window(
+    seed: int, step: int, rank: int, position: int, width: int, height: int, patch_size: int
+) -> tuple[int, int, int, int]:
     """``--patch_size``: the crop (x0, y0, w, h) in pixels of the ``position``-th image of rank
     ``rank``'s batch at ``step``: a patch_size square (smaller where the image is), at an offset
     uniform over the positions that keep it inside the image (gsplat's Dataset draws it likewise

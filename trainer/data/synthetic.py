@@ -46,8 +46,12 @@ def _cloud(num_gaussians: int, rng: np.random.Generator) -> dict[str, np.ndarray
     # the cloud is a set of surfaces: keep the coverage similar at any count (600 -> 0.035)
     size = 0.035 * (600.0 / num_gaussians) ** (1.0 / 3.0)
     scales = np.full((num_gaussians, 3), size, dtype=np.float32) * rng.uniform(0.7, 1.4, (num_gaussians, 1))
-    return dict(means=means, rgbs=rgbs.astype(np.float32), scales=scales.astype(np.float32),
-                opacities=np.full(num_gaussians, 0.9, dtype=np.float32))
+    return dict(
+        means=means,
+        rgbs=rgbs.astype(np.float32),
+        scales=scales.astype(np.float32),
+        opacities=np.full(num_gaussians, 0.9, dtype=np.float32),
+    )
 
 
 def _intrinsics(camera_model: str, width: int, height: int) -> np.ndarray:
@@ -73,9 +77,16 @@ def _unoccluded(means2d, depths, radii, expected_depth, width: int, height: int)
     return ids[seen].cpu().numpy().astype(np.int64)
 
 
-def make_synthetic_scene(num_gaussians: int = 600, num_cameras: int = 40, image_size: int = 96,
-                         seed: int = 0, height: Optional[int] = None, device: str = "cpu",
-                         camera_model: str = "pinhole", tracks: bool = False) -> Scene:
+def make_synthetic_scene(
+    num_gaussians: int = 600,
+    num_cameras: int = 40,
+    image_size: int = 96,
+    seed: int = 0,
+    height: Optional[int] = None,
+    device: str = "cpu",
+    camera_model: str = "pinhole",
+    tracks: bool = False,
+) -> Scene:
     """Build the scene: cameras on a tilted orbit of radius 2.2 looking at the origin (OpenCV
     axes, z up world), ``image_size`` x ``height`` (default square) images (:func:`_intrinsics`
     of ``camera_model``: pinhole, ortho or fisheye, the cameras' ``model``), ground truth
@@ -88,8 +99,11 @@ def make_synthetic_scene(num_gaussians: int = 600, num_cameras: int = 40, image_
     import importlib
 
     # deferred: the renderer is only needed to build the images
-    reference = (importlib.import_module("gsplat.cuda._wrapper") if device.startswith("cuda")
-                 else importlib.import_module("splat_train.kernels.reference"))
+    reference = (
+        importlib.import_module("gsplat.cuda._wrapper")
+        if device.startswith("cuda")
+        else importlib.import_module("splat_train.kernels.reference")
+    )
     width, height = image_size, height or image_size
 
     rng = np.random.default_rng(seed)
@@ -104,37 +118,77 @@ def make_synthetic_scene(num_gaussians: int = 600, num_cameras: int = 40, image_
     for i in range(num_cameras):
         angle = 2 * math.pi * i / num_cameras
         elevation = math.radians(20.0 + 15.0 * math.sin(3 * angle))
-        eye = 2.2 * np.array([math.cos(angle) * math.cos(elevation), math.sin(angle) * math.cos(elevation),
-                              math.sin(elevation)])
+        eye = 2.2 * np.array(
+            [math.cos(angle) * math.cos(elevation), math.sin(angle) * math.cos(elevation), math.sin(elevation)]
+        )
         c2w = look_at(eye, np.zeros(3), np.array([0.0, 0.0, 1.0])).astype(np.float32)
         viewmat = torch.from_numpy(np.linalg.inv(c2w)).float()[None].to(device)
         Kt = torch.from_numpy(K)[None].to(device)
         with torch.no_grad():
             radii, means2d, depths, conics, _ = reference.fully_fused_projection(
-                means, None, quats, scales, viewmat, Kt, width, height, opacities=opacities,
-                camera_model=camera_model)
+                means, None, quats, scales, viewmat, Kt, width, height, opacities=opacities, camera_model=camera_model
+            )
             tw, th = math.ceil(width / 16), math.ceil(height / 16)
             _, isect_ids, flatten_ids = reference.isect_tiles(means2d, radii, depths, 16, tw, th)
             offsets = reference.isect_offset_encode(isect_ids, 1, tw, th)
             img, alpha = reference.rasterize_to_pixels(
-                means2d, conics, colors[None].contiguous(), opacities[None].contiguous(), width, height,
-                16, offsets, flatten_ids)
+                means2d,
+                conics,
+                colors[None].contiguous(),
+                opacities[None].contiguous(),
+                width,
+                height,
+                16,
+                offsets,
+                flatten_ids,
+            )
             if tracks:
-                depth, _ = reference.rasterize_to_pixels(means2d, conics, depths[..., None].contiguous(),
-                                                         opacities[None].contiguous(), width, height, 16, offsets,
-                                                         flatten_ids)
-                observed.append(_unoccluded(means2d[0], depths[0], radii[0], depth[0, ..., 0] / alpha[0, ..., 0]
-                                            .clamp_min(1e-10), width, height))
+                depth, _ = reference.rasterize_to_pixels(
+                    means2d,
+                    conics,
+                    depths[..., None].contiguous(),
+                    opacities[None].contiguous(),
+                    width,
+                    height,
+                    16,
+                    offsets,
+                    flatten_ids,
+                )
+                observed.append(
+                    _unoccluded(
+                        means2d[0],
+                        depths[0],
+                        radii[0],
+                        depth[0, ..., 0] / alpha[0, ..., 0].clamp_min(1e-10),
+                        width,
+                        height,
+                    )
+                )
         images.append((img[0].clamp(0, 1).cpu().numpy() * 255.0 + 0.5).astype(np.uint8))
-        cameras.append(Camera(name=f"synthetic_{i:03d}.png", image_path=None,  # type: ignore[arg-type]  # no file: the pixels are rendered
-                              camtoworld=c2w, K=K.copy(),
-                              width=width, height=height, dist=None, model=camera_model,
-                              point_ids=observed[-1] if tracks else None))
+        cameras.append(
+            Camera(
+                name=f"synthetic_{i:03d}.png",
+                image_path=None,  # type: ignore[arg-type]  # no file: the pixels are rendered
+                camtoworld=c2w,
+                K=K.copy(),
+                width=width,
+                height=height,
+                dist=None,
+                model=camera_model,
+                point_ids=observed[-1] if tracks else None,
+            )
+        )
     jitter = rng.normal(scale=0.02, size=gt["means"].shape).astype(np.float32)
     points = gt["means"] + jitter
     points_rgb = np.clip(gt["rgbs"] + rng.normal(scale=0.1, size=gt["rgbs"].shape), 0, 1)
     centres = np.stack([c.camtoworld[:3, 3] for c in cameras])
     scene_scale = float(np.linalg.norm(centres - centres.mean(0), axis=1).max())
-    return Scene(cameras=cameras, points=points.astype(np.float32),
-                 points_rgb=(points_rgb * 255).astype(np.uint8), scene_scale=scene_scale,
-                 transform=np.eye(4, dtype=np.float32), source="synthetic", images=images)
+    return Scene(
+        cameras=cameras,
+        points=points.astype(np.float32),
+        points_rgb=(points_rgb * 255).astype(np.uint8),
+        scene_scale=scene_scale,
+        transform=np.eye(4, dtype=np.float32),
+        source="synthetic",
+        images=images,
+    )

@@ -57,9 +57,16 @@ class TrainViews:
     largest batch it must hold.
     """
 
-    def __init__(self, dataset: Dataset, device: torch.device, device_share: float = 0.25,
-                 host_cache_bytes: int = 0, items_at: Optional[Callable[[int], list[int]]] = None,
-                 lookahead: int = 16, decode_threads: int = 0):
+    def __init__(
+        self,
+        dataset: Dataset,
+        device: torch.device,
+        device_share: float = 0.25,
+        host_cache_bytes: int = 0,
+        items_at: Optional[Callable[[int], list[int]]] = None,
+        lookahead: int = 16,
+        decode_threads: int = 0,
+    ):
         if not 0.0 <= device_share <= 1.0:
             raise ValueError(f"--device_images_share must be in [0, 1], got {device_share}")
         self.dataset, self.device = dataset, device
@@ -119,6 +126,7 @@ class TrainViews:
     def _decoded(self, place: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
         """Every image, decoded on ``decode_threads`` threads and ``place``d one at a time (only the
         images in flight are held on the host besides what ``place`` keeps)."""
+
         def one(i):
             return place(self._load(i))
 
@@ -197,6 +205,7 @@ class TrainViews:
 
     def _submit(self, i: int) -> Future:
         """Decode item ``i`` on a pool thread into the cache (the caller holds the lock)."""
+
         def decode():
             image = self._load(i)
             if self.device.type == "cuda":  # copied by numpy: a torch copy on this thread would start
@@ -240,8 +249,10 @@ class TrainViews:
             items = self.items_at(s)  # type: ignore[misc]  # streaming views always have items_at (__init__)
             size = sum(self.sizes[i] for i in items)
             if not window and 2 * size > self.cache_bytes:
-                raise ValueError(f"--image_cache_gb {self.cache_bytes / 2**30:g} holds less than two batches of "
-                                 f"step {s} ({size / 2**20:,.1f} MB each); raise it")
+                raise ValueError(
+                    f"--image_cache_gb {self.cache_bytes / 2**30:g} holds less than two batches of "
+                    f"step {s} ({size / 2**20:,.1f} MB each); raise it"
+                )
             if window and total + size > self.cache_bytes // 2:
                 break
             window.append(items)
@@ -258,9 +269,11 @@ class TrainViews:
         peak, and how often and how long the training thread waited for a decode."""
         if self.where != "stream":
             return None
-        return (f"image cache: {self.decodes:,} decodes, peak {self.peak_cache_bytes / 2**20:,.1f} of "
-                f"{self.cache_bytes / 2**20:,.1f} MB; the training thread waited for a decode {self.waits:,} times "
-                f"({self.wait_seconds:.2f} s)")
+        return (
+            f"image cache: {self.decodes:,} decodes, peak {self.peak_cache_bytes / 2**20:,.1f} of "
+            f"{self.cache_bytes / 2**20:,.1f} MB; the training thread waited for a decode {self.waits:,} times "
+            f"({self.wait_seconds:.2f} s)"
+        )
 
     def close(self) -> None:
         """Stop the decoding threads (streaming)."""
