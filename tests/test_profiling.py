@@ -98,3 +98,25 @@ def test_deferred_timer_synchronizes_once_at_collect(monkeypatch):
     assert len(syncs) == 1 and len(steps) == 4
     assert all(set(s) == {"loss", "optimizer", "total"} and s["total"] >= 0 for s in steps)
     assert timer.collect() == []
+
+
+def test_deferred_steps_are_read_after_the_window_switched_the_timer_off(monkeypatch):
+    """A --profile window that ends before the last step: the loop switches the timer off (cuda
+    False) while the window's CUDA events still wait in collect(); reading them must use the
+    events' clock, not the host's (it raised TypeError subtracting two events)."""
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_start", lambda msg: 1)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_end", lambda rid: None)
+    timer = profiling.PhaseTimer(torch.device("cuda", 0))
+    timer.switch(True, deferred=True)
+    for _ in range(3):
+        timer.begin("projection")
+        timer.begin("loss")
+        timer.end_step()
+    timer.switch(False, deferred=True)  # the step after the window
+    assert not timer.cuda
+    steps = timer.collect()
+    assert len(steps) == 3 and len(syncs) == 1
+    assert all(set(s) == {"projection", "loss", "total"} and s["total"] >= 0 for s in steps)

@@ -97,17 +97,21 @@ class PhaseTimer:
         return self._phase_ms(marks)
 
     def collect(self) -> list[dict[str, float]]:
-        """The {phase: ms} of every step kept by a deferred timer (one synchronization)."""
-        if self._pending and self.cuda:
+        """The {phase: ms} of every step kept by a deferred timer (one synchronization). Works
+        after :meth:`switch` turned the timer off: the kept steps still hold their CUDA events."""
+        if self._pending and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         out = [self._phase_ms(marks) for marks in self._pending]
         self._pending.clear()
         return out
 
-    def _phase_ms(self, marks: list) -> dict[str, float]:
+    @staticmethod
+    def _phase_ms(marks: list) -> dict[str, float]:
+        """{phase: ms} of one step's marks; each mark says by its type which clock stamped it (a
+        CUDA event or the host's perf_counter), whatever the timer's mode is now."""
         out: dict[str, float] = {}
         for (name, a), (_, b) in zip(marks[:-1], marks[1:]):
-            ms = a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
+            ms = (b - a) * 1000.0 if isinstance(a, float) else a.elapsed_time(b)
             out[name] = out.get(name, 0.0) + ms
         out["total"] = sum(out.values())
         return out
