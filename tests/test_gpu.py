@@ -88,6 +88,8 @@ def test_training_runs_with_gsplat_backend(tmp_path):
         ("mcmc", ["--cap_max", "3000"]),  # relocation and growth with gsplat's CUDA ops
         ("default", ["--packed", "--random_bkgd", "--batch_size", "2", "--reset_every", "30", "--pose_opt"]),
         ("default", ["--packed", "--raster", "fused", "--random_tile_shift", "--batch_size", "2"]),
+        ("default", ["--cuda_graphs", "--reset_every", "30", "--batch_size", "2"]),  # captured again on each change
+        ("default", ["--cuda_graphs", "--raster", "fused", "--pose_opt"]),
     ],
 )
 def test_training_densifies_on_gpu(tmp_path, preset, extra):
@@ -201,7 +203,7 @@ def test_profile_calls_reports_the_gpu_kernels():
 # Host synchronizations a steady-state step may make at W = 1: gsplat's tile intersection reads the
 # number of intersections on the host to size its buffers (data-dependent, no bound); packed
 # projection reads the number of visible pairs the same way.
-SYNCS_ALLOWED = {"dense": 1, "packed": 2, "patch": 1}
+SYNCS_ALLOWED = {"dense": 1, "packed": 2, "patch": 1, "graphs": 1}
 SYNC_NAMES = (
     "cudaStreamSynchronize",
     "cudaDeviceSynchronize",
@@ -214,7 +216,7 @@ SYNC_NAMES = (
 )
 
 
-@pytest.mark.parametrize("layout", ["dense", "packed", "patch"])
+@pytest.mark.parametrize("layout", ["dense", "packed", "patch", "graphs"])
 def test_steady_state_step_synchronizes_only_for_data_dependent_sizes(tmp_path, layout):
     """Counts the host synchronizations (runtime calls that block the host) and host-to-device
     copies of five steady-state training steps under the profiler. ``patch``: --patch_size, whose
@@ -235,7 +237,7 @@ def test_steady_state_step_synchronizes_only_for_data_dependent_sizes(tmp_path, 
         "1000",
         "--result_dir",
         str(tmp_path),
-    ] + {"dense": [], "packed": ["--packed"], "patch": ["--patch_size", "48"]}[layout]
+    ] + {"dense": [], "packed": ["--packed"], "patch": ["--patch_size", "48"], "graphs": ["--cuda_graphs"]}[layout]
     cfg = parse_args(flags)
     trainer = Trainer(cfg, DistContext(device=torch.device("cuda")), build_scene(cfg))
     assert trainer.views.where == "device" and trainer.loss_backend == "fused_l1_ssim"
@@ -261,3 +263,49 @@ def test_steady_state_step_synchronizes_only_for_data_dependent_sizes(tmp_path, 
         assert not any("Pageable" in k for k in calls), calls
     else:
         assert uploads == 0, calls
+
+
+def test_graphed_head_replays_the_eager_pass_on_gpu():
+    """trainer.graphs with the real torch.cuda.make_graphed_callables: over steps with other
+    cameras each time and an in-place parameter update between them, the replayed activation +
+    projection + SH equal the eager pass bit for bit, and so do the parameter gradients
+    (the same kernels on the same inputs; given the same upstream gradient)."""
+    from splat_train.trainer.graphs import OUTPUT_KEYS, PARAM_KEYS, GraphedHead
+    from splat_train.trainer.model import activated
+    from splat_train.trainer.render import camera_centres, project_and_shade
+
+    ops = ops_for("gsplat", torch.device("cuda"))
+    scene = _scene(3000, seed=2)
+    raw = dict(
+        means=scene["means"],
+        quats=scene["quats"],
+        scales=scene["scales"].log(),
+        opacities=torch.logit(scene["opacities"]),
+        sh0=scene["colors"][:, :1],
+        shN=scene["colors"][:, 1:],
+    )
+    params = {k: v.contiguous().clone().requires_grad_() for k, v in raw.items()}
+    head = GraphedHead(ops, 0.01, 1e10)
+    for step in range(4):
+        cams = _batch(num=3)
+        viewmats = cams.viewmats.roll(step, 0).contiguous()
+        campos = camera_centres(viewmats)
+        sizes = [(cams.width, cams.height)] * 3
+        g = torch.Generator(device="cuda").manual_seed(step)
+        outs, grads = [], []
+        for graphed in (False, True):
+            if graphed:
+                out = head(params, viewmats, cams.Ks, campos, sizes, 3)
+            else:
+                out = project_and_shade(ops, activated(params), viewmats, cams.Ks, campos, sizes, 3, 0.01, 1e10, False)
+            g.manual_seed(step)
+            loss = sum((out[k] * torch.randn(out[k].shape, device="cuda", generator=g)).sum() for k in OUTPUT_KEYS[1:])
+            grads.append(torch.autograd.grad(loss, [params[k] for k in PARAM_KEYS]))
+            outs.append({k: out[k].clone() for k in OUTPUT_KEYS})
+        for k in OUTPUT_KEYS:
+            assert torch.equal(outs[0][k], outs[1][k]), (step, k)
+        for k, a, b in zip(PARAM_KEYS, *grads):
+            assert a.abs().sum() > 0 and torch.equal(a, b), (step, k)
+        with torch.no_grad():
+            params["means"].add_(0.001)  # an optimizer step: in place, no new capture
+    assert head.captures == 1

@@ -179,6 +179,8 @@ class Config:
     """Multiply every step-valued setting (the Schedule section) by this, e.g. 0.25 on 4 GPUs."""
     packed: bool = False
     """Packed exchange and rasterization: only visible (camera, Gaussian) records travel."""
+    cuda_graphs: bool = False
+    """Replay each step's activation, projection and SH colours, forward and backward, as CUDA graphs, captured again whenever the shard, the SH degree or the image size changes (trainer/graphs.py). Applies on a GPU to dense steps whose cameras share one size; elsewhere (CPU, --packed, mixed sizes, --pipeline gsplat-dist) the step runs as without it."""
     backend: Literal["auto", "gsplat", "reference"] = "auto"
     """Projection/rasterization ops: gsplat's CUDA ops, or the plain-PyTorch reference (auto: gsplat on CUDA)."""
     pose_opt: bool = False

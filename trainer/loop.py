@@ -34,6 +34,7 @@ from . import losses
 from .losses import opacity_reg, photometric_loss, scale_reg
 from .aux_modules import pose_perturbation
 from .model import activated, create_optimizers, create_shard, initial_points, means_lr_scheduler, optimizer_step
+from .graphs import GraphedHead, graphable
 from .profiling import PhaseTimer
 from .report import Reporter
 from .render import (
@@ -119,6 +120,11 @@ class Trainer:
             ctx, self.ops, cfg.sh_degree, cfg.packed, cfg.near_plane, cfg.far_plane, self.render_options
         )  # evaluation's and pruning's renders
         self.selective_adam = cfg.visible_adam or cfg.sparse_grad
+        self.graphed_head = (
+            GraphedHead(self.ops, cfg.near_plane, cfg.far_plane, **self.render_options)
+            if cfg.cuda_graphs and self.device.type == "cuda" and cfg.pipeline == "ours" and not cfg.packed
+            else None
+        )  # --cuda_graphs
         self._tb_image: Optional[torch.Tensor] = None  # --tb_save_image: the last logged training render
         self.loss_backend = losses.training_loss_backend(self.device, cfg.ssim_backend)
         torch.manual_seed(cfg.seed + ctx.rank)
@@ -308,8 +314,15 @@ class Trainer:
         if cfg.pipeline == "gsplat-dist":
             result = self._render_gsplat_dist(cams, self.sh_degree_at(step), backgrounds)
         else:
+            head = None
+            if (
+                self.graphed_head is not None
+                and layout is not None
+                and graphable(self.device, cfg.packed, layout.sizes)
+            ):
+                head = self.graphed_head.head(self.params)  # activates the parameters itself
             result = render(
-                activated(self.params),
+                self.params if head is not None else activated(self.params),
                 cams,
                 self.ctx,
                 self.ops,
@@ -325,6 +338,7 @@ class Trainer:
                 absgrad=cfg.densify.absgrad,
                 render_depth=cfg.depth_loss,
                 sparse_grad_comm=cfg.sparse_grad_comm,
+                head=head,
                 **self.render_options,
             )
         if origin != (0, 0):  # densification sees the images, not the padded renders: their size

@@ -294,6 +294,49 @@ def project_all(
     return {"compensations": None, **{k: v[perm] for k, v in merged.items()}}
 
 
+def project_and_shade(
+    ops,
+    gaussians: dict,
+    viewmats: torch.Tensor,
+    Ks: torch.Tensor,
+    campos: torch.Tensor,
+    sizes: list[tuple[int, int]],
+    sh_degree: int,
+    near: float,
+    far: float,
+    packed: bool,
+    camera_model: str = "pinhole",
+    antialiased: bool = False,
+) -> dict[str, torch.Tensor]:
+    """The owner's half of a pass: the local Gaussians (activated, see model.activated) projected
+    against all C_all cameras (viewmats [C_all, 4, 4], Ks [C_all, 3, 3], camera centres campos
+    [C_all, 3], sizes: (width, height) per camera, pixels) and coloured by their SH (degree
+    ``sh_degree``, +0.5 and clamped at 0, as gsplat's rasterization).
+
+    Returns {"radii" int32 [C_all, N, 2], "means2d" [.., 2], "depths" [..], "conics" [.., 3],
+    "opacities" [..] (times the compensations when ``antialiased``), "colors" [.., 3]}, dense
+    [C_all, N, ...] or, ``packed``, [nnz, ...] with "camera_ids" and "gaussian_ids" (int64 [nnz]).
+    Static shapes when dense and every camera has one size: trainer/graphs.py replays it as a
+    CUDA graph."""
+    proj = project_all(ops, gaussians, viewmats, Ks, sizes, near, far, packed, camera_model, antialiased)
+    coeffs = gaussians["colors"][:, : (sh_degree + 1) ** 2]
+    if packed:
+        cam_ids, gs_ids = proj["camera_ids"], proj["gaussian_ids"]
+        dirs = gaussians["means"][gs_ids] - campos[cam_ids]  # [nnz, 3]
+        colors = ops.spherical_harmonics(sh_degree, dirs, coeffs[gs_ids])
+        opacities = gaussians["opacities"][gs_ids]  # [nnz]
+    else:
+        C_all, N = viewmats.shape[0], gaussians["means"].shape[0]
+        dirs = gaussians["means"][None] - campos[:, None]  # [C_all, N, 3]
+        masks = (proj["radii"] > 0).all(dim=-1)
+        colors = ops.spherical_harmonics(sh_degree, dirs, coeffs[None].expand(C_all, -1, -1, -1), masks=masks)
+        opacities = gaussians["opacities"][None].expand(C_all, N)
+    compensations = proj.pop("compensations")
+    if compensations is not None:  # antialiased: gsplat's rasterization scales them the same way
+        opacities = opacities * compensations
+    return dict(proj, colors=torch.clamp_min(colors + 0.5, 0.0), opacities=opacities)
+
+
 class AbsGradRelay(torch.autograd.Function):
     """Carries a rasterizer's absolute 2D-mean gradient back through the exchange.
 
@@ -344,6 +387,7 @@ def render(
     absgrad: bool = False,
     sparse_grad_comm: bool = False,
     render_depth: bool = False,
+    head=None,
 ) -> RenderResult:
     """Render this rank's cameras from every rank's Gaussians.
 
@@ -364,6 +408,9 @@ def render(
     shape of ``info.means2d``; :class:`AbsGradRelay`), ``render_depth`` (``result.depths``
     [C, H, W, 1]: the expected camera-z depth, accumulated depth / alpha, gsplat's "ED").
     ``sparse_grad_comm``: the backward exchange elides zero gradient rows (sparse_exchange.py).
+    ``head``: replaces :func:`project_and_shade` of ``gaussians`` (called with viewmats, Ks,
+    campos, sizes, sh_degree; a :class:`graphs.GraphedHead` bound to the raw parameters, which
+    activates them itself); ``gaussians`` is then read only for its count and device ("means").
     """
     timer = timer or PhaseTimer(gaussians["means"].device)
     timer.begin("forward_exchange")  # shard sizes and cameras
@@ -376,31 +423,24 @@ def render(
     else:
         N_world, C_world, sizes = layout.N_world, layout.C_world, layout.sizes
         assert N_world[ctx.rank] == N and C_world[ctx.rank] == C, "stale pass layout: shard sizes changed"
-    if layout is not None and layout.viewmats is not None:
+    if layout is not None and layout.viewmats is not None and layout.Ks is not None:
         viewmats, Ks, campos = layout.viewmats, layout.Ks, layout.campos
     else:
         viewmats, Ks = exchange.all_gather_cameras(ctx, cams.viewmats, cams.Ks, C_world)
     C_all = viewmats.shape[0]
 
     timer.begin("projection")
-    proj = project_all(ops, gaussians, viewmats, Ks, sizes, near, far, packed, camera_model, antialiased)
     if campos is None:
         campos = camera_centres(viewmats)  # [C_all, 3]
-    coeffs = gaussians["colors"][:, : (sh_degree + 1) ** 2]
+    if head is not None:
+        proj = head(viewmats, Ks, campos, sizes, sh_degree)
+    else:
+        proj = project_and_shade(
+            ops, gaussians, viewmats, Ks, campos, sizes, sh_degree, near, far, packed, camera_model, antialiased
+        )
     if packed:
         cam_ids, gs_ids = proj["camera_ids"], proj["gaussian_ids"]
-        dirs = gaussians["means"][gs_ids] - campos[cam_ids]  # [nnz, 3]
-        colors = ops.spherical_harmonics(sh_degree, dirs, coeffs[gs_ids])
-        opacities = gaussians["opacities"][gs_ids]  # [nnz]
-    else:
-        dirs = gaussians["means"][None] - campos[:, None]  # [C_all, N, 3]
-        masks = (proj["radii"] > 0).all(dim=-1)
-        colors = ops.spherical_harmonics(sh_degree, dirs, coeffs[None].expand(C_all, -1, -1, -1), masks=masks)
-        opacities = gaussians["opacities"][None].expand(C_all, N)
-    colors = torch.clamp_min(colors + 0.5, 0.0)
-    if proj["compensations"] is not None:  # antialiased: gsplat's rasterization scales them the same way
-        opacities = opacities * proj["compensations"]
-    means2d = proj["means2d"]
+    means2d, opacities, colors = proj["means2d"], proj["opacities"], proj["colors"]
     if keep_means2d_grad and means2d.requires_grad:
         means2d.retain_grad()
     # absgrad: the radii lanes carry the absolute gradients back (their values stay the radii)

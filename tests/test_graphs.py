@@ -1,0 +1,140 @@
+"""trainer.graphs: the CUDA-graph head (activation + projection + SH) replays the eager pass, is
+captured again exactly when its shapes or parameters change, and is what the trainer's step runs
+under --cuda_graphs. On the CPU the capture is a stand-in that calls the function (the real
+replay runs in tests/test_gpu.py)."""
+
+import torch
+
+from splat_train.kernels import reference
+from splat_train.trainer import graphs, loop
+from splat_train.trainer.graphs import GraphedHead, graphable
+from splat_train.trainer.launch import DistContext
+from splat_train.trainer.model import activated
+from splat_train.trainer.render import CameraBatch, render
+
+from scenes import make_cameras, make_scene
+from test_gsplat_flags import trainer
+
+
+class FakeCapture:
+    """Stands in for torch.cuda.make_graphed_callables: records each capture's input shapes and
+    checks that every replay passes tensors of those shapes (what a captured graph requires)."""
+
+    def __init__(self):
+        self.captured, self.replays = [], 0
+
+    def __call__(self, fn, sample):
+        shapes = [tuple(t.shape) for t in sample]
+        self.captured.append(shapes)
+
+        def replay(*args):
+            assert [tuple(t.shape) for t in args] == shapes
+            self.replays += 1
+            return fn(*args)
+
+        return replay
+
+
+def _raw_params(n=80, seed=4, sh_degree=1):
+    scene = make_scene(seed, num_gaussians=n, sh_degree=sh_degree)
+    raw = dict(
+        means=scene["means"],
+        quats=scene["quats"],
+        scales=torch.log(scene["scales"]),
+        opacities=torch.logit(scene["opacities"]),
+        sh0=scene["colors"][:, :1],
+        shN=scene["colors"][:, 1:],
+    )
+    return {k: v.clone().requires_grad_() for k, v in raw.items()}
+
+
+def _cams(num=2, size=(24, 20)):
+    cams = make_cameras([size] * num)
+    return CameraBatch(torch.stack([c[0] for c in cams]), torch.stack([c[1] for c in cams]), *size)
+
+
+def test_head_renders_and_differentiates_as_the_eager_pass():
+    params, cams = _raw_params(), _cams()
+    head = GraphedHead(reference, 0.01, 1e10, capture=FakeCapture())
+    grads, colors = [], []
+    for use_head in (False, True):
+        gaussians = params if use_head else activated(params)
+        out = render(gaussians, cams, DistContext(), reference, 1, head=head.head(params) if use_head else None)
+        (out.colors.square().sum() + out.alphas.sum()).backward()
+        grads.append({k: p.grad.clone() for k, p in params.items()})
+        colors.append(out.colors.detach())
+        for p in params.values():
+            p.grad = None
+    assert head.captures == 1
+    torch.testing.assert_close(colors[1], colors[0], rtol=0, atol=0)
+    for k in params:
+        assert grads[0][k].abs().sum() > 0 or k == "shN", k
+        torch.testing.assert_close(grads[1][k], grads[0][k], rtol=0, atol=0, msg=k)
+
+
+def test_head_is_captured_again_only_when_its_key_changes():
+    params, cams = _raw_params(), _cams()
+    capture = FakeCapture()
+    head = GraphedHead(reference, 0.01, 1e10, capture=capture)
+    campos = torch.linalg.inv(cams.viewmats)[:, :3, 3]
+    sizes = [(cams.width, cams.height)] * 2
+
+    def call(sh_degree=1, sizes=sizes, viewmats=cams.viewmats):
+        return head(params, viewmats, cams.Ks, campos, sizes, sh_degree)
+
+    call()
+    call(viewmats=cams.viewmats.flip(0).contiguous())  # other cameras, same shapes: a replay
+    assert head.captures == 1 and capture.replays == 2
+    call(sh_degree=0)
+    assert head.captures == 2
+    with torch.no_grad():
+        params["means"].add_(0.01)  # the optimizer's in-place update: same buffers, a replay
+    call(sh_degree=0)
+    assert head.captures == 2
+    params["opacities"] = params["opacities"].detach().clone().requires_grad_()  # an opacity reset
+    call(sh_degree=0)
+    assert head.captures == 3
+    call(sh_degree=0, sizes=[(20, 24)] * 2)
+    assert head.captures == 4 and capture.replays == 6
+    # the cameras' static buffers are copies: the step's own cameras are never written into
+    assert capture.captured[-1][6] == (2, 4, 4)
+
+
+def test_graphable_needs_cuda_dense_and_one_image_size():
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert graphable(cuda, False, [(32, 24), (32, 24)])
+    assert not graphable(cpu, False, [(32, 24)])
+    assert not graphable(cuda, True, [(32, 24)])
+    assert not graphable(cuda, False, [(32, 24), (24, 32)])
+
+
+def test_training_step_runs_the_head_and_trains_as_without_it(monkeypatch):
+    """The trainer's step under --cuda_graphs goes through the head (here on the CPU, with the
+    stand-in capture) and trains exactly as the eager step; densification's new tensors make it
+    capture again."""
+    flags = ["--refine_start_iter", "2", "--refine_every", "3", "--grow_grad2d", "0.00002", "--max_steps", "9"]
+    monkeypatch.setattr(loop, "graphable", lambda device, packed, sizes: not packed and len(set(sizes)) == 1)
+    runs = []
+    for use_head in (False, True):  # one after the other: densification draws from the global RNG
+        t = trainer(*flags)  # seeds it
+        if use_head:
+            capture = FakeCapture()
+            t.graphed_head = GraphedHead(t.ops, 0.01, 1e10, capture=capture)
+        steps = []
+        for step in range(9):
+            t.train_step(step)
+            steps.append({k: t.params[k].detach().clone() for k in graphs.PARAM_KEYS})
+        runs.append(steps)
+    counts = [s["means"].shape[0] for s in runs[1]]
+    for step, (a, b) in enumerate(zip(*runs)):
+        for k in graphs.PARAM_KEYS:
+            torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=f"{k} at step {step}")
+    assert capture.replays == 9
+    assert len(set(counts)) > 1  # densification ran
+    assert t.graphed_head is not None and t.graphed_head.captures >= 2
+
+
+def test_cuda_graphs_flag_is_inert_on_the_cpu():
+    t = trainer("--cuda_graphs")
+    assert t.cfg.cuda_graphs and t.graphed_head is None
+    t.train_step(0)

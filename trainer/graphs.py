@@ -1,0 +1,102 @@
+"""CUDA-graph replay of a training step's static-shape head: activation, projection and SH colours.
+
+Between two changes of the shard (densification, pruning, an opacity reset), of the SH degree in
+use or of the image size, the owner's half of a dense pass (render.project_and_shade, with the
+parameters' activations of model.activated before it) has fixed shapes, no data-dependent size
+and no host synchronization. :class:`GraphedHead` captures it once per such shape with
+``torch.cuda.make_graphed_callables`` (a forward graph and a backward graph sharing one memory
+pool) and replays it every step: its few dozen PyTorch operators and gsplat launches, forward and
+backward, become two graph launches, which is host time a host-bound step gets back.
+
+Where it applies (:func:`graphable`): a CUDA device, the dense layout (``--packed``'s record count is
+data-dependent) and one image size for every camera of the pass (several sizes are projected in
+groups indexed from the host). Elsewhere the same function runs eagerly; the results are the same
+kernels on the same inputs, so a replayed step equals an eager one bit for bit (tests/test_gpu.py).
+
+The replay's contract (``torch.cuda.make_graphed_callables``): the parameters are the graph's own
+input buffers (the optimizer updates them in place, so no copy is needed; a parameter replaced by
+a new tensor changes the key and is captured again), the cameras are copied into static buffers
+every step, and the outputs are static buffers overwritten by the next replay (a step reads them
+only within itself).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Mapping, Optional
+
+import torch
+
+from .model import activated
+from .render import project_and_shade
+
+PARAM_KEYS = ("means", "quats", "scales", "opacities", "sh0", "shN")
+OUTPUT_KEYS = ("radii", "means2d", "depths", "conics", "opacities", "colors")
+
+
+def graphable(device: torch.device, packed: bool, sizes: list[tuple[int, int]]) -> bool:
+    """Whether a pass can replay :class:`GraphedHead`: CUDA, dense, one image size."""
+    return device.type == "cuda" and not packed and len(set(sizes)) == 1
+
+
+def head_function(ops, sizes, sh_degree, near, far, camera_model, antialiased) -> Callable:
+    """The captured function: (means, quats, scales, opacities, sh0, shN — raw parameters —,
+    viewmats, Ks, campos) -> the tensors of :data:`OUTPUT_KEYS`, dense [C_all, N, ...]."""
+
+    def head(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos):
+        gaussians = activated(dict(means=means, quats=quats, scales=scales, opacities=opacities, sh0=sh0, shN=shN))
+        out = project_and_shade(
+            ops, gaussians, viewmats, Ks, campos, sizes, sh_degree, near, far, False, camera_model, antialiased
+        )
+        return tuple(out[k] for k in OUTPUT_KEYS)
+
+    return head
+
+
+class GraphedHead:
+    """Activation + projection + SH of a dense pass, forward and backward, as CUDA graphs.
+
+    ``ops``: the projection backend (gsplat's CUDA ops); ``near``, ``far`` (scene units),
+    ``camera_model``, ``antialiased``: as render.render. ``capture``: what turns the function and
+    its sample inputs into a replayable callable (``torch.cuda.make_graphed_callables``; tests
+    substitute a counting stand-in). One capture is kept: a new key frees the old graphs first.
+
+    ``head(params)`` binds it to the trainer's parameters (a mapping of :data:`PARAM_KEYS`), giving
+    render.render's ``head`` argument: (viewmats [C_all, 4, 4], Ks [C_all, 3, 3], campos [C_all, 3],
+    sizes, sh_degree) -> {output: tensor}. ``captures`` counts the captures so far.
+    """
+
+    def __init__(
+        self, ops, near: float, far: float, camera_model: str = "pinhole", antialiased: bool = False, capture=None
+    ):
+        self.ops, self.near, self.far = ops, near, far
+        self.camera_model, self.antialiased = camera_model, antialiased
+        self.capture = capture or torch.cuda.make_graphed_callables
+        self.captures = 0
+        self._key: Optional[tuple] = None
+        self._replay: Optional[Callable] = None
+
+    def head(self, params: Mapping[str, torch.Tensor]) -> Callable:
+        return partial(self, params)
+
+    def __call__(self, params, viewmats, Ks, campos, sizes, sh_degree) -> dict[str, torch.Tensor]:
+        tensors = tuple(params[k] for k in PARAM_KEYS)
+        cams = (viewmats, Ks, campos)
+        key = (
+            tuple(sizes),
+            sh_degree,
+            tuple((t.data_ptr(), tuple(t.shape), t.requires_grad) for t in tensors),
+            tuple((tuple(c.shape), c.requires_grad) for c in cams),
+        )
+        if key != self._key:
+            self._replay = self._key = None  # the old graphs and their pool go before the new capture
+            fn = head_function(
+                self.ops, list(sizes), sh_degree, self.near, self.far, self.camera_model, self.antialiased
+            )
+            # the cameras' static buffers are copies: a replay writes each step's cameras into them
+            static = tuple(c.detach().clone().requires_grad_(c.requires_grad) for c in cams)
+            self._replay = self.capture(fn, tensors + static)
+            self._key = key
+            self.captures += 1
+        assert self._replay is not None
+        return dict(zip(OUTPUT_KEYS, self._replay(*tensors, *cams)))
