@@ -23,7 +23,9 @@ class FakeCapture:
     def __init__(self):
         self.captured, self.replays = [], 0
 
-    def __call__(self, fn, sample):
+    def __call__(self, fn, sample, num_warmup_iters=3):
+        assert num_warmup_iters == 0  # GraphedHead warms up itself, on the current stream
+        assert not any(t._base is not None or t.grad_fn is not None for t in sample)  # fresh leaves
         shapes = [tuple(t.shape) for t in sample]
         self.captured.append(shapes)
 

@@ -76,6 +76,30 @@ class GraphedHead:
         self._key: Optional[tuple] = None
         self._replay: Optional[Callable] = None
 
+    def _capture(self, fn: Callable, tensors: tuple, cams: tuple) -> Callable:
+        """Warm ``fn`` up once eagerly (lazy loading and first-call work stay out of the capture),
+        then capture it on inputs that are new autograd leaves: the parameters' storage under new
+        leaves (same data_ptr, so a replay copies nothing) and copies of the cameras (a replay
+        writes each step's cameras into them). New leaves matter: a parameter's AccumulateGrad
+        node may still be alive from an earlier step's graph, bound to the default stream, and a
+        backward captured through it would make the legacy stream wait on the capture (CUDA's
+        "operation would make the legacy stream depend on a capturing blocking stream"). Without
+        make_graphed_callables' own warm-up on a side stream for the same reason: its leaves'
+        nodes would be bound to that stream."""
+
+        def leaves():
+            return tuple(t.detach().requires_grad_(t.requires_grad) for t in tensors) + tuple(
+                c.detach().clone().requires_grad_(c.requires_grad) for c in cams
+            )
+
+        warm = leaves()
+        outputs = [o for o in fn(*warm) if o.requires_grad]
+        torch.autograd.grad(outputs, [t for t in warm if t.requires_grad], [torch.ones_like(o) for o in outputs])
+        del warm, outputs
+        if tensors[0].is_cuda:
+            torch.cuda.synchronize(tensors[0].device)
+        return self.capture(fn, leaves(), num_warmup_iters=0)
+
     def head(self, params: Mapping[str, torch.Tensor]) -> Callable:
         return partial(self, params)
 
@@ -90,12 +114,8 @@ class GraphedHead:
         )
         if key != self._key:
             self._replay = self._key = None  # the old graphs and their pool go before the new capture
-            fn = head_function(
-                self.ops, list(sizes), sh_degree, self.near, self.far, self.camera_model, self.antialiased
-            )
-            # the cameras' static buffers are copies: a replay writes each step's cameras into them
-            static = tuple(c.detach().clone().requires_grad_(c.requires_grad) for c in cams)
-            self._replay = self.capture(fn, tensors + static)
+            fn = head_function(self.ops, list(sizes), sh_degree, self.near, self.far, self.camera_model, self.antialiased)
+            self._replay = self._capture(fn, tensors, cams)
             self._key = key
             self.captures += 1
         assert self._replay is not None
