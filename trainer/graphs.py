@@ -114,7 +114,9 @@ class GraphedHead:
         )
         if key != self._key:
             self._replay = self._key = None  # the old graphs and their pool go before the new capture
-            fn = head_function(self.ops, list(sizes), sh_degree, self.near, self.far, self.camera_model, self.antialiased)
+            fn = head_function(
+                self.ops, list(sizes), sh_degree, self.near, self.far, self.camera_model, self.antialiased
+            )
             self._replay = self._capture(fn, tensors, cams)
             self._key = key
             self.captures += 1
