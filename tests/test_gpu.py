@@ -268,8 +268,8 @@ def test_steady_state_step_synchronizes_only_for_data_dependent_sizes(tmp_path, 
 def test_graphed_head_replays_the_eager_pass_on_gpu():
     """trainer.graphs with the real torch.cuda.make_graphed_callables: over steps with other
     cameras each time and an in-place parameter update between them, the replayed activation +
-    projection + SH equal the eager pass bit for bit, and so do the parameter gradients
-    (the same kernels on the same inputs; given the same upstream gradient)."""
+    projection + SH equal the eager pass bit for bit (the same kernels on the same inputs), and
+    the parameter gradients, given the same upstream gradient, equal it to rounding."""
     from splat_train.trainer.graphs import OUTPUT_KEYS, PARAM_KEYS, GraphedHead
     from splat_train.trainer.model import activated
     from splat_train.trainer.render import camera_centres, project_and_shade
@@ -286,7 +286,7 @@ def test_graphed_head_replays_the_eager_pass_on_gpu():
     )
     params = {k: v.contiguous().clone().requires_grad_() for k, v in raw.items()}
     head = GraphedHead(ops, 0.01, 1e10)
-    for step in range(4):
+    for step in range(4):  # (the projection's backward sums over cameras with atomics: gradients to rounding)
         cams = _batch(num=3)
         viewmats = cams.viewmats.roll(step, 0).contiguous()
         campos = camera_centres(viewmats)
@@ -305,7 +305,82 @@ def test_graphed_head_replays_the_eager_pass_on_gpu():
         for k in OUTPUT_KEYS:
             assert torch.equal(outs[0][k], outs[1][k]), (step, k)
         for k, a, b in zip(PARAM_KEYS, *grads):
-            assert a.abs().sum() > 0 and torch.equal(a, b), (step, k)
+            assert a.abs().sum() > 0, (step, k)
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6 * float(a.abs().max()), msg=f"{step} {k}")
         with torch.no_grad():
             params["means"].add_(0.001)  # an optimizer step: in place, no new capture
     assert head.captures == 1
+
+
+def _raw_gpu_params(n=3000, seed=2):
+    scene = _scene(n, seed=seed)
+    raw = dict(
+        means=scene["means"],
+        quats=scene["quats"],
+        scales=scene["scales"].log(),
+        opacities=torch.logit(scene["opacities"]),
+        sh0=scene["colors"][:, :1],
+        shN=scene["colors"][:, 1:],
+    )
+    return {k: v.contiguous().clone().requires_grad_() for k, v in raw.items()}
+
+
+def test_graphed_head_recaptures_while_old_graphs_wait_for_the_collector():
+    """The H200 failure of session 11: an earlier capture's graphs, kept alive only by a reference
+    cycle (the last step's autograd graph), destroyed by the garbage collector in the middle of the
+    next capture. With the collector running at nearly every allocation, four captures in a row
+    succeed and each replay renders."""
+    import gc
+
+    from splat_train.trainer.graphs import GraphedHead
+    from splat_train.trainer.render import camera_centres
+
+    params = _raw_gpu_params()
+    cams = _batch(num=2)
+    campos = camera_centres(cams.viewmats)
+    head = GraphedHead(ops_for("gsplat", torch.device("cuda")), 0.01, 1e10)
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        for sh_degree in (3, 2, 1, 0):
+            out = head(params, cams.viewmats, cams.Ks, campos, [(cams.width, cams.height)] * 2, sh_degree)
+            out["colors"].sum().backward()
+            cycle: list = [out]
+            cycle.append(cycle)  # the outputs (and through their autograd node, the graphs) wait for the collector
+            del out, cycle
+    finally:
+        gc.set_threshold(*threshold)
+    assert head.captures == 4 and head.failures == 0
+    assert params["means"].grad is not None and params["means"].grad.abs().sum() > 0
+
+
+def test_a_refused_capture_leaves_cuda_usable_and_runs_eagerly():
+    """A capture that CUDA refuses (here: a host synchronization inside it) is answered by the
+    eager pass for that shape, and the next shape captures and replays normally."""
+    from splat_train.trainer.graphs import OUTPUT_KEYS, GraphedHead
+    from splat_train.trainer.model import activated
+    from splat_train.trainer.render import camera_centres, project_and_shade
+
+    def refusing(fn, sample, num_warmup_iters=3):
+        def synchronizing(*args):
+            out = fn(*args)
+            out[1].sum().item()  # a host read of device memory: not allowed while capturing
+            return out
+
+        return torch.cuda.make_graphed_callables(synchronizing if refuse else fn, sample, num_warmup_iters=0)
+
+    ops = ops_for("gsplat", torch.device("cuda"))
+    params = _raw_gpu_params()
+    cams = _batch(num=2)
+    campos = camera_centres(cams.viewmats)
+    sizes = [(cams.width, cams.height)] * 2
+    said = []
+    head = GraphedHead(ops, 0.01, 1e10, capture=refusing, warn=said.append)
+    for refuse, sh_degree in ((True, 3), (False, 2)):
+        out = head(params, cams.viewmats, cams.Ks, campos, sizes, sh_degree)
+        want = project_and_shade(
+            ops, activated(params), cams.viewmats, cams.Ks, campos, sizes, sh_degree, 0.01, 1e10, False
+        )
+        for k in OUTPUT_KEYS:
+            torch.testing.assert_close(out[k], want[k], msg=k)
+    assert head.failures == 1 and head.captures == 1 and len(said) == 1

@@ -102,6 +102,29 @@ def test_head_is_captured_again_only_when_its_key_changes():
     assert capture.captured[-1][6] == (2, 4, 4)
 
 
+def test_a_failed_capture_runs_that_shape_eagerly_and_says_so_once():
+    params, cams = _raw_params(), _cams()
+    works = FakeCapture()
+
+    def capture(fn, sample, num_warmup_iters=3):
+        if fail:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+        return works(fn, sample, num_warmup_iters)
+
+    said = []
+    head = GraphedHead(reference, 0.01, 1e10, capture=capture, warn=said.append)
+    eager = render(activated(params), cams, DistContext(), reference, 1)
+    for fail, sh_degree in ((True, 1), (True, 1), (True, 0), (False, 1)):
+        out = render(params, cams, DistContext(), reference, sh_degree, head=head.head(params))
+        if sh_degree == 1:
+            torch.testing.assert_close(out.colors, eager.colors, rtol=0, atol=0)
+    assert head.failures == 2 and head.captures == 1 and works.replays == 1  # (True, 1) twice: one attempt
+    assert said == [
+        "--cuda_graphs: a capture failed, its shapes run without graphs "
+        "(CUDA error: operation not permitted when stream is capturing)"
+    ]
+
+
 def test_graphable_needs_cuda_dense_and_one_image_size():
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert graphable(cuda, False, [(32, 24), (32, 24)])

@@ -22,6 +22,8 @@ only within itself).
 
 from __future__ import annotations
 
+import gc
+import warnings
 from functools import partial
 from typing import Callable, Mapping, Optional
 
@@ -64,17 +66,30 @@ class GraphedHead:
     ``head(params)`` binds it to the trainer's parameters (a mapping of :data:`PARAM_KEYS`), giving
     render.render's ``head`` argument: (viewmats [C_all, 4, 4], Ks [C_all, 3, 3], campos [C_all, 3],
     sizes, sh_degree) -> {output: tensor}. ``captures`` counts the captures so far.
+
+    A capture that fails (CUDA refuses something the captured work or another thread did) does not
+    end the run: ``warn`` (a callable taking one line; default: the warnings module) is told why,
+    once, the shape runs eagerly until the key changes, and ``failures`` counts it.
     """
 
     def __init__(
-        self, ops, near: float, far: float, camera_model: str = "pinhole", antialiased: bool = False, capture=None
+        self,
+        ops,
+        near: float,
+        far: float,
+        camera_model: str = "pinhole",
+        antialiased: bool = False,
+        capture=None,
+        warn: Optional[Callable[[str], None]] = None,
     ):
         self.ops, self.near, self.far = ops, near, far
         self.camera_model, self.antialiased = camera_model, antialiased
         self.capture = capture or torch.cuda.make_graphed_callables
-        self.captures = 0
+        self.warn = warn
+        self.captures = self.failures = 0
         self._key: Optional[tuple] = None
         self._replay: Optional[Callable] = None
+        self._eager: Optional[Callable] = None  # the function of a key whose capture failed
 
     def _capture(self, fn: Callable, tensors: tuple, cams: tuple) -> Callable:
         """Warm ``fn`` up once eagerly (lazy loading and first-call work stay out of the capture),
@@ -85,7 +100,11 @@ class GraphedHead:
         backward captured through it would make the legacy stream wait on the capture (CUDA's
         "operation would make the legacy stream depend on a capturing blocking stream"). Without
         make_graphed_callables' own warm-up on a side stream for the same reason: its leaves'
-        nodes would be bound to that stream."""
+        nodes would be bound to that stream. The garbage collector is run before and held off
+        during the capture: an earlier capture's graphs kept alive by a reference cycle (the
+        previous step's autograd graph) must not be destroyed mid-capture, where freeing their
+        memory pool is an operation CUDA refuses ("operation not permitted when stream is
+        capturing", seen on the H200 at a densification step)."""
 
         def leaves():
             return tuple(t.detach().requires_grad_(t.requires_grad) for t in tensors) + tuple(
@@ -96,9 +115,16 @@ class GraphedHead:
         outputs = [o for o in fn(*warm) if o.requires_grad]
         torch.autograd.grad(outputs, [t for t in warm if t.requires_grad], [torch.ones_like(o) for o in outputs])
         del warm, outputs
+        gc.collect()
         if tensors[0].is_cuda:
             torch.cuda.synchronize(tensors[0].device)
-        return self.capture(fn, leaves(), num_warmup_iters=0)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self.capture(fn, leaves(), num_warmup_iters=0)
+        finally:
+            if collecting:
+                gc.enable()
 
     def head(self, params: Mapping[str, torch.Tensor]) -> Callable:
         return partial(self, params)
@@ -113,12 +139,20 @@ class GraphedHead:
             tuple((tuple(c.shape), c.requires_grad) for c in cams),
         )
         if key != self._key:
-            self._replay = self._key = None  # the old graphs and their pool go before the new capture
+            self._replay = self._eager = self._key = None  # the old graphs go before the new capture
             fn = head_function(
                 self.ops, list(sizes), sh_degree, self.near, self.far, self.camera_model, self.antialiased
             )
-            self._replay = self._capture(fn, tensors, cams)
+            try:
+                self._replay = self._capture(fn, tensors, cams)
+                self.captures += 1
+            except RuntimeError as e:  # torch.AcceleratorError is one
+                self._eager = fn
+                self.failures += 1
+                if self.failures == 1:
+                    line = f"--cuda_graphs: a capture failed, its shapes run without graphs ({str(e).splitlines()[0]})"
+                    (self.warn or warnings.warn)(line)
             self._key = key
-            self.captures += 1
-        assert self._replay is not None
-        return dict(zip(OUTPUT_KEYS, self._replay(*tensors, *cams)))
+        run = self._replay or self._eager
+        assert run is not None
+        return dict(zip(OUTPUT_KEYS, run(*tensors, *cams)))

@@ -121,7 +121,7 @@ class Trainer:
         )  # evaluation's and pruning's renders
         self.selective_adam = cfg.visible_adam or cfg.sparse_grad
         self.graphed_head = (
-            GraphedHead(self.ops, cfg.near_plane, cfg.far_plane, **self.render_options)
+            GraphedHead(self.ops, cfg.near_plane, cfg.far_plane, **self.render_options, warn=self.report.warn)
             if cfg.cuda_graphs and self.device.type == "cuda" and cfg.pipeline == "ours" and not cfg.packed
             else None
         )  # --cuda_graphs
@@ -589,6 +589,9 @@ class Trainer:
                 f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
                 f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}"
             )
+            if self.graphed_head is not None:
+                g = self.graphed_head
+                self.report.print(f"cuda graphs: {g.captures} captures, {g.failures} failed (run without graphs)")
             streamed = self.views.stream_summary()  # None unless the images were streamed
             if streamed:
                 self.report.print(streamed)
