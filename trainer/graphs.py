@@ -23,6 +23,7 @@ only within itself).
 from __future__ import annotations
 
 import gc
+import time
 import warnings
 from functools import partial
 from typing import Callable, Mapping, Optional
@@ -87,6 +88,7 @@ class GraphedHead:
         self.capture = capture or torch.cuda.make_graphed_callables
         self.warn = warn
         self.captures = self.failures = 0
+        self.capture_seconds = 0.0  # host time of the successful captures, warm-up included
         self._key: Optional[tuple] = None
         self._replay: Optional[Callable] = None
         self._eager: Optional[Callable] = None  # the function of a key whose capture failed
@@ -100,11 +102,11 @@ class GraphedHead:
         backward captured through it would make the legacy stream wait on the capture (CUDA's
         "operation would make the legacy stream depend on a capturing blocking stream"). Without
         make_graphed_callables' own warm-up on a side stream for the same reason: its leaves'
-        nodes would be bound to that stream. The garbage collector is run before and held off
-        during the capture: an earlier capture's graphs kept alive by a reference cycle (the
-        previous step's autograd graph) must not be destroyed mid-capture, where freeing their
-        memory pool is an operation CUDA refuses ("operation not permitted when stream is
-        capturing", seen on the H200 at a densification step)."""
+        nodes would be bound to that stream. The garbage collector is held off during the
+        capture: an earlier capture's graphs kept alive by a reference cycle (the previous step's
+        autograd graph) must not be destroyed mid-capture, where freeing their memory pool is an
+        operation CUDA refuses ("operation not permitted when stream is capturing", seen on the
+        H200 at a densification step); they go at a later collection."""
 
         def leaves():
             return tuple(t.detach().requires_grad_(t.requires_grad) for t in tensors) + tuple(
@@ -115,7 +117,6 @@ class GraphedHead:
         outputs = [o for o in fn(*warm) if o.requires_grad]
         torch.autograd.grad(outputs, [t for t in warm if t.requires_grad], [torch.ones_like(o) for o in outputs])
         del warm, outputs
-        gc.collect()
         if tensors[0].is_cuda:
             torch.cuda.synchronize(tensors[0].device)
         collecting = gc.isenabled()
@@ -143,9 +144,11 @@ class GraphedHead:
             fn = head_function(
                 self.ops, list(sizes), sh_degree, self.near, self.far, self.camera_model, self.antialiased
             )
+            start = time.perf_counter()
             try:
                 self._replay = self._capture(fn, tensors, cams)
                 self.captures += 1
+                self.capture_seconds += time.perf_counter() - start
             except RuntimeError as e:  # torch.AcceleratorError is one
                 self._eager = fn
                 self.failures += 1

@@ -591,7 +591,10 @@ class Trainer:
             )
             if self.graphed_head is not None:
                 g = self.graphed_head
-                self.report.print(f"cuda graphs: {g.captures} captures, {g.failures} failed (run without graphs)")
+                self.report.print(
+                    f"cuda graphs: {g.captures} captures in {g.capture_seconds:.2f} s, "
+                    f"{g.failures} failed (run without graphs)"
+                )
             streamed = self.views.stream_summary()  # None unless the images were streamed
             if streamed:
                 self.report.print(streamed)
