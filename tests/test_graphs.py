@@ -125,6 +125,29 @@ def test_a_failed_capture_runs_that_shape_eagerly_and_says_so_once():
     ]
 
 
+def test_shapes_that_change_every_step_stop_being_captured():
+    """Images of many sizes (or a key changing every step for any reason): after
+    most_captures - 1 captures within the window, the next changes run eagerly, said once; once
+    the changes thin out, captures resume."""
+    params, cams = _raw_params(), _cams()
+    campos = torch.linalg.inv(cams.viewmats)[:, :3, 3]
+    capture, said = FakeCapture(), []
+    head = GraphedHead(reference, 0.01, 1e10, capture=capture, warn=said.append)
+    for i in range(12):  # a new size every call
+        size = (24 + i % 3, 20)
+        out = head(params, cams.viewmats, cams.Ks, campos, [size] * 2, 1)
+        assert out["colors"].shape == (2, 80, 3)
+    assert head.captures == GraphedHead.most_captures - 1 and head.skipped == 12 - head.captures
+    assert len(said) == 1 and "changed 8 times within 100 steps" in said[0]
+    for _ in range(GraphedHead.window):  # then one shape: captured once the changes have aged out
+        head(params, cams.viewmats, cams.Ks, campos, [(30, 20)] * 2, 1)
+    assert head.captures == GraphedHead.most_captures
+    # calls 1-7 captured, 8-100 eager (the window still holds 7 captures), 101 captures (call 1's has
+    # aged out) and 101-112 replay
+    assert capture.replays == 7 + 12
+    assert len(said) == 1
+
+
 def test_graphable_needs_cuda_dense_and_one_image_size():
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert graphable(cuda, False, [(32, 24), (32, 24)])

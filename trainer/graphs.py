@@ -71,7 +71,14 @@ class GraphedHead:
     A capture that fails (CUDA refuses something the captured work or another thread did) does not
     end the run: ``warn`` (a callable taking one line; default: the warnings module) is told why,
     once, the shape runs eagerly until the key changes, and ``failures`` counts it.
+
+    Shapes that change too often to be worth a capture (``most_captures`` within ``window`` calls,
+    e.g. a dataset of images of many sizes) run eagerly as well, with one line through ``warn``,
+    until the changes thin out; ``skipped`` counts the keys run so. A capture costs a warm-up pass and the capture itself (tens
+    of ms of host time), so it pays only when replayed many times.
     """
+
+    most_captures, window = 8, 100
 
     def __init__(
         self,
@@ -87,7 +94,9 @@ class GraphedHead:
         self.camera_model, self.antialiased = camera_model, antialiased
         self.capture = capture or torch.cuda.make_graphed_callables
         self.warn = warn
-        self.captures = self.failures = 0
+        self.captures = self.failures = self.skipped = self.calls = 0
+        self._recent: list[int] = []  # the call numbers of the latest captures
+        self._held_off = False  # the current key runs eagerly because the shapes changed too often
         self.capture_seconds = 0.0  # host time of the successful captures, warm-up included
         self._key: Optional[tuple] = None
         self._replay: Optional[Callable] = None
@@ -139,23 +148,40 @@ class GraphedHead:
             tuple((t.data_ptr(), tuple(t.shape), t.requires_grad) for t in tensors),
             tuple((tuple(c.shape), c.requires_grad) for c in cams),
         )
-        if key != self._key:
+        self.calls += 1
+        self._recent = [c for c in self._recent if c > self.calls - self.window]
+        thrashing = len(self._recent) >= self.most_captures - 1  # a capture now would be the most_captures-th
+        if key != self._key or (self._held_off and not thrashing):
             self._replay = self._eager = self._key = None  # the old graphs go before the new capture
+            self._held_off = False
             fn = head_function(
                 self.ops, list(sizes), sh_degree, self.near, self.far, self.camera_model, self.antialiased
             )
-            start = time.perf_counter()
-            try:
-                self._replay = self._capture(fn, tensors, cams)
-                self.captures += 1
-                self.capture_seconds += time.perf_counter() - start
-            except RuntimeError as e:  # torch.AcceleratorError is one
-                self._eager = fn
-                self.failures += 1
-                if self.failures == 1:
-                    line = f"--cuda_graphs: a capture failed, its shapes run without graphs ({str(e).splitlines()[0]})"
-                    (self.warn or warnings.warn)(line)
             self._key = key
+            if thrashing:
+                self._eager, self._held_off = fn, True
+                self.skipped += 1
+                if self.skipped == 1:
+                    line = (
+                        f"--cuda_graphs: the shapes changed {self.most_captures} times within {self.window} "
+                        "steps; such steps run without graphs"
+                    )
+                    (self.warn or warnings.warn)(line)
+            else:
+                self._recent.append(self.calls)
+                start = time.perf_counter()
+                try:
+                    self._replay = self._capture(fn, tensors, cams)
+                    self.captures += 1
+                    self.capture_seconds += time.perf_counter() - start
+                except RuntimeError as e:  # torch.AcceleratorError is one
+                    self._eager = fn
+                    self.failures += 1
+                    if self.failures == 1:
+                        line = (
+                            f"--cuda_graphs: a capture failed, its shapes run without graphs ({str(e).splitlines()[0]})"
+                        )
+                        (self.warn or warnings.warn)(line)
         run = self._replay or self._eager
         assert run is not None
         return dict(zip(OUTPUT_KEYS, run(*tensors, *cams)))

@@ -122,7 +122,11 @@ class Trainer:
         self.selective_adam = cfg.visible_adam or cfg.sparse_grad
         self.graphed_head = (
             GraphedHead(self.ops, cfg.near_plane, cfg.far_plane, **self.render_options, warn=self.report.warn)
-            if cfg.cuda_graphs and self.device.type == "cuda" and cfg.pipeline == "ours" and not cfg.packed
+            if cfg.cuda_graphs
+            and self.device.type == "cuda"
+            and cfg.pipeline == "ours"
+            and not cfg.packed
+            and not cfg.random_tile_shift  # a new image size every step
             else None
         )  # --cuda_graphs
         self._tb_image: Optional[torch.Tensor] = None  # --tb_save_image: the last logged training render
@@ -592,8 +596,8 @@ class Trainer:
             if self.graphed_head is not None:
                 g = self.graphed_head
                 self.report.print(
-                    f"cuda graphs: {g.captures} captures in {g.capture_seconds:.2f} s, "
-                    f"{g.failures} failed (run without graphs)"
+                    f"cuda graphs: {g.captures} captures in {g.capture_seconds:.2f} s; without graphs: "
+                    f"{g.failures} failed captures, {g.skipped} shapes that changed too often"
                 )
             streamed = self.views.stream_summary()  # None unless the images were streamed
             if streamed:
