@@ -265,6 +265,19 @@ def test_steady_state_step_synchronizes_only_for_data_dependent_sizes(tmp_path, 
         assert uploads == 0, calls
 
 
+def _raw_gpu_params(n=3000, seed=2):
+    scene = _scene(n, seed=seed)
+    raw = dict(
+        means=scene["means"],
+        quats=scene["quats"],
+        scales=scene["scales"].log(),
+        opacities=torch.logit(scene["opacities"]),
+        sh0=scene["colors"][:, :1],
+        shN=scene["colors"][:, 1:],
+    )
+    return {k: v.contiguous().clone().requires_grad_() for k, v in raw.items()}
+
+
 def test_graphed_head_replays_the_eager_pass_on_gpu():
     """trainer.graphs with the real torch.cuda.make_graphed_callables: over steps with other
     cameras each time and an in-place parameter update between them, the replayed activation +
@@ -275,16 +288,7 @@ def test_graphed_head_replays_the_eager_pass_on_gpu():
     from splat_train.trainer.render import camera_centres, project_and_shade
 
     ops = ops_for("gsplat", torch.device("cuda"))
-    scene = _scene(3000, seed=2)
-    raw = dict(
-        means=scene["means"],
-        quats=scene["quats"],
-        scales=scene["scales"].log(),
-        opacities=torch.logit(scene["opacities"]),
-        sh0=scene["colors"][:, :1],
-        shN=scene["colors"][:, 1:],
-    )
-    params = {k: v.contiguous().clone().requires_grad_() for k, v in raw.items()}
+    params = _raw_gpu_params()
     head = GraphedHead(ops, 0.01, 1e10)
     for step in range(4):  # (the projection's backward sums over cameras with atomics: gradients to rounding)
         cams = _batch(num=3)
@@ -310,19 +314,6 @@ def test_graphed_head_replays_the_eager_pass_on_gpu():
         with torch.no_grad():
             params["means"].add_(0.001)  # an optimizer step: in place, no new capture
     assert head.captures == 1
-
-
-def _raw_gpu_params(n=3000, seed=2):
-    scene = _scene(n, seed=seed)
-    raw = dict(
-        means=scene["means"],
-        quats=scene["quats"],
-        scales=scene["scales"].log(),
-        opacities=torch.logit(scene["opacities"]),
-        sh0=scene["colors"][:, :1],
-        shN=scene["colors"][:, 1:],
-    )
-    return {k: v.contiguous().clone().requires_grad_() for k, v in raw.items()}
 
 
 def test_graphed_head_recaptures_while_old_graphs_wait_for_the_collector():
