@@ -92,7 +92,7 @@ def test_training_runs_with_gsplat_backend(tmp_path):
         ("default", ["--cuda_graphs", "--raster", "fused", "--pose_opt"]),
     ],
 )
-def test_training_densifies_on_gpu(tmp_path, preset, extra):
+def test_training_densifies_on_gpu(tmp_path, capsys, preset, extra):
     """Densification really runs on the GPU (refine from step 5, every 10): the strategy's state
     initializes, grows / relocates and the run finishes; the Gaussian count changes."""
     import json
@@ -125,6 +125,9 @@ def test_training_densifies_on_gpu(tmp_path, preset, extra):
         ]
     )
     assert rc == 0
+    if "--cuda_graphs" in extra:  # the graphs really ran: captured again at each change, none refused
+        line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("cuda graphs:")]
+        assert line and " 0 failed" in line[0] and not line[0].startswith("cuda graphs: 0 "), line
     counts = [load_shard([tmp_path / f"ckpts/ckpt_{k}_rank0.pt"], 0, 1)["params"]["means"].shape[0] for k in (1, 60)]
     val = json.loads((tmp_path / "stats/val_step60.json").read_text())
     assert counts[0] != counts[1] and val["num_gaussians"] == counts[1] and val["psnr"] > 15
@@ -259,6 +262,9 @@ def test_steady_state_step_synchronizes_only_for_data_dependent_sizes(tmp_path, 
     uploads = sum(v for k, v in calls.items() if k.startswith("Memcpy HtoD")) / steps
     print(f"{layout}: per step {syncs:.1f} host syncs, {uploads:.1f} host-to-device copies: {calls}")
     assert syncs <= SYNCS_ALLOWED[layout], calls
+    if layout == "graphs":  # the steps above replayed a capture (none refused)
+        g = trainer.graphed_head
+        assert g is not None and g.captures >= 1 and g.failures == 0 and not g.stopped
     if layout == "patch":
         assert not any("Pageable" in k for k in calls), calls
     else:

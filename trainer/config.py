@@ -180,7 +180,7 @@ class Config:
     packed: bool = False
     """Packed exchange and rasterization: only visible (camera, Gaussian) records travel."""
     cuda_graphs: bool = False
-    """Replay each step's activation, projection and SH colours, forward and backward, as CUDA graphs, captured again whenever the shard, the SH degree or the image size changes (trainer/graphs.py). Applies on a GPU to dense steps whose cameras share one size; elsewhere (CPU, --packed, mixed sizes, --random_tile_shift, --pipeline gsplat-dist) the step runs as without it, and so do shapes that change too often to repay a capture. Costs device memory: a superseded capture's buffers are freed at the next full garbage collection."""
+    """Replay each step's activation, projection and SH colours, forward and backward, as CUDA graphs, captured again whenever the shard, the SH degree or the image size changes (trainer/graphs.py). Applies on a GPU to dense steps whose cameras share one size, with the training images on the GPU (--device_images_share); elsewhere (CPU, --packed, mixed sizes, --random_tile_shift, images in host memory, --pipeline gsplat-dist) the step runs as without it, and a run whose shapes change too often to repay a capture stops capturing. Costs device memory: a superseded capture's buffers are freed at the next full garbage collection."""
     backend: Literal["auto", "gsplat", "reference"] = "auto"
     """Projection/rasterization ops: gsplat's CUDA ops, or the plain-PyTorch reference (auto: gsplat on CUDA)."""
     pose_opt: bool = False

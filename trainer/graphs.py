@@ -10,14 +10,19 @@ backward, become two graph launches, which is host time a host-bound step gets b
 
 Where it applies (:func:`graphable`): a CUDA device, the dense layout (``--packed``'s record count is
 data-dependent) and one image size for every camera of the pass (several sizes are projected in
-groups indexed from the host). Elsewhere the same function runs eagerly; the results are the same
-kernels on the same inputs, so a replayed step equals an eager one bit for bit (tests/test_gpu.py).
+groups indexed from the host). Elsewhere the same function runs eagerly. A replay runs the same
+kernels on the same inputs: its outputs equal the eager pass's bit for bit, its gradients to
+rounding (gsplat's projection backward sums over cameras with atomics; tests/test_gpu.py).
 
 The replay's contract (``torch.cuda.make_graphed_callables``): the parameters are the graph's own
 input buffers (the optimizer updates them in place, so no copy is needed; a parameter replaced by
 a new tensor changes the key and is captured again), the cameras are copied into static buffers
 every step, and the outputs are static buffers overwritten by the next replay (a step reads them
-only within itself).
+only within itself). A superseded capture is not freed when this module drops it: the autograd
+Function class make_graphed_callables defines per capture sits in a reference cycle, so its graphs,
+memory pool and static inputs live until Python's next full garbage collection. Those static
+inputs hold the old parameters' storage, which is also what keeps the key's data_ptr sound: a new
+parameter cannot reuse the address of one a live capture reads.
 """
 
 from __future__ import annotations
@@ -62,7 +67,8 @@ class GraphedHead:
     ``ops``: the projection backend (gsplat's CUDA ops); ``near``, ``far`` (scene units),
     ``camera_model``, ``antialiased``: as render.render. ``capture``: what turns the function and
     its sample inputs into a replayable callable (``torch.cuda.make_graphed_callables``; tests
-    substitute a counting stand-in). One capture is kept: a new key frees the old graphs first.
+    substitute a counting stand-in). One capture is used at a time; a new key drops this object's
+    reference to the old one (freed at the next full garbage collection, see the module's text).
 
     ``head(params)`` binds it to the trainer's parameters (a mapping of :data:`PARAM_KEYS`), giving
     render.render's ``head`` argument: (viewmats [C_all, 4, 4], Ks [C_all, 3, 3], campos [C_all, 3],
@@ -72,10 +78,11 @@ class GraphedHead:
     end the run: ``warn`` (a callable taking one line; default: the warnings module) is told why,
     once, the shape runs eagerly until the key changes, and ``failures`` counts it.
 
-    Shapes that change too often to be worth a capture (``most_captures`` within ``window`` calls,
-    e.g. a dataset of images of many sizes) run eagerly as well, with one line through ``warn``,
-    until the changes thin out; ``skipped`` counts the keys run so. A capture costs a warm-up pass and the capture itself (tens
-    of ms of host time), so it pays only when replayed many times.
+    Shapes that change too often to be worth capturing (``most_captures`` captures within
+    ``window`` calls, e.g. a batch-1 dataset of portrait and landscape images) stop the captures for
+    the rest of the run, with one line through ``warn``; ``stopped`` says so. A capture costs a
+    warm-up pass and the capture itself (tens of ms of host time) and holds memory until a full
+    garbage collection, so it pays only when replayed many times.
     """
 
     most_captures, window = 8, 100
@@ -94,9 +101,9 @@ class GraphedHead:
         self.camera_model, self.antialiased = camera_model, antialiased
         self.capture = capture or torch.cuda.make_graphed_callables
         self.warn = warn
-        self.captures = self.failures = self.skipped = self.calls = 0
+        self.captures = self.failures = self.calls = 0
+        self.stopped = False  # the shapes changed too often: no more captures in this run
         self._recent: list[int] = []  # the call numbers of the latest captures
-        self._held_off = False  # the current key runs eagerly because the shapes changed too often
         self.capture_seconds = 0.0  # host time of the successful captures, warm-up included
         self._key: Optional[tuple] = None
         self._replay: Optional[Callable] = None
@@ -149,24 +156,22 @@ class GraphedHead:
             tuple((tuple(c.shape), c.requires_grad) for c in cams),
         )
         self.calls += 1
-        self._recent = [c for c in self._recent if c > self.calls - self.window]
-        thrashing = len(self._recent) >= self.most_captures - 1  # a capture now would be the most_captures-th
-        if key != self._key or (self._held_off and not thrashing):
-            self._replay = self._eager = self._key = None  # the old graphs go before the new capture
-            self._held_off = False
+        if key != self._key:
+            self._replay = self._eager = None
             fn = head_function(
                 self.ops, list(sizes), sh_degree, self.near, self.far, self.camera_model, self.antialiased
             )
             self._key = key
-            if thrashing:
-                self._eager, self._held_off = fn, True
-                self.skipped += 1
-                if self.skipped == 1:
-                    line = (
-                        f"--cuda_graphs: the shapes changed {self.most_captures} times within {self.window} "
-                        "steps; such steps run without graphs"
-                    )
-                    (self.warn or warnings.warn)(line)
+            self._recent = [c for c in self._recent if c > self.calls - self.window]
+            if not self.stopped and len(self._recent) >= self.most_captures - 1:  # this would be the last straw
+                self.stopped = True
+                line = (
+                    f"--cuda_graphs: the shapes changed {self.most_captures} times within {self.window} steps; "
+                    "the rest of the run goes without graphs"
+                )
+                (self.warn or warnings.warn)(line)
+            if self.stopped:
+                self._eager = fn
             else:
                 self._recent.append(self.calls)
                 start = time.perf_counter()

@@ -127,6 +127,7 @@ class Trainer:
             and cfg.pipeline == "ours"
             and not cfg.packed
             and not cfg.random_tile_shift  # a new image size every step
+            and self.views.where == "device"  # no loader threads allocating pinned memory during a capture
             else None
         )  # --cuda_graphs
         self._tb_image: Optional[torch.Tensor] = None  # --tb_save_image: the last logged training render
@@ -596,8 +597,8 @@ class Trainer:
             if self.graphed_head is not None:
                 g = self.graphed_head
                 self.report.print(
-                    f"cuda graphs: {g.captures} captures in {g.capture_seconds:.2f} s; without graphs: "
-                    f"{g.failures} failed captures, {g.skipped} shapes that changed too often"
+                    f"cuda graphs: {g.captures} captures in {g.capture_seconds:.2f} s, {g.failures} failed"
+                    + (" (then stopped: the shapes changed too often)" if g.stopped else "")
                 )
             streamed = self.views.stream_summary()  # None unless the images were streamed
             if streamed:
