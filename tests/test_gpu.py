@@ -285,7 +285,7 @@ def _raw_gpu_params(n=3000, seed=2):
 
 
 def test_graphed_head_replays_the_eager_pass_on_gpu():
-    """trainer.graphs with the real torch.cuda.make_graphed_callables: over steps with other
+    """trainer.graphs with real CUDA graphs: over steps with other
     cameras each time and an in-place parameter update between them, the replayed activation +
     projection + SH equal the eager pass bit for bit (the same kernels on the same inputs), and
     the parameter gradients, given the same upstream gradient, equal it to rounding."""
@@ -354,17 +354,17 @@ def test_graphed_head_recaptures_while_old_graphs_wait_for_the_collector():
 def test_a_refused_capture_leaves_cuda_usable_and_runs_eagerly():
     """A capture that CUDA refuses (here: a host synchronization inside it) is answered by the
     eager pass for that shape, and the next shape captures and replays normally."""
-    from splat_train.trainer.graphs import OUTPUT_KEYS, GraphedHead
+    from splat_train.trainer.graphs import OUTPUT_KEYS, GraphedHead, capture_graphs
     from splat_train.trainer.model import activated
     from splat_train.trainer.render import camera_centres, project_and_shade
 
-    def refusing(fn, sample, num_warmup_iters=3):
+    def refusing(fn, sample):
         def synchronizing(*args):
             out = fn(*args)
             out[1].sum().item()  # a host read of device memory: not allowed while capturing
             return out
 
-        return torch.cuda.make_graphed_callables(synchronizing if refuse else fn, sample, num_warmup_iters=0)
+        return capture_graphs(synchronizing if refuse else fn, sample)
 
     ops = ops_for("gsplat", torch.device("cuda"))
     params = _raw_gpu_params()
@@ -381,3 +381,35 @@ def test_a_refused_capture_leaves_cuda_usable_and_runs_eagerly():
         for k in OUTPUT_KEYS:
             torch.testing.assert_close(out[k], want[k], msg=k)
     assert head.failures == 1 and head.captures == 1 and len(said) == 1
+
+
+def test_superseded_captures_are_freed_without_the_garbage_collector():
+    """A new capture's predecessor (graphs and memory pool) goes when the step that last used it
+    does, by reference counting: with the collector off, ten captures in a row leave the memory
+    in use where one capture leaves it."""
+    import gc
+
+    from splat_train.trainer.graphs import GraphedHead
+    from splat_train.trainer.render import camera_centres
+
+    params = _raw_gpu_params(n=200_000)
+    cams = _batch(num=2)
+    campos = camera_centres(cams.viewmats)
+    head = GraphedHead(ops_for("gsplat", torch.device("cuda")), 0.01, 1e10)
+    sizes = [(cams.width, cams.height)] * 2
+    gc.collect()
+    gc.disable()
+    try:
+        in_use = []
+        for i in range(10):
+            out = head(params, cams.viewmats, cams.Ks, campos, sizes, 3 - i % 2)  # a new key every time
+            out["colors"].sum().backward()
+            del out
+            for p in params.values():
+                p.grad = None
+            torch.cuda.synchronize()
+            in_use.append(torch.cuda.memory_allocated())
+    finally:
+        gc.enable()
+    assert head.captures == 10
+    assert in_use[-1] <= in_use[1] * 1.05, in_use

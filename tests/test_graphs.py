@@ -17,14 +17,13 @@ from test_gsplat_flags import trainer
 
 
 class FakeCapture:
-    """Stands in for torch.cuda.make_graphed_callables: records each capture's input shapes and
+    """Stands in for graphs.capture_graphs: records each capture's input shapes and
     checks that every replay passes tensors of those shapes (what a captured graph requires)."""
 
     def __init__(self):
         self.captured, self.samples, self.replays = [], [], 0
 
-    def __call__(self, fn, sample, num_warmup_iters=3):
-        assert num_warmup_iters == 0  # GraphedHead warms up itself, on the current stream
+    def __call__(self, fn, sample):
         assert not any(t._base is not None or t.grad_fn is not None for t in sample)  # fresh leaves
         shapes = [tuple(t.shape) for t in sample]
         self.captured.append(shapes)
@@ -110,10 +109,10 @@ def test_a_failed_capture_runs_that_shape_eagerly_and_says_so_once():
     params, cams = _raw_params(), _cams()
     works = FakeCapture()
 
-    def capture(fn, sample, num_warmup_iters=3):
+    def capture(fn, sample):
         if fail:
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
-        return works(fn, sample, num_warmup_iters)
+        return works(fn, sample)
 
     said = []
     head = GraphedHead(reference, 0.01, 1e10, capture=capture, warn=said.append)

@@ -3,10 +3,10 @@
 Between two changes of the shard (densification, pruning, an opacity reset), of the SH degree in
 use or of the image size, the owner's half of a dense pass (render.project_and_shade, with the
 parameters' activations of model.activated before it) has fixed shapes, no data-dependent size
-and no host synchronization. :class:`GraphedHead` captures it once per such shape with
-``torch.cuda.make_graphed_callables`` (a forward graph and a backward graph sharing one memory
-pool) and replays it every step: its few dozen PyTorch operators and gsplat launches, forward and
-backward, become two graph launches, which is host time a host-bound step gets back.
+and no host synchronization. :class:`GraphedHead` captures it once per such shape (a forward
+graph and a backward graph sharing one memory pool, :func:`capture_graphs`) and replays it every
+step: its few dozen PyTorch operators and gsplat launches, forward and backward, become two graph
+launches, which is host time a host-bound step gets back.
 
 Where it applies (:func:`graphable`): a CUDA device, the dense layout (``--packed``'s record count is
 data-dependent) and one image size for every camera of the pass (several sizes are projected in
@@ -14,15 +14,16 @@ groups indexed from the host). Elsewhere the same function runs eagerly. A repla
 kernels on the same inputs: its outputs equal the eager pass's bit for bit, its gradients to
 rounding (gsplat's projection backward sums over cameras with atomics; tests/test_gpu.py).
 
-The replay's contract (``torch.cuda.make_graphed_callables``): the parameters are the graph's own
-input buffers (the optimizer updates them in place, so no copy is needed; a parameter replaced by
-a new tensor changes the key and is captured again), the cameras are copied into static buffers
-every step, and the outputs are static buffers overwritten by the next replay (a step reads them
-only within itself). A superseded capture is not freed when this module drops it: the autograd
-Function class make_graphed_callables defines per capture sits in a reference cycle, so its graphs,
-memory pool and static inputs live until Python's next full garbage collection. Those static
-inputs hold the old parameters' storage, which is also what keeps the key's data_ptr sound: a new
-parameter cannot reuse the address of one a live capture reads.
+The replay's contract (that of ``torch.cuda.make_graphed_callables``): the parameters are the
+graph's own input buffers (the optimizer updates them in place, so no copy is needed; a parameter
+replaced by a new tensor changes the key and is captured again), the cameras are copied into
+static buffers every step, and the outputs are static buffers overwritten by the next replay (a
+step reads them only within itself). Why not that function itself: it defines a new autograd
+Function class per capture and keeps the graphs in its methods' closures; a class is always in a
+reference cycle, so every superseded capture's graphs and memory pool lived until the next full
+garbage collection (docs/gpu-bound-step.md measured what that costs). Here one module-level Function replays a :class:`CapturedGraphs`, freed as soon as the step that
+last used it is. Its static inputs hold the parameters' storage while it lives, which keeps the
+key's data_ptr sound: a new parameter cannot reuse the address of one a live capture reads.
 """
 
 from __future__ import annotations
@@ -47,6 +48,66 @@ def graphable(device: torch.device, packed: bool, sizes: list[tuple[int, int]]) 
     return device.type == "cuda" and not packed and len(set(sizes)) == 1
 
 
+class CapturedGraphs:
+    """A function's forward and backward, captured as two CUDA graphs on one memory pool.
+
+    ``inputs``: the static input tensors, autograd leaves (those with requires_grad get
+    gradients); ``outputs``: the static outputs; ``grad_outputs``: the static buffers the backward
+    reads the gradients of the differentiable outputs from; ``grad_inputs``: where it leaves the
+    inputs' gradients (None for inputs without requires_grad). Raises what CUDA raises when it
+    refuses the capture (torch.AcceleratorError, a RuntimeError)."""
+
+    def __init__(self, fn: Callable, inputs: tuple):
+        pool = torch.cuda.graph_pool_handle()
+        self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        self.inputs = inputs
+        with torch.cuda.graph(self.forward, pool=pool):
+            self.outputs = tuple(fn(*inputs))
+        differentiable = [o for o in self.outputs if o.requires_grad]
+        self.grad_outputs = tuple(torch.empty_like(o) for o in differentiable)
+        wanted = [i for i in inputs if i.requires_grad]
+        with torch.cuda.graph(self.backward, pool=pool):
+            grads = iter(torch.autograd.grad(differentiable, wanted, self.grad_outputs))
+        self.grad_inputs = tuple(next(grads) if i.requires_grad else None for i in inputs)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple:
+        return _Replay.apply(self, *inputs)
+
+
+class _Replay(torch.autograd.Function):
+    """Forward: copy the inputs into the static ones (unless they are the same memory), replay
+    the forward graph, return the static outputs; backward: copy the incoming gradients into the
+    static ones (zeros where none came), replay the backward graph, return the inputs' gradients."""
+
+    @staticmethod
+    def forward(ctx, graphs: CapturedGraphs, *inputs):
+        for static, x in zip(graphs.inputs, inputs):
+            if static.data_ptr() != x.data_ptr():
+                static.copy_(x)
+        graphs.forward.replay()
+        ctx.graphs = graphs
+        return tuple(o.detach() for o in graphs.outputs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        graphs: CapturedGraphs = ctx.graphs
+        incoming = [g for o, g in zip(graphs.outputs, grads) if o.requires_grad]
+        for static, g in zip(graphs.grad_outputs, incoming):
+            if g is None:
+                static.zero_()
+            elif static.data_ptr() != g.data_ptr():
+                static.copy_(g)
+        graphs.backward.replay()
+        return (None, *(g.detach() if g is not None else None for g in graphs.grad_inputs))
+
+
+def capture_graphs(fn: Callable, inputs: tuple) -> CapturedGraphs:
+    """:class:`CapturedGraphs` of ``fn`` on ``inputs`` (the capture a :class:`GraphedHead` makes
+    unless given another)."""
+    return CapturedGraphs(fn, inputs)
+
+
 def head_function(ops, sizes, sh_degree, near, far, camera_model, antialiased) -> Callable:
     """The captured function: (means, quats, scales, opacities, sh0, shN — raw parameters —,
     viewmats, Ks, campos) -> the tensors of :data:`OUTPUT_KEYS`, dense [C_all, N, ...]."""
@@ -66,9 +127,9 @@ class GraphedHead:
 
     ``ops``: the projection backend (gsplat's CUDA ops); ``near``, ``far`` (scene units),
     ``camera_model``, ``antialiased``: as render.render. ``capture``: what turns the function and
-    its sample inputs into a replayable callable (``torch.cuda.make_graphed_callables``; tests
-    substitute a counting stand-in). One capture is used at a time; a new key drops this object's
-    reference to the old one (freed at the next full garbage collection, see the module's text).
+    its static inputs into a replayable callable (:func:`capture_graphs`; tests substitute a
+    counting stand-in). One capture is used at a time; a new key drops this object's reference to
+    the old one, which is freed when the last step that replayed it is.
 
     ``head(params)`` binds it to the trainer's parameters (a mapping of :data:`PARAM_KEYS`), giving
     render.render's ``head`` argument: (viewmats [C_all, 4, 4], Ks [C_all, 3, 3], campos [C_all, 3],
@@ -81,8 +142,8 @@ class GraphedHead:
     Shapes that change too often to be worth capturing (``most_captures`` captures within
     ``window`` calls, e.g. a batch-1 dataset of portrait and landscape images) stop the captures for
     the rest of the run, with one line through ``warn``; ``stopped`` says so. A capture costs a
-    warm-up pass and the capture itself (tens of ms of host time) and holds memory until a full
-    garbage collection, so it pays only when replayed many times.
+    warm-up pass and the capture itself (tens of ms of host time) and a memory pool of its own, so it
+    pays only when replayed many times.
     """
 
     most_captures, window = 8, 100
@@ -99,7 +160,7 @@ class GraphedHead:
     ):
         self.ops, self.near, self.far = ops, near, far
         self.camera_model, self.antialiased = camera_model, antialiased
-        self.capture = capture or torch.cuda.make_graphed_callables
+        self.capture = capture or capture_graphs
         self.warn = warn
         self.captures = self.failures = self.calls = 0
         self.stopped = False  # the shapes changed too often: no more captures in this run
@@ -117,12 +178,12 @@ class GraphedHead:
         node may still be alive from an earlier step's graph, bound to the default stream, and a
         backward captured through it would make the legacy stream wait on the capture (CUDA's
         "operation would make the legacy stream depend on a capturing blocking stream"). Without
-        make_graphed_callables' own warm-up on a side stream for the same reason: its leaves'
-        nodes would be bound to that stream. The garbage collector is held off during the
-        capture: an earlier capture's graphs kept alive by a reference cycle (the previous step's
-        autograd graph) must not be destroyed mid-capture, where freeing their memory pool is an
-        operation CUDA refuses ("operation not permitted when stream is capturing", seen on the
-        H200 at a densification step); they go at a later collection."""
+        a warm-up on a side stream for the same reason: the leaves' nodes would be bound to that
+        stream (torch.cuda.make_graphed_callables warms up on one). The garbage collector is held off
+        during the capture: a graph that some reference cycle still keeps alive must not be
+        destroyed mid-capture, where freeing its memory pool is an operation CUDA refuses
+        ("operation not permitted when stream is capturing", seen on the H200 at a densification
+        step with make_graphed_callables' captures)."""
 
         def leaves():
             return tuple(t.detach().requires_grad_(t.requires_grad) for t in tensors) + tuple(
@@ -138,7 +199,7 @@ class GraphedHead:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            return self.capture(fn, leaves(), num_warmup_iters=0)
+            return self.capture(fn, leaves())
         finally:
             if collecting:
                 gc.enable()
