@@ -190,6 +190,53 @@ def test_fused_raster_kernel_matches_reference_on_gpu(packed, origin):
     assert (absgrad >= v * (1 - 1e-4) - 1e-9).all() and absgrad.sum() > 0
 
 
+@pytest.mark.parametrize("mode", ["full", "device"])
+def test_profile_window_on_gpu_summarizes_the_device_activity(tmp_path, mode):
+    """--profile on a GPU run: the window's summary counts kernels, runtime calls and a GPU-busy
+    share in both modes; --profile_mode device records no host operators (the trace has no
+    cpu_op events) and writes no per-phase table (its timer stays off), full mode writes it."""
+    import json
+
+    from splat_train.trainer.cli import main
+
+    out = tmp_path / mode
+    flags = [
+        "default",
+        "--synthetic_num_cameras",
+        "6",
+        "--max_steps",
+        "40",
+        "--eval_steps",
+        "40",
+        "--num_traj_frames",
+        "0",
+        "--cuda_graphs",
+        "--profile",
+        "--profile_start_step",
+        "30",
+        "--profile_num_steps",
+        "5",
+        "--profile_mode",
+        mode,
+        "--result_dir",
+        str(out),
+    ]
+    assert main(flags) == 0
+    summary = json.loads((out / "profile" / "summary_rank0.json").read_text())
+    print(mode, {k: summary[k] for k in ("wall_ms_per_step", "gpu_busy_share", "kernels_per_step", "syncs_per_step")})
+    assert summary["kernels_per_step"] > 0 and 0 < summary["gpu_busy_share"] <= 1
+    assert (
+        summary["runtime_calls_per_step"].get("cudaLaunchKernel", 0)
+        + summary["runtime_calls_per_step"].get("hipLaunchKernel", 0)
+        + summary["runtime_calls_per_step"].get("cudaGraphLaunch", 0)
+        > 0
+    )
+    trace = json.loads((out / "profile" / "trace_rank0.json").read_text())
+    cpu_ops = sum(1 for e in trace["traceEvents"] if e.get("cat") == "cpu_op")
+    assert (cpu_ops == 0) == (mode == "device"), cpu_ops
+    assert (out / "profile" / "phases_rank0.json").exists() == (mode == "full")
+
+
 def test_profile_calls_reports_the_gpu_kernels():
     """profile_calls on a GPU counts device kernels by their own time: a matmul's kernel shows up,
     the totals are positive and the largest comes first."""

@@ -211,6 +211,8 @@ class Config:
     """Rendering pass: ours (explicit exchange, dense or --packed), or gsplat-dist (gsplat's own rasterization(distributed=True), dense; the benchmark's baseline, CUDA only)."""
     profile: bool = False
     """Write a torch-profiler trace (Chrome/Perfetto JSON, NVTX/roctx phase ranges) and a per-phase table for a window of steps, under result_dir/profile."""
+    profile_mode: Literal["full", "device"] = "full"
+    """--profile: full (host operators, device activity and the per-phase table) or device (only the device's kernels, copies and runtime calls, no operator recording and no phase timer: the GPU-busy share least disturbed by the profiler's own host work; on a CPU run, full)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train (auto: CUDA when visible)."""
     nproc_per_node: int = 0

@@ -621,7 +621,7 @@ class Trainer:
         loop_start, loop_seconds = time.perf_counter(), 0.0
         out, written = {}, []
         for step in bar:
-            if profiler is not None:
+            if profiler is not None and not self._device_only_profile():
                 # no synchronization per step in the profiled window
                 self.timer.switch(
                     s.profile_start_step <= step < s.profile_start_step + s.profile_num_steps, deferred=True
@@ -726,13 +726,17 @@ class Trainer:
         checkpoint of every rank, the PLY, metrics, renders, video) and the TensorBoard folder."""
         self.report.outputs(written, self.ctx.world_size)
 
+    def _device_only_profile(self) -> bool:
+        """--profile_mode device on a GPU run: the trace records device activity only."""
+        return self.cfg.profile_mode == "device" and self.device.type == "cuda"
+
     def _start_profiler(self):
         """torch profiler over the --profile window; the trace goes to profile/trace_rank<r>.json."""
         s = self.cfg.schedule
         out_dir = self.result_dir / "profile"
         out_dir.mkdir(parents=True, exist_ok=True)
         self._phase_log: list = []
-        activities = [torch.profiler.ProfilerActivity.CPU]
+        activities = [] if self._device_only_profile() else [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         rank = self.ctx.rank
