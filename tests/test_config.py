@@ -158,6 +158,20 @@ def test_gsplat_nested_spellings_are_aliases(tmp_path):
     assert parse_args(["default", "--absgrad"]).densify.absgrad
 
 
+def test_cuda_graphs_in_a_config_file_reads_yaml_on_off_and_old_booleans(tmp_path):
+    """YAML 1.1 reads a bare on / off as a boolean, and session 11's cfg.yml held a boolean
+    cuda_graphs: both mean the setting of that name; the dumped config reads back as written."""
+    path = tmp_path / "c.yml"
+    for text, want in [("on", "on"), ("off", "off"), ("true", "on"), ("false", "off"), ("auto", "auto")]:
+        path.write_text(f"cuda_graphs: {text}\n")
+        assert load_yaml(path).cuda_graphs == want, text
+        path.write_text(dump_yaml(load_yaml(path)))
+        assert load_yaml(path).cuda_graphs == want, text
+    path.write_text("cuda_graphs: sometimes\n")
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        load_yaml(path)
+
+
 def test_unknown_key_in_config_file(tmp_path):
     path = tmp_path / "bad.yml"
     path.write_text("max_stepz: 3\n")

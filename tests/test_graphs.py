@@ -3,6 +3,7 @@ captured again exactly when its shapes or parameters change, and is what the tra
 under --cuda_graphs. On the CPU the capture is a stand-in that calls the function (the real
 replay runs in tests/test_gpu.py)."""
 
+import pytest
 import torch
 
 from splat_train.kernels import reference
@@ -180,7 +181,19 @@ def test_training_step_runs_the_head_and_trains_as_without_it(monkeypatch):
     assert t.graphed_head is not None and t.graphed_head.captures >= 2
 
 
+def test_cuda_graphs_setting_auto_is_on_for_one_cuda_process_only(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert graphs.use_cuda_graphs("auto", 1) and not graphs.use_cuda_graphs("auto", 2)
+    assert graphs.use_cuda_graphs("on", 1) and graphs.use_cuda_graphs("on", 4)
+    assert not graphs.use_cuda_graphs("off", 1)
+    monkeypatch.setattr(torch.version, "hip", "6.2")  # ROCm: only when asked for
+    assert not graphs.use_cuda_graphs("auto", 1) and graphs.use_cuda_graphs("on", 1)
+    with pytest.raises(ValueError, match="--cuda_graphs must be auto, on or off"):
+        graphs.use_cuda_graphs("yes", 1)
+
+
 def test_cuda_graphs_flag_is_inert_on_the_cpu():
-    t = trainer("--cuda_graphs")
-    assert t.cfg.cuda_graphs and t.graphed_head is None
+    assert trainer().cfg.cuda_graphs == "auto"  # the default
+    t = trainer("--cuda_graphs", "on")
+    assert t.cfg.cuda_graphs == "on" and t.graphed_head is None
     t.train_step(0)

@@ -179,8 +179,8 @@ class Config:
     """Multiply every step-valued setting (the Schedule section) by this, e.g. 0.25 on 4 GPUs."""
     packed: bool = False
     """Packed exchange and rasterization: only visible (camera, Gaussian) records travel."""
-    cuda_graphs: bool = False
-    """Replay each step's activation, projection and SH colours, forward and backward, as CUDA graphs, captured again whenever the shard, the SH degree or the image size changes (trainer/graphs.py). Applies on a GPU to dense steps whose cameras share one size, with the training images on the GPU (--device_images_share); elsewhere (CPU, --packed, mixed sizes, --random_tile_shift, images in host memory, --pipeline gsplat-dist) the step runs as without it, and a run whose shapes change too often to repay a capture stops capturing. Costs device memory: a superseded capture's buffers are freed at the next full garbage collection."""
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    """Replay each step's activation, projection and SH colours, forward and backward, as CUDA graphs, captured again whenever the shard, the SH degree or the image size changes (trainer/graphs.py). auto: on for a one-process run on an NVIDIA GPU (not yet run with several GPUs or on ROCm, where NCCL's watchdog and HIP's capture rules differ), on: at any world size, off: never. Applies to dense steps whose cameras share one size, with the training images on the GPU (--device_images_share); elsewhere (CPU, --packed, mixed sizes, --random_tile_shift, images in host memory, --pipeline gsplat-dist) the step runs as without it, and a run whose shapes change too often to repay a capture stops capturing."""
     backend: Literal["auto", "gsplat", "reference"] = "auto"
     """Projection/rasterization ops: gsplat's CUDA ops, or the plain-PyTorch reference (auto: gsplat on CUDA)."""
     pose_opt: bool = False
@@ -480,6 +480,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
             raise ValueError(f"{where}: expected a list, got {value!r}")
         return [_coerce(args[0], v, where) for v in value]
     if origin is Literal:
+        if isinstance(value, bool) and "on" in args and "off" in args:  # YAML 1.1 reads on / off as booleans
+            value = "on" if value else "off"
         if value not in args:
             raise ValueError(f"{where}: {value!r} is not one of {list(args)}")
         return value

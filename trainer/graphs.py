@@ -43,6 +43,16 @@ PARAM_KEYS = ("means", "quats", "scales", "opacities", "sh0", "shN")
 OUTPUT_KEYS = ("radii", "means2d", "depths", "conics", "opacities", "colors")
 
 
+def use_cuda_graphs(setting: str, world_size: int) -> bool:
+    """Whether --cuda_graphs ``setting`` ("auto", "on", "off") asks for graphs in a run of
+    ``world_size`` processes: "auto" is on for one process on CUDA (not on a ROCm build of torch)."""
+    if setting not in ("auto", "on", "off"):
+        raise ValueError(f"--cuda_graphs must be auto, on or off, got {setting!r}")
+    if setting == "auto":
+        return world_size == 1 and torch.version.hip is None
+    return setting == "on"
+
+
 def graphable(device: torch.device, packed: bool, sizes: list[tuple[int, int]]) -> bool:
     """Whether a pass can replay :class:`GraphedHead`: CUDA, dense, one image size."""
     return device.type == "cuda" and not packed and len(set(sizes)) == 1
@@ -55,23 +65,43 @@ class CapturedGraphs:
     gradients); ``outputs``: the static outputs; ``grad_outputs``: the static buffers the backward
     reads the gradients of the differentiable outputs from; ``grad_inputs``: where it leaves the
     inputs' gradients (None for inputs without requires_grad). Raises what CUDA raises when it
-    refuses the capture (torch.AcceleratorError, a RuntimeError)."""
+    refuses the capture (torch.AcceleratorError, a RuntimeError).
+
+    Both captures run on a side stream after one device synchronization, without what
+    ``torch.cuda.graph`` adds around each capture (emptying the caching allocator's and the
+    pinned-memory cache): a training run captures again at every densification step, and an
+    emptied cache makes the steps after it allocate their memory from the driver again."""
 
     def __init__(self, fn: Callable, inputs: tuple):
         pool = torch.cuda.graph_pool_handle()
         self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         self.inputs = inputs
-        with torch.cuda.graph(self.forward, pool=pool):
-            self.outputs = tuple(fn(*inputs))
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        self.outputs = tuple(_captured(self.forward, pool, stream, lambda: fn(*inputs)))
         differentiable = [o for o in self.outputs if o.requires_grad]
         self.grad_outputs = tuple(torch.empty_like(o) for o in differentiable)
         wanted = [i for i in inputs if i.requires_grad]
-        with torch.cuda.graph(self.backward, pool=pool):
-            grads = iter(torch.autograd.grad(differentiable, wanted, self.grad_outputs))
+        grads = iter(
+            _captured(
+                self.backward, pool, stream, lambda: torch.autograd.grad(differentiable, wanted, self.grad_outputs)
+            )
+        )
         self.grad_inputs = tuple(next(grads) if i.requires_grad else None for i in inputs)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
         return _Replay.apply(self, *inputs)
+
+
+def _captured(graph: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream, work: Callable):
+    """``work()``'s launches captured into ``graph`` (memory from ``pool``) on ``stream``; returns
+    what ``work`` returns. The capture always ends, also when ``work`` raises."""
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool)
+        try:
+            return work()
+        finally:
+            graph.capture_end()
 
 
 class _Replay(torch.autograd.Function):

@@ -34,7 +34,7 @@ from . import losses
 from .losses import opacity_reg, photometric_loss, scale_reg
 from .aux_modules import pose_perturbation
 from .model import activated, create_optimizers, create_shard, initial_points, means_lr_scheduler, optimizer_step
-from .graphs import GraphedHead, graphable
+from .graphs import GraphedHead, graphable, use_cuda_graphs
 from .profiling import PhaseTimer
 from .report import Reporter
 from .render import (
@@ -122,7 +122,7 @@ class Trainer:
         self.selective_adam = cfg.visible_adam or cfg.sparse_grad
         self.graphed_head = (
             GraphedHead(self.ops, cfg.near_plane, cfg.far_plane, **self.render_options, warn=self.report.warn)
-            if cfg.cuda_graphs
+            if use_cuda_graphs(cfg.cuda_graphs, ctx.world_size)
             and self.device.type == "cuda"
             and cfg.pipeline == "ours"
             and not cfg.packed
