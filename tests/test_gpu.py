@@ -91,6 +91,8 @@ def test_training_runs_with_gsplat_backend(tmp_path):
         ("default", ["--reset_every", "30", "--batch_size", "2"], True),  # --cuda_graphs auto: captured on each change
         ("default", ["--cuda_graphs", "on", "--raster", "fused", "--pose_opt"], True),
         ("default", ["--cuda_graphs", "off", "--batch_size", "2"], False),
+        ("default", ["--device_images_share", "0"], True),  # pinned host images, copied a step ahead
+        ("default", ["--device_images_share", "0", "--image_cache_gb", "0.0002"], True),  # streamed: 7 slots
     ],
 )
 def test_training_densifies_on_gpu(tmp_path, capsys, preset, extra, graphs):

@@ -161,3 +161,77 @@ def test_streamed_views_carry_the_masks_as_a_fourth_channel(scene, tmp_path):
     masked = preloaded.images_of([1])[0, :, :, 3]
     assert masked.sum() == keep.sum() and preloaded.images_of([2])[0, :, :, 3].min() == 1
     streamed.close()
+
+
+def _streamed(scene, batch_size=1, cache_images=8, threads=0):
+    data = Dataset(scene, list(range(24)), preload=False)
+    sampler = CameraSampler(data, batch_size, seed=3)
+    views = TrainViews(
+        data,
+        torch.device("cpu"),
+        host_cache_bytes=cache_images * 32 * 32 * 3,
+        items_at=sampler.batch_at,
+        decode_threads=threads,
+    )
+    return data, sampler, views
+
+
+def test_streamed_cache_is_one_buffer_and_decode_threads_make_no_torch_call(scene, monkeypatch):
+    """The cache is allocated once (equal slots of the largest image); the decode threads write
+    into it with numpy only, so on a GPU they make no CUDA call that a graph capture on the
+    training thread would trip over (no pinned allocation, no copy through torch)."""
+    import threading
+
+    calls = []
+    for name in ("empty", "from_numpy", "zeros", "stack"):
+        real = getattr(torch, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls.append((threading.current_thread().name, _name))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(torch, name, spy)
+    data, sampler, views = _streamed(scene)
+    assert views.num_slots == 8 and views._arena.shape == (8, 32 * 32 * 3)
+    arena = views._arena.data_ptr()
+    for step in range(60):
+        items = sampler.batch_at(step)
+        got = views.images_of(items, step)
+        assert torch.equal(got[0], torch.from_numpy(scene.images[data.indices[items[0]]])), step
+    views.close()
+    assert views._arena.data_ptr() == arena and views.decodes > 24  # slots reused, never reallocated
+    assert not [c for c in calls if c[0].startswith("decode")], calls
+
+
+def test_a_slot_is_reused_only_after_its_upload_and_never_while_handed_out(scene):
+    """A new decode takes the least recently used slot outside the planned window whose last
+    upload has completed (its CUDA event), and never the slot of an item being handed out."""
+
+    class Event:
+        def __init__(self, done):
+            self.done = done
+
+        def query(self):
+            return self.done
+
+    data, sampler, views = _streamed(scene, cache_images=4)
+    views._free = []
+    views._cache.update({0: 0, 1: 1, 2: 2, 3: 3})  # four decoded items, 0 least recently used
+    views._window = {3}
+    pending = Event(False)
+    views._uploads[0] = pending
+    views._held = {1}
+    with views._lock:
+        assert views._take_slot() == 2  # 0 still uploading, 1 handed out, 3 planned
+        pending.done = True
+        assert views._take_slot() == 0
+        assert views._take_slot() is None  # 1 held, 3 planned
+    assert list(views._cache) == [1, 3]
+    views.close()
+
+
+def test_a_cache_of_fewer_than_two_images_is_refused(scene):
+    data = Dataset(scene, list(range(24)), preload=False)
+    sampler = CameraSampler(data, 1, seed=3)
+    with pytest.raises(ValueError, match="--image_cache_gb .* less than two images"):
+        TrainViews(data, torch.device("cpu"), host_cache_bytes=32 * 32 * 3, items_at=sampler.batch_at)

@@ -127,7 +127,8 @@ class Trainer:
             and cfg.pipeline == "ours"
             and not cfg.packed
             and not cfg.random_tile_shift  # a new image size every step
-            and self.views.where == "device"  # no loader threads allocating pinned memory during a capture
+            # every GPU placement of the images: the streaming cache's decode threads make no CUDA
+            # call (data/views.py), so nothing but the capture touches CUDA while it runs
             else None
         )  # --cuda_graphs
         self._tb_image: Optional[torch.Tensor] = None  # --tb_save_image: the last logged training render

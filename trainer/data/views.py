@@ -11,8 +11,12 @@ so a batch's masks travel with its images in one copy. Where they live (``TrainV
   is kept, so host memory stays bounded whatever the dataset's size;
 * "stream": when ``host_cache_bytes`` > 0 and they do not go to the device (a dataset beyond
   memory): decoded on background threads ``lookahead`` steps ahead of their use (the sampler is a
-  pure function of the step) into a cache of at most ``host_cache_bytes`` (pinned on a GPU),
-  least recently used first out; on a GPU the next batch is copied ahead on a side stream;
+  pure function of the step) into a cache of at most ``host_cache_bytes``, least recently used
+  first out; on a GPU the next batch is copied ahead on a side stream. The cache is one buffer
+  (pinned on a GPU) of equal slots, each the size of the largest image, allocated once: the decode
+  threads write into a slot with numpy and make no CUDA call, so the step's CUDA graphs can be
+  captured while they run, and no pinned memory is allocated after the start. The training thread
+  gives a slot to a new decode only once the last upload from it has completed;
 * "pinned": on a GPU otherwise, every image in pinned host memory, the next batch copied ahead;
 * "host": on the CPU, the decoded arrays themselves.
 
@@ -95,13 +99,25 @@ class TrainViews:
         elif self.where == "host":
             self.images = self._decoded(lambda im: im)  # the dataset's own arrays (shared memory) for RGB
         else:
-            self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
-            self._pending: dict[int, Future] = {}
+            self.slot_bytes = max(self.sizes)
+            self.num_slots = self.cache_bytes // self.slot_bytes
+            if self.num_slots < 2:
+                raise ValueError(
+                    f"--image_cache_gb {self.cache_bytes / 2**30:g} holds less than two images "
+                    f"({self.slot_bytes / 2**20:,.1f} MB each); raise it"
+                )
+            pin = self.device.type == "cuda"
+            self._arena = torch.empty((self.num_slots, self.slot_bytes), dtype=torch.uint8, pin_memory=pin)
+            self._arena_np = self._arena.numpy()  # the decode threads write through this view
+            self._cache: OrderedDict[int, int] = OrderedDict()  # decoded item -> slot, least recent first
+            self._pending: dict[int, tuple[int, Future]] = {}  # item being decoded -> (slot, its decode)
+            self._free = list(range(self.num_slots))
+            self._uploads: dict[int, torch.cuda.Event] = {}  # slot -> the event after its last upload
+            self._held: set[int] = set()  # items whose slots are being handed out for an upload
             self._lock = threading.Lock()
             self._pool = ThreadPoolExecutor(max_workers=self.decode_threads, thread_name_prefix="decode")
             self.peak_cache_bytes = 0
             self.decodes, self.waits, self.wait_seconds = 0, 0, 0.0  # decodes made; times a step waited for one
-            self._planned_until = -1
         if self.where != "host" or self.channels == 4:
             dataset.release_images()  # the copies above (or the stream's) are the only ones kept
 
@@ -117,11 +133,15 @@ class TrainViews:
     def _load(self, i: int) -> torch.Tensor:
         """uint8 [H, W, channels] of item ``i``: its image and, with masks, its mask as a fourth
         channel (1 keep, 0 leave out)."""
+        return torch.from_numpy(self._load_array(i))
+
+    def _load_array(self, i: int) -> np.ndarray:
+        """:meth:`_load` as a numpy array (what the decode threads use: no torch call)."""
         image, keep = self.dataset.view(i)
         if self.channels == 4:
             keep = np.ones(image.shape[:2], dtype=np.uint8) if keep is None else keep.astype(np.uint8)
             image = np.concatenate([image, keep[:, :, None]], axis=2)
-        return torch.from_numpy(np.ascontiguousarray(image))
+        return np.ascontiguousarray(image)
 
     def _decoded(self, place: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
         """Every image, decoded on ``decode_threads`` threads and ``place``d one at a time (only the
@@ -166,19 +186,31 @@ class TrainViews:
         images on a GPU; otherwise nothing to do)."""
         if self.where in ("device", "host") or self.device.type != "cuda":
             return
+        self._held = set(items)
         host = [self._host_image(i) for i in items]  # streaming: waits for their decode
         self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the buffer's memory is free
         with torch.cuda.stream(self._stream):
             images = self._upload(host)
             ready = torch.cuda.Event()
             ready.record(self._stream)
+        self._uploaded(items, ready)
+        self._held = set()
         self._ahead = (tuple(items), images, ready)
 
     def _copy(self, items: list[int]) -> torch.Tensor:
-        host = [self._host_image(i) for i in items]
-        if self.device.type != "cuda":
-            return host[0][None] if len(host) == 1 else torch.stack(host)
-        return self._upload(host)
+        self._held = set(items)
+        try:
+            host = [self._host_image(i) for i in items]
+            if self.device.type != "cuda":  # a copy: a streamed image's slot is reused later
+                return host[0][None].clone() if len(host) == 1 else torch.stack(host)
+            images = self._upload(host)
+            if self.where == "stream":
+                done = torch.cuda.Event()
+                done.record(torch.cuda.current_stream(self.device))
+                self._uploaded(items, done)
+            return images
+        finally:
+            self._held = set()
 
     def _upload(self, host: list[torch.Tensor]) -> torch.Tensor:
         h, w, c = host[0].shape
@@ -189,80 +221,132 @@ class TrainViews:
 
     # ------------------------------------------------------------------ streaming
     def _host_image(self, i: int) -> torch.Tensor:
+        """uint8 [H, W, channels] of item ``i`` in host memory: pinned, or (streaming) a view of
+        its cache slot, decoded now if it is neither cached nor on its way (the step waits). The
+        slot stays out of reach of new decodes while ``i`` is in ``_held``."""
         if self.where == "pinned":
             return self.images[i]
-        with self._lock:
-            if i in self._cache:
-                self._cache.move_to_end(i)
-                return self._cache[i]
-            future = self._pending.get(i) or self._submit(i)
-        if not future.done():  # the training thread waits for a decode: the cache or lookahead is too small
-            t0 = time.perf_counter()
-            future.result()
+        t0: Optional[float] = None
+        while True:
+            blocker: Optional[Callable[[], object]] = None
+            with self._lock:
+                if i in self._cache:
+                    self._cache.move_to_end(i)
+                    view = self._slot_view(i, self._cache[i])
+                    break
+                entry = self._pending.get(i)
+                future = entry[1] if entry is not None else self._submit(i)
+                if future is not None:
+                    blocker = future.result  # re-raises a decode's error
+                else:  # every slot taken: wait for an upload from an evictable one, or any decode
+                    uploads = [self._uploads[slot] for slot in self._evictable_slots() if slot in self._uploads]
+                    if uploads:
+                        blocker = uploads[0].synchronize
+                    elif self._pending:
+                        blocker = next(iter(self._pending.values()))[1].result
+            if blocker is None:
+                raise RuntimeError("image cache: no slot can be freed for a decode")  # _plan's check prevents it
+            t0 = time.perf_counter() if t0 is None else t0
+            blocker()
+        if t0 is not None:
             self.waits += 1
             self.wait_seconds += time.perf_counter() - t0
-        return future.result()
+        return view
 
-    def _submit(self, i: int) -> Future:
-        """Decode item ``i`` on a pool thread into the cache (the caller holds the lock)."""
+    def _slot_view(self, i: int, slot: int) -> torch.Tensor:
+        h, w = self._shape(i)
+        return self._arena[slot, : self.sizes[i]].view(h, w, self.channels)
+
+    def _shape(self, i: int) -> tuple[int, int]:
+        camera = self.dataset.scene.cameras[self.dataset.indices[i]]
+        return camera.height, camera.width
+
+    def _uploaded(self, items: list[int], event: torch.cuda.Event) -> None:
+        """Streaming: the upload of ``items`` from their slots completes with ``event``."""
+        if self.where != "stream":
+            return
+        with self._lock:
+            for i in items:
+                if i in self._cache:
+                    self._uploads[self._cache[i]] = event
+
+    def _evictable_slots(self) -> list[int]:
+        """Slots of cached items outside the planned window and not being handed out, least
+        recently used first (the caller holds the lock)."""
+        keep = self._window_items() | self._held
+        return [slot for i, slot in self._cache.items() if i not in keep]
+
+    def _take_slot(self) -> Optional[int]:
+        """A slot for a new decode: a free one, else that of the least recently used evictable
+        item whose last upload has completed; None when there is none (the caller holds the
+        lock)."""
+        if self._free:
+            return self._free.pop()
+        keep = self._window_items() | self._held
+        for i, slot in self._cache.items():
+            if i in keep:
+                continue
+            event = self._uploads.get(slot)
+            if event is None or event.query():
+                del self._cache[i]
+                self._uploads.pop(slot, None)
+                return slot
+        return None
+
+    def _submit(self, i: int) -> Optional[Future]:
+        """Decode item ``i`` on a pool thread into a slot; None when no slot can be had now (the
+        caller holds the lock)."""
+        slot = self._take_slot()
+        if slot is None:
+            return None
 
         def decode():
-            image = self._load(i)
-            if self.device.type == "cuda":  # copied by numpy: a torch copy on this thread would start
-                pinned = torch.empty(image.shape, dtype=image.dtype, pin_memory=True)  # its own OpenMP team
-                pinned.numpy()[...] = image.numpy()
-                image = pinned
+            try:
+                image = self._load_array(i)
+                self._arena_np[slot, : image.size] = image.reshape(-1)  # numpy: no CUDA call on this thread
+            except BaseException:
+                with self._lock:
+                    self._pending.pop(i, None)
+                    self._free.append(slot)
+                raise
             with self._lock:
                 self.decodes += 1
                 self._pending.pop(i, None)
-                self._cache[i] = image
-                self._evict(keep=i)
-            return image
+                self._cache[i] = slot
+                used = sum(self.sizes[j] for j in self._cache) + sum(self.sizes[j] for j in self._pending)
+                self.peak_cache_bytes = max(self.peak_cache_bytes, used)
 
         future = self._pool.submit(decode)
-        self._pending[i] = future
+        self._pending[i] = (slot, future)
         return future
-
-    def _evict(self, keep: int) -> None:
-        """Drop least recently used images until the cache fits its bound (never ``keep``, the
-        one just decoded, nor the images planned for the next steps)."""
-        used = sum(self.sizes[i] for i in self._cache)
-        planned = self._window_items()
-        for i in list(self._cache):
-            if used <= self.cache_bytes:
-                break
-            if i == keep or i in planned:
-                continue
-            used -= self.sizes[i]
-            del self._cache[i]
-        self.peak_cache_bytes = max(self.peak_cache_bytes, used)
 
     def _window_items(self) -> set[int]:
         return getattr(self, "_window", set())
 
     def _plan(self, step: int) -> None:
-        """Decode ahead the items of steps step .. step + k, k the most steps whose images fit
-        half of the cache (at most ``lookahead``)."""
+        """Decode ahead the items of steps step .. step + k, k the most steps whose images fill at
+        most half of the cache's slots (at most ``lookahead``)."""
         window: list[list[int]] = []
         total = 0
         for s in range(step, step + self.lookahead + 1):
             items = self.items_at(s)  # type: ignore[misc]  # streaming views always have items_at (__init__)
-            size = sum(self.sizes[i] for i in items)
-            if not window and 2 * size > self.cache_bytes:
+            if not window and 2 * len(items) > self.num_slots:
+                size = sum(self.sizes[i] for i in items)
                 raise ValueError(
                     f"--image_cache_gb {self.cache_bytes / 2**30:g} holds less than two batches of "
-                    f"step {s} ({size / 2**20:,.1f} MB each); raise it"
+                    f"step {s} ({size / 2**20:,.1f} MB each, {self.num_slots} slots of "
+                    f"{self.slot_bytes / 2**20:,.1f} MB); raise it"
                 )
-            if window and total + size > self.cache_bytes // 2:
+            if window and total + len(items) > self.num_slots // 2:
                 break
             window.append(items)
-            total += size
+            total += len(items)
         with self._lock:
             self._window = {i for items in window for i in items}
             for items in window:
                 for i in items:
-                    if i not in self._cache and i not in self._pending:
-                        self._submit(i)
+                    if i not in self._cache and i not in self._pending and self._submit(i) is None:
+                        return  # no slot now: the next step's plan asks again
 
     def stream_summary(self) -> Optional[str]:
         """One line on the streamed images (None for the other placements): decodes, the cache's
