@@ -192,14 +192,15 @@ def test_streamed_cache_is_one_buffer_and_decode_threads_make_no_torch_call(scen
 
         monkeypatch.setattr(torch, name, spy)
     data, sampler, views = _streamed(scene)
-    assert views.num_slots == 8 and views._arena.shape == (8, 32 * 32 * 3)
-    arena = views._arena.data_ptr()
+    # 8 images' bytes as power-of-two buffers (the pinned allocator's sizes): 16 KiB (5 slots) + 8 KiB (2)
+    assert [a.shape for a in views._arenas] == [(5, 32 * 32 * 3), (2, 32 * 32 * 3)] and views.num_slots == 7
+    arena = [a.data_ptr() for a in views._arenas]
     for step in range(60):
         items = sampler.batch_at(step)
         got = views.images_of(items, step)
         assert torch.equal(got[0], torch.from_numpy(scene.images[data.indices[items[0]]])), step
     views.close()
-    assert views._arena.data_ptr() == arena and views.decodes > 24  # slots reused, never reallocated
+    assert [a.data_ptr() for a in views._arenas] == arena and views.decodes > 24  # reused, never reallocated
     assert not [c for c in calls if c[0].startswith("decode")], calls
 
 
@@ -230,8 +231,59 @@ def test_a_slot_is_reused_only_after_its_upload_and_never_while_handed_out(scene
     views.close()
 
 
-def test_a_cache_of_fewer_than_two_images_is_refused(scene):
+@pytest.mark.parametrize("images, batch_size", [(1, 1), (3, 2)])
+def test_a_cache_of_fewer_than_two_batches_is_refused_at_the_start(scene, images, batch_size):
     data = Dataset(scene, list(range(24)), preload=False)
-    sampler = CameraSampler(data, 1, seed=3)
-    with pytest.raises(ValueError, match="--image_cache_gb .* less than two images"):
-        TrainViews(data, torch.device("cpu"), host_cache_bytes=32 * 32 * 3, items_at=sampler.batch_at)
+    sampler = CameraSampler(data, batch_size, seed=3)
+    with pytest.raises(ValueError, match="--image_cache_gb .* less than two batches of"):
+        TrainViews(
+            data,
+            torch.device("cpu"),
+            host_cache_bytes=images * 32 * 32 * 3,
+            items_at=sampler.batch_at,
+            batch_size=batch_size,
+        )
+
+
+def test_the_cache_buffers_stay_within_the_bound_in_power_of_two_sizes(scene):
+    """torch's pinned-memory allocator rounds each request up to a power of two, so each buffer is
+    one (its slots fill it as far as they fit) and together they stay within --image_cache_gb."""
+    data, _, views = _streamed(scene, cache_images=50)
+    requested = [a.numel() for a in views._arenas]
+    rounded = [1 << (n - 1).bit_length() for n in requested]
+    assert sum(rounded) <= 50 * 32 * 32 * 3
+    assert all(r - n < views.slot_bytes for n, r in zip(requested, rounded))  # less than a slot lost each
+    assert views.num_slots == sum(a.shape[0] for a in views._arenas) >= 40
+    views.close()
+
+
+def test_waiting_for_a_slot_does_not_raise_another_items_decode_error(scene, monkeypatch):
+    """With every slot taken, the training thread waits for some other decode to finish; if that
+    decode fails, its error belongs to its own item (raised when that item is asked for), not to
+    the item being waited for."""
+    import threading
+
+    data, sampler, views = _streamed(scene, cache_images=3)  # two slots (a 8 KiB buffer)
+    assert views.num_slots == 2
+    gate = threading.Event()
+    real = views._load_array
+
+    def load(i):
+        if i == 2:
+            gate.wait(5)
+            raise OSError("corrupt file of item 2")
+        return real(i)
+
+    monkeypatch.setattr(views, "_load_array", load)
+    views._window = {0}  # item 0 is planned: its slot is not for the taking
+    with views._lock:
+        first = views._submit(0)
+    first.result()
+    with views._lock:
+        assert views._submit(2) is not None and views._take_slot() is None  # both slots taken
+    threading.Timer(0.2, gate.set).start()
+    got = views._host_image(5)  # waits for item 2's decode to fail, then takes its slot
+    assert torch.equal(got, torch.from_numpy(scene.images[data.indices[5]]))
+    with pytest.raises(OSError, match="item 2"):
+        views._host_image(2)
+    views.close()

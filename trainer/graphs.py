@@ -67,16 +67,20 @@ class CapturedGraphs:
     inputs' gradients (None for inputs without requires_grad). Raises what CUDA raises when it
     refuses the capture (torch.AcceleratorError, a RuntimeError).
 
-    Both captures run on a side stream after one device synchronization, without what
-    ``torch.cuda.graph`` adds around each capture (emptying the caching allocator's and the
-    pinned-memory cache): a training run captures again at every densification step, and an
-    emptied cache makes the steps after it allocate their memory from the driver again."""
+    Both captures run on a side stream after one device synchronization and one emptying of the
+    caching allocator: the memory pool of a superseded capture, once its graphs are gone, is
+    only marked freeable, and returns to the device at the next ``torch.cuda.empty_cache()``
+    (an allocation that fails outside a capture also frees it, one inside a capture does not);
+    without it a run's reserved memory would grow by one pool at every densification step.
+    ``torch.cuda.graph`` does the same before each of its captures, and also empties the
+    pinned-memory cache, which is left alone here."""
 
     def __init__(self, fn: Callable, inputs: tuple):
         pool = torch.cuda.graph_pool_handle()
         self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         self.inputs = inputs
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # superseded captures' pools (see above)
         stream = torch.cuda.Stream()
         self.outputs = tuple(_captured(self.forward, pool, stream, lambda: fn(*inputs)))
         differentiable = [o for o in self.outputs if o.requires_grad]
@@ -99,15 +103,26 @@ def _captured(graph: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream, work
     with torch.cuda.stream(stream):
         graph.capture_begin(pool=pool)
         try:
-            return work()
-        finally:
-            graph.capture_end()
+            out = work()
+        except BaseException:
+            try:
+                graph.capture_end()  # end the invalidated capture; its own error would hide work's
+            except RuntimeError:
+                pass
+            raise
+        graph.capture_end()
+        return out
 
 
 class _Replay(torch.autograd.Function):
     """Forward: copy the inputs into the static ones (unless they are the same memory), replay
     the forward graph, return the static outputs; backward: copy the incoming gradients into the
-    static ones (zeros where none came), replay the backward graph, return the inputs' gradients."""
+    static ones (zeros where none came), replay the backward graph, return the inputs' gradients.
+    Those gradients share the static buffers' memory (autograd may keep them as the parameters'
+    ``.grad``): the next replay overwrites them, so a step must consume them (the optimizer) and
+    drop them (``grad = None``, as model.optimizer_step does) before the next backward; summing
+    two backward passes in one ``.grad`` is not supported (torch.cuda.make_graphed_callables
+    returns its static buffers the same way)."""
 
     @staticmethod
     def forward(ctx, graphs: CapturedGraphs, *inputs):

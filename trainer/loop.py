@@ -101,6 +101,7 @@ class Trainer:
             host_cache_bytes=int(cfg.image_cache_gb * 2**30),
             decode_threads=cfg.decode_threads,
             items_at=lambda step: self.sampler.batch_at(step),
+            batch_size=cfg.batch_size,
         )
         if self.views.channels == 4 and cfg.raster == "fused":
             raise ValueError(

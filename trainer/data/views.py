@@ -30,7 +30,8 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Callable, Optional
 
 import numpy as np
@@ -57,8 +58,8 @@ class TrainViews:
     on the device (0 keeps them on the host). ``host_cache_bytes``: 0 keeps every decoded image
     on the host when they stay there; > 0 bounds them to that many bytes (streaming).
     ``items_at(step)``: the dataset items step ``step`` trains on (the sampler), which streaming
-    decodes ahead. Raises ValueError for a share outside [0, 1] or a cache smaller than the
-    largest batch it must hold.
+    decodes ahead; ``batch_size``: the most items a step trains on. Raises ValueError for a share
+    outside [0, 1] or a cache that holds fewer than two batches.
     """
 
     def __init__(
@@ -70,6 +71,7 @@ class TrainViews:
         items_at: Optional[Callable[[int], list[int]]] = None,
         lookahead: int = 16,
         decode_threads: int = 0,
+        batch_size: int = 1,
     ):
         if not 0.0 <= device_share <= 1.0:
             raise ValueError(f"--device_images_share must be in [0, 1], got {device_share}")
@@ -100,15 +102,15 @@ class TrainViews:
             self.images = self._decoded(lambda im: im)  # the dataset's own arrays (shared memory) for RGB
         else:
             self.slot_bytes = max(self.sizes)
-            self.num_slots = self.cache_bytes // self.slot_bytes
-            if self.num_slots < 2:
+            self._arenas = self._allocate_slots()
+            self._slot_at = [(a, row) for a, arena in enumerate(self._arenas) for row in range(arena.shape[0])]
+            self.num_slots = len(self._slot_at)
+            if self.num_slots < 2 * batch_size:
                 raise ValueError(
-                    f"--image_cache_gb {self.cache_bytes / 2**30:g} holds less than two images "
-                    f"({self.slot_bytes / 2**20:,.1f} MB each); raise it"
+                    f"--image_cache_gb {self.cache_bytes / 2**30:g} holds {self.num_slots} images of "
+                    f"{self.slot_bytes / 2**20:,.1f} MB, less than two batches of {batch_size}; raise it"
                 )
-            pin = self.device.type == "cuda"
-            self._arena = torch.empty((self.num_slots, self.slot_bytes), dtype=torch.uint8, pin_memory=pin)
-            self._arena_np = self._arena.numpy()  # the decode threads write through this view
+            self._arenas_np = [arena.numpy() for arena in self._arenas]  # the decode threads write through these
             self._cache: OrderedDict[int, int] = OrderedDict()  # decoded item -> slot, least recent first
             self._pending: dict[int, tuple[int, Future]] = {}  # item being decoded -> (slot, its decode)
             self._free = list(range(self.num_slots))
@@ -120,6 +122,22 @@ class TrainViews:
             self.decodes, self.waits, self.wait_seconds = 0, 0, 0.0  # decodes made; times a step waited for one
         if self.where != "host" or self.channels == 4:
             dataset.release_images()  # the copies above (or the stream's) are the only ones kept
+
+    def _allocate_slots(self) -> list[torch.Tensor]:
+        """The streaming cache's buffers, uint8 [slots, slot_bytes] each, at most ``cache_bytes``
+        together. On a GPU they are pinned, and torch's pinned-memory allocator rounds every
+        request up to a power of two: so each buffer is a power of two in size (the largest that
+        fits what is left of the bound) holding as many slots as fit in it."""
+        arenas, left = [], self.cache_bytes
+        while left >= self.slot_bytes:
+            chunk = 1 << (left.bit_length() - 1)  # the largest power of two <= left
+            slots = chunk // self.slot_bytes
+            if slots == 0:
+                break
+            pin = self.device.type == "cuda"
+            arenas.append(torch.empty((slots, self.slot_bytes), dtype=torch.uint8, pin_memory=pin))
+            left -= chunk
+        return arenas
 
     def _placement(self, device_share: float) -> str:
         if self.device.type == "cuda":
@@ -187,14 +205,16 @@ class TrainViews:
         if self.where in ("device", "host") or self.device.type != "cuda":
             return
         self._held = set(items)
-        host = [self._host_image(i) for i in items]  # streaming: waits for their decode
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the buffer's memory is free
-        with torch.cuda.stream(self._stream):
-            images = self._upload(host)
-            ready = torch.cuda.Event()
-            ready.record(self._stream)
-        self._uploaded(items, ready)
-        self._held = set()
+        try:
+            host = [self._host_image(i) for i in items]  # streaming: waits for their decode
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the buffer's memory is free
+            with torch.cuda.stream(self._stream):
+                images = self._upload(host)
+                ready = torch.cuda.Event()
+                ready.record(self._stream)
+            self._uploaded(items, ready)
+        finally:
+            self._held = set()
         self._ahead = (tuple(items), images, ready)
 
     def _copy(self, items: list[int]) -> torch.Tensor:
@@ -242,8 +262,9 @@ class TrainViews:
                     uploads = [self._uploads[slot] for slot in self._evictable_slots() if slot in self._uploads]
                     if uploads:
                         blocker = uploads[0].synchronize
-                    elif self._pending:
-                        blocker = next(iter(self._pending.values()))[1].result
+                    elif self._pending:  # without its result: another item's failed decode is not ours
+                        other = next(iter(self._pending.values()))[1]
+                        blocker = partial(wait, [other])
             if blocker is None:
                 raise RuntimeError("image cache: no slot can be freed for a decode")  # _plan's check prevents it
             t0 = time.perf_counter() if t0 is None else t0
@@ -255,7 +276,8 @@ class TrainViews:
 
     def _slot_view(self, i: int, slot: int) -> torch.Tensor:
         h, w = self._shape(i)
-        return self._arena[slot, : self.sizes[i]].view(h, w, self.channels)
+        arena, row = self._slot_at[slot]
+        return self._arenas[arena][row, : self.sizes[i]].view(h, w, self.channels)
 
     def _shape(self, i: int) -> tuple[int, int]:
         camera = self.dataset.scene.cameras[self.dataset.indices[i]]
@@ -303,7 +325,8 @@ class TrainViews:
         def decode():
             try:
                 image = self._load_array(i)
-                self._arena_np[slot, : image.size] = image.reshape(-1)  # numpy: no CUDA call on this thread
+                arena, row = self._slot_at[slot]
+                self._arenas_np[arena][row, : image.size] = image.reshape(-1)  # numpy: no CUDA call here
             except BaseException:
                 with self._lock:
                     self._pending.pop(i, None)
@@ -330,7 +353,7 @@ class TrainViews:
         total = 0
         for s in range(step, step + self.lookahead + 1):
             items = self.items_at(s)  # type: ignore[misc]  # streaming views always have items_at (__init__)
-            if not window and 2 * len(items) > self.num_slots:
+            if 2 * len(items) > self.num_slots:  # a batch larger than the batch_size given
                 size = sum(self.sizes[i] for i in items)
                 raise ValueError(
                     f"--image_cache_gb {self.cache_bytes / 2**30:g} holds less than two batches of "
