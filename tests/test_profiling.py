@@ -155,4 +155,38 @@ def test_profile_window_writes_trace_summary_and_phases_on_cpu(tmp_path, capsys)
         phases = json.loads((prof / "phases_rank0.json").read_text())
         assert phases["steps"] == 3 and phases["median_ms"]["total"] > 0
         assert (prof / "trace_rank0.json").stat().st_size > 0
-    assert capsys.readouterr().out.count("profile: no device events over 3 steps") == 2
+    out, err = capsys.readouterr()
+    assert out.count("profile: no device events over 3 steps") == 2
+    assert err.count("--profile_mode device: a CPU run has no device activity") == 1  # said once, for device
+
+
+def test_profile_window_past_the_end_is_refused_and_a_cut_window_says_so(tmp_path, capsys):
+    """A window that starts at or after the last step is an error before anything runs; one that
+    runs past the end covers the steps that exist, says so, and divides by them."""
+    import pytest
+
+    from splat_train.trainer.cli import parse_args
+    from test_cli import run
+
+    with pytest.raises(ValueError, match="--profile: the window starts at step 100"):  # main: one line, exit 2
+        parse_args(["default", "--max_steps", "30", "--profile"])  # the window starts at step 100
+    out_dir = tmp_path / "cut"
+    assert (
+        run(
+            "--max_steps",
+            "6",
+            "--num_traj_frames",
+            "0",
+            "--profile",
+            "--profile_start_step",
+            "4",
+            "--profile_num_steps",
+            "5",
+            "--result_dir",
+            str(out_dir),
+        )
+        == 0
+    )
+    summary = json.loads((out_dir / "profile" / "summary_rank0.json").read_text())
+    assert summary["steps"] == 2
+    assert "--profile: the window covers steps 4-5, 2 of --profile_num_steps 5" in capsys.readouterr().err

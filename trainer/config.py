@@ -315,7 +315,7 @@ def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
             values[f.name] = [int(v * factor) for v in value]
         else:
             scaled = int(value * factor)
-            if f.name.endswith(("_every", "_interval", "_warmup")) or f.name == "max_steps":
+            if f.name.endswith(("_every", "_interval", "_warmup")) or f.name in ("max_steps", "profile_num_steps"):
                 scaled = max(scaled, 1)
             values[f.name] = scaled
     return Schedule(**values)
@@ -348,6 +348,12 @@ def validate(cfg: Config) -> None:
         (cfg.schedule.sh_degree_interval >= 1, "--sh_degree_interval must be >= 1"),
         (cfg.schedule.refine_every >= 1, "--refine_every must be >= 1"),
         (cfg.schedule.reset_every >= 1, "--reset_every must be >= 1"),
+        (cfg.schedule.profile_num_steps >= 1, "--profile_num_steps must be >= 1"),
+        (
+            not cfg.profile or cfg.schedule.profile_start_step < cfg.schedule.max_steps,
+            f"--profile: the window starts at step {cfg.schedule.profile_start_step} (--profile_start_step), "
+            f"but the run ends at --max_steps {cfg.schedule.max_steps}; lower --profile_start_step",
+        ),
         (not (cfg.resume and cfg.overwrite), "--resume and --overwrite cannot be combined"),
         (
             not (cfg.auto_resume and (cfg.overwrite or cfg.ckpt)),

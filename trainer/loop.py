@@ -132,6 +132,17 @@ class Trainer:
             # call (data/views.py), so nothing but the capture touches CUDA while it runs
             else None
         )  # --cuda_graphs
+        if cfg.cuda_graphs == "on" and self.graphed_head is None:
+            why = (
+                "a CPU run"
+                if self.device.type != "cuda"
+                else "--pipeline gsplat-dist"
+                if cfg.pipeline != "ours"
+                else "--packed"
+                if cfg.packed
+                else "--random_tile_shift"
+            )
+            self.report.warn(f"--cuda_graphs on: graphs do not apply to this run ({why}); its steps run eagerly")
         self._tb_image: Optional[torch.Tensor] = None  # --tb_save_image: the last logged training render
         self.loss_backend = losses.training_loss_backend(self.device, cfg.ssim_backend)
         torch.manual_seed(cfg.seed + ctx.rank)
@@ -738,6 +749,18 @@ class Trainer:
         out_dir = self.result_dir / "profile"
         out_dir.mkdir(parents=True, exist_ok=True)
         self._phase_log: list = []
+        first = max(s.profile_start_step, self.step)
+        steps = min(s.profile_num_steps, s.max_steps - first)  # the window's steps this run reaches
+        if steps < 1:  # resumed past the window
+            self.report.warn(f"--profile: this run starts at step {self.step}, after the window; nothing is profiled")
+            return None
+        if steps < s.profile_num_steps:
+            self.report.warn(
+                f"--profile: the window covers steps {first}-{first + steps - 1}, {steps} of --profile_num_steps "
+                f"{s.profile_num_steps} (the run ends at step {s.max_steps})"
+            )
+        if self.cfg.profile_mode == "device" and self.device.type != "cuda":
+            self.report.warn("--profile_mode device: a CPU run has no device activity; its host operators are recorded")
         activities = [] if self._device_only_profile() else [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -748,7 +771,7 @@ class Trainer:
 
             trace_path = out_dir / f"trace_rank{rank}.json"
             prof.export_chrome_trace(str(trace_path))
-            summary = summarize_trace(json.loads(trace_path.read_text()), s.profile_num_steps)
+            summary = summarize_trace(json.loads(trace_path.read_text()), steps)
             checkpoint.atomic_write(
                 out_dir / f"summary_rank{rank}.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2))
             )
@@ -761,7 +784,7 @@ class Trainer:
             schedule=torch.profiler.schedule(
                 wait=wait,
                 warmup=1 if wait or self.step < s.profile_start_step else 0,
-                active=s.profile_num_steps,
+                active=steps,
                 repeat=1,
             ),
         )

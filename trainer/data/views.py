@@ -43,6 +43,14 @@ from .sampler import Dataset
 DECODE_THREADS = min(8, os.cpu_count() or 1)
 
 
+def readable_size(num_bytes: int) -> str:
+    """``num_bytes`` in the largest binary unit that keeps it >= 1 (three significant digits)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.3g} {unit}"
+    return f"{num_bytes} bytes"
+
+
 def rows_of(source: list | torch.Tensor, items: list[int]) -> torch.Tensor:
     """``source[items]`` stacked, [B, ...]: one item is a view of its row (no kernel, no copy);
     several are one stack. ``source``: a tensor or a list of equally shaped tensors."""
@@ -107,8 +115,8 @@ class TrainViews:
             self.num_slots = len(self._slot_at)
             if self.num_slots < 2 * batch_size:
                 raise ValueError(
-                    f"--image_cache_gb {self.cache_bytes / 2**30:g} holds {self.num_slots} images of "
-                    f"{self.slot_bytes / 2**20:,.1f} MB, less than two batches of {batch_size}; raise it"
+                    f"--image_cache_gb ({readable_size(self.cache_bytes)}) holds {self.num_slots} images of "
+                    f"{readable_size(self.slot_bytes)}, less than two batches of {batch_size}; raise it"
                 )
             self._arenas_np = [arena.numpy() for arena in self._arenas]  # the decode threads write through these
             self._cache: OrderedDict[int, int] = OrderedDict()  # decoded item -> slot, least recent first
@@ -356,9 +364,9 @@ class TrainViews:
             if 2 * len(items) > self.num_slots:  # a batch larger than the batch_size given
                 size = sum(self.sizes[i] for i in items)
                 raise ValueError(
-                    f"--image_cache_gb {self.cache_bytes / 2**30:g} holds less than two batches of "
-                    f"step {s} ({size / 2**20:,.1f} MB each, {self.num_slots} slots of "
-                    f"{self.slot_bytes / 2**20:,.1f} MB); raise it"
+                    f"--image_cache_gb ({readable_size(self.cache_bytes)}) holds less than two batches of "
+                    f"step {s} ({readable_size(size)} each, {self.num_slots} slots of "
+                    f"{readable_size(self.slot_bytes)}); raise it"
                 )
             if window and total + len(items) > self.num_slots // 2:
                 break
