@@ -149,6 +149,7 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
         test_psnr=(metrics or {}).get("psnr"),
         test_ssim=(metrics or {}).get("ssim"),
         fused_tiles=trainer.last_fused_stats or None,
+        cuda_graph_captures=trainer.graphed_head.captures if trainer.graphed_head is not None else None,
         ssim_backend=(trainer.loss_backend if trainer.loss_backend != "auto" else _ssim_backend(ctx.device)),
     )
     Path(out_file).write_text(json.dumps(result, indent=2))
@@ -423,6 +424,12 @@ def markdown(report: dict) -> str:
             _fused_cell(ranks),
         ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    graphed = [
+        f"{e['variant']} (W={e['world_size']}): {e['ranks'][0]['cuda_graph_captures']} captures"
+        for e in report["variants"]
+        if "ranks" in e and e["ranks"][0].get("cuda_graph_captures")
+    ]
+    lines += ["", "CUDA graphs (--cuda_graphs; rank 0, whole run): " + ("; ".join(graphed) or "none")]
     return "\n".join(lines) + "\n"
 
 
