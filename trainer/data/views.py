@@ -12,7 +12,7 @@ so a batch's masks travel with its images in one copy. Where they live (``TrainV
 * "stream": when ``host_cache_bytes`` > 0 and they do not go to the device (a dataset beyond
   memory): decoded on background threads ``lookahead`` steps ahead of their use (the sampler is a
   pure function of the step) into a cache of at most ``host_cache_bytes``, least recently used
-  first out; on a GPU the next batch is copied ahead on a side stream. The cache is one buffer
+  first out; on a GPU the next batch is copied ahead on a side stream. The cache is a few buffers
   (pinned on a GPU) of equal slots, each the size of the largest image, allocated once: the decode
   threads write into a slot with numpy and make no CUDA call, so the step's CUDA graphs can be
   captured while they run, and no pinned memory is allocated after the start. The training thread
@@ -124,6 +124,7 @@ class TrainViews:
             self._free = list(range(self.num_slots))
             self._uploads: dict[int, torch.cuda.Event] = {}  # slot -> the event after its last upload
             self._held: set[int] = set()  # items whose slots are being handed out for an upload
+            self._used_bytes = 0  # the images cached or being decoded
             self._lock = threading.Lock()
             self._pool = ThreadPoolExecutor(max_workers=self.decode_threads, thread_name_prefix="decode")
             self.peak_cache_bytes = 0
@@ -300,11 +301,14 @@ class TrainViews:
                 if i in self._cache:
                     self._uploads[self._cache[i]] = event
 
-    def _evictable_slots(self) -> list[int]:
-        """Slots of cached items outside the planned window and not being handed out, least
-        recently used first (the caller holds the lock)."""
+    def _evictable(self) -> list[tuple[int, int]]:
+        """(item, slot) of the cached items outside the planned window and not being handed out,
+        least recently used first (the caller holds the lock)."""
         keep = self._window_items() | self._held
-        return [slot for i, slot in self._cache.items() if i not in keep]
+        return [(i, slot) for i, slot in self._cache.items() if i not in keep]
+
+    def _evictable_slots(self) -> list[int]:
+        return [slot for _, slot in self._evictable()]
 
     def _take_slot(self) -> Optional[int]:
         """A slot for a new decode: a free one, else that of the least recently used evictable
@@ -312,14 +316,12 @@ class TrainViews:
         lock)."""
         if self._free:
             return self._free.pop()
-        keep = self._window_items() | self._held
-        for i, slot in self._cache.items():
-            if i in keep:
-                continue
+        for i, slot in self._evictable():
             event = self._uploads.get(slot)
             if event is None or event.query():
                 del self._cache[i]
                 self._uploads.pop(slot, None)
+                self._used_bytes -= self.sizes[i]
                 return slot
         return None
 
@@ -339,16 +341,17 @@ class TrainViews:
                 with self._lock:
                     self._pending.pop(i, None)
                     self._free.append(slot)
+                    self._used_bytes -= self.sizes[i]
                 raise
             with self._lock:
                 self.decodes += 1
                 self._pending.pop(i, None)
                 self._cache[i] = slot
-                used = sum(self.sizes[j] for j in self._cache) + sum(self.sizes[j] for j in self._pending)
-                self.peak_cache_bytes = max(self.peak_cache_bytes, used)
 
         future = self._pool.submit(decode)
         self._pending[i] = (slot, future)
+        self._used_bytes += self.sizes[i]
+        self.peak_cache_bytes = max(self.peak_cache_bytes, self._used_bytes)
         return future
 
     def _window_items(self) -> set[int]:
