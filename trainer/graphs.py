@@ -28,6 +28,7 @@ key's data_ptr sound: a new parameter cannot reuse the address of one a live cap
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 import warnings
@@ -58,6 +59,24 @@ def graphable(device: torch.device, packed: bool, sizes: list[tuple[int, int]]) 
     return device.type == "cuda" and not packed and len(set(sizes)) == 1
 
 
+DEAD_POOL_SLACK = 1 << 30  # bytes the caching allocator may hold unused before a capture empties it
+
+
+def release_dead_pools() -> None:
+    """Before a capture: empty the caching allocator when it holds more than DEAD_POOL_SLACK
+    bytes (or 1/16 of the device, if less) reserved but unused. A superseded capture's memory
+    pool, once its graphs are gone, is only marked freeable: it returns to the device at the next
+    ``torch.cuda.empty_cache()``, or when an allocation outside a capture fails (one inside a
+    capture cannot free it). Emptying at every capture (what ``torch.cuda.graph`` does) bounds
+    that but frees the eager steps' cached blocks too, at a device synchronization per block,
+    and the steps after it allocate them again; with a slack, a run that captures at every
+    densification empties the cache only when the dead pools add up."""
+    device = torch.cuda.current_device()
+    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if unused > min(DEAD_POOL_SLACK, torch.cuda.get_device_properties(device).total_memory // 16):
+        torch.cuda.empty_cache()
+
+
 class CapturedGraphs:
     """A function's forward and backward, captured as two CUDA graphs on one memory pool.
 
@@ -67,20 +86,15 @@ class CapturedGraphs:
     inputs' gradients (None for inputs without requires_grad). Raises what CUDA raises when it
     refuses the capture (torch.AcceleratorError, a RuntimeError).
 
-    Both captures run on a side stream after one device synchronization and one emptying of the
-    caching allocator: the memory pool of a superseded capture, once its graphs are gone, is
-    only marked freeable, and returns to the device at the next ``torch.cuda.empty_cache()``
-    (an allocation that fails outside a capture also frees it, one inside a capture does not);
-    without it a run's reserved memory would grow by one pool at every densification step.
-    ``torch.cuda.graph`` does the same before each of its captures, and also empties the
-    pinned-memory cache, which is left alone here."""
+    Both captures run on a side stream after one device synchronization and
+    :func:`release_dead_pools`."""
 
     def __init__(self, fn: Callable, inputs: tuple):
         pool = torch.cuda.graph_pool_handle()
         self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         self.inputs = inputs
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()  # superseded captures' pools (see above)
+        release_dead_pools()
         stream = torch.cuda.Stream()
         self.outputs = tuple(_captured(self.forward, pool, stream, lambda: fn(*inputs)))
         differentiable = [o for o in self.outputs if o.requires_grad]
@@ -95,6 +109,47 @@ class CapturedGraphs:
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
         return _Replay.apply(self, *inputs)
+
+    def replay_forward(self, *inputs: torch.Tensor) -> tuple:
+        """Copy ``inputs`` into the static inputs (unless they are the same memory), replay the
+        forward graph; returns the static outputs (overwritten by the next replay)."""
+        for static, x in zip(self.inputs, inputs):
+            if static.data_ptr() != x.data_ptr():
+                static.copy_(x)
+        self.forward.replay()
+        return self.outputs
+
+    def replay_backward(self, grads: Optional[tuple] = None) -> tuple:
+        """Replay the backward graph; returns the static ``grad_inputs``. ``grads`` (aligned with
+        ``grad_outputs``, None for a zero gradient) are copied in first; without them the
+        static ``grad_outputs`` are read as they are (a graph that wrote them itself)."""
+        if grads is not None:
+            for static, g in zip(self.grad_outputs, grads):
+                if g is None:
+                    static.zero_()
+                elif static.data_ptr() != g.data_ptr():
+                    static.copy_(g)
+        self.backward.replay()
+        return self.grad_inputs
+
+
+class CapturedCall:
+    """``fn(*inputs)`` captured as one CUDA graph on a memory pool of its own: work that takes its
+    own gradients (``torch.autograd.grad`` inside ``fn``), so no autograd node outlives it.
+    ``replay()`` runs it again on what the static ``inputs`` hold now and returns the static
+    ``outputs``. Captured as :class:`CapturedGraphs` captures (side stream, the device cache
+    emptied first); raises what CUDA raises when it refuses the capture."""
+
+    def __init__(self, fn: Callable, inputs: tuple):
+        self.graph, self.inputs = torch.cuda.CUDAGraph(), inputs
+        torch.cuda.synchronize()
+        release_dead_pools()
+        pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+        self.outputs = tuple(_captured(self.graph, pool, stream, lambda: fn(*inputs)))
+
+    def replay(self) -> tuple:
+        self.graph.replay()
+        return self.outputs
 
 
 def _captured(graph: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream, work: Callable):
@@ -126,25 +181,30 @@ class _Replay(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graphs: CapturedGraphs, *inputs):
-        for static, x in zip(graphs.inputs, inputs):
-            if static.data_ptr() != x.data_ptr():
-                static.copy_(x)
-        graphs.forward.replay()
         ctx.graphs = graphs
-        return tuple(o.detach() for o in graphs.outputs)
+        return tuple(o.detach() for o in graphs.replay_forward(*inputs))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
         graphs: CapturedGraphs = ctx.graphs
-        incoming = [g for o, g in zip(graphs.outputs, grads) if o.requires_grad]
-        for static, g in zip(graphs.grad_outputs, incoming):
-            if g is None:
-                static.zero_()
-            elif static.data_ptr() != g.data_ptr():
-                static.copy_(g)
-        graphs.backward.replay()
-        return (None, *(g.detach() if g is not None else None for g in graphs.grad_inputs))
+        incoming = tuple(g for o, g in zip(graphs.outputs, grads) if o.requires_grad)
+        grad_inputs = graphs.replay_backward(incoming)
+        return (None, *(g.detach() if g is not None else None for g in grad_inputs))
+
+
+@contextlib.contextmanager
+def collector_held():
+    """The garbage collector off for the block (a capture): a graph kept alive only by some
+    reference cycle must not be destroyed mid-capture, where freeing its memory pool is an
+    operation CUDA refuses ("operation not permitted when stream is capturing")."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def capture_graphs(fn: Callable, inputs: tuple) -> CapturedGraphs:
@@ -214,10 +274,12 @@ class GraphedHead:
         self._key: Optional[tuple] = None
         self._replay: Optional[Callable] = None
         self._eager: Optional[Callable] = None  # the function of a key whose capture failed
+        self._warmed: set = set()  # the keys, less the parameters, of the successful captures
 
-    def _capture(self, fn: Callable, tensors: tuple, cams: tuple) -> Callable:
-        """Warm ``fn`` up once eagerly (lazy loading and first-call work stay out of the capture),
-        then capture it on inputs that are new autograd leaves: the parameters' storage under new
+    def _capture(self, fn: Callable, tensors: tuple, cams: tuple, warm_up: bool = True) -> Callable:
+        """Warm ``fn`` up once eagerly (lazy loading and first-call work stay out of the capture;
+        ``warm_up`` False skips it where the same sizes, SH degree and camera count were warmed
+        up before, so only the Gaussian count or a parameter tensor changed), then capture it on inputs that are new autograd leaves: the parameters' storage under new
         leaves (same data_ptr, so a replay copies nothing) and copies of the cameras (a replay
         writes each step's cameras into them). New leaves matter: a parameter's AccumulateGrad
         node may still be alive from an earlier step's graph, bound to the default stream, and a
@@ -235,24 +297,28 @@ class GraphedHead:
                 c.detach().clone().requires_grad_(c.requires_grad) for c in cams
             )
 
-        warm = leaves()
-        outputs = [o for o in fn(*warm) if o.requires_grad]
-        torch.autograd.grad(outputs, [t for t in warm if t.requires_grad], [torch.ones_like(o) for o in outputs])
-        del warm, outputs
+        if warm_up:
+            warm = leaves()
+            outputs = [o for o in fn(*warm) if o.requires_grad]
+            torch.autograd.grad(outputs, [t for t in warm if t.requires_grad], [torch.ones_like(o) for o in outputs])
+            del warm, outputs
         if tensors[0].is_cuda:
             torch.cuda.synchronize(tensors[0].device)
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with collector_held():
             return self.capture(fn, leaves())
-        finally:
-            if collecting:
-                gc.enable()
 
     def head(self, params: Mapping[str, torch.Tensor]) -> Callable:
         return partial(self, params)
 
     def __call__(self, params, viewmats, Ks, campos, sizes, sh_degree) -> dict[str, torch.Tensor]:
+        run, inputs = self.prepare(params, viewmats, Ks, campos, sizes, sh_degree)
+        return dict(zip(OUTPUT_KEYS, run(*inputs)))
+
+    def prepare(self, params, viewmats, Ks, campos, sizes, sh_degree) -> tuple[Callable, tuple]:
+        """(what runs the head for these arguments, its inputs): the capture of their key (a
+        :class:`CapturedGraphs` unless ``capture`` made something else), captured now when the
+        key is new, or the eager function where captures failed or stopped. Arguments as
+        :meth:`__call__`'s."""
         tensors = tuple(params[k] for k in PARAM_KEYS)
         cams = (viewmats, Ks, campos)
         key = (
@@ -282,7 +348,9 @@ class GraphedHead:
                 self._recent.append(self.calls)
                 start = time.perf_counter()
                 try:
-                    self._replay = self._capture(fn, tensors, cams)
+                    warmed = (key[0], key[1], key[3])  # all but the parameters
+                    self._replay = self._capture(fn, tensors, cams, warm_up=warmed not in self._warmed)
+                    self._warmed.add(warmed)
                     self.captures += 1
                     self.capture_seconds += time.perf_counter() - start
                 except RuntimeError as e:  # torch.AcceleratorError is one
@@ -295,4 +363,4 @@ class GraphedHead:
                         (self.warn or warnings.warn)(line)
         run = self._replay or self._eager
         assert run is not None
-        return dict(zip(OUTPUT_KEYS, run(*tensors, *cams)))
+        return run, (*tensors, *cams)
