@@ -199,3 +199,30 @@ def test_cuda_graphs_flag_is_inert_on_the_cpu(capsys):
     assert t.cfg.cuda_graphs == "on" and t.graphed_head is None
     assert "--cuda_graphs on: graphs do not apply to this run (a CPU run)" in capsys.readouterr().err
     t.train_step(0)
+
+
+def test_a_capture_warms_up_only_for_sizes_degree_and_cameras_not_seen_before():
+    """The eager warm-up before a capture (lazy loading, first-call work) runs for a new image
+    size, SH degree or camera count, not when only the Gaussians changed (a densification)."""
+    import types
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return reference.fully_fused_projection(*args, **kwargs)
+
+    ops = types.SimpleNamespace(fully_fused_projection=counting, spherical_harmonics=reference.spherical_harmonics)
+    capture = FakeCapture()
+    head = GraphedHead(ops, 0.01, 1e10, capture=capture)
+    cams = _cams()
+    campos = torch.linalg.inv(cams.viewmats)[:, :3, 3]
+    sizes = [(cams.width, cams.height)] * 2
+    warm_ups = []
+    for n, sh_degree in ((80, 1), (90, 1), (70, 1), (70, 0), (60, 0), (60, 1)):
+        before = len(calls) + 0
+        replays = capture.replays
+        head(_raw_params(n=n), cams.viewmats, cams.Ks, campos, sizes, sh_degree)  # new parameters: a capture
+        warm_ups.append(len(calls) - before - (capture.replays - replays))
+    assert head.captures == 6
+    assert warm_ups == [1, 0, 0, 1, 0, 0]

@@ -35,6 +35,8 @@ from .losses import opacity_reg, photometric_loss, scale_reg
 from .aux_modules import pose_perturbation
 from .model import activated, create_optimizers, create_shard, initial_points, means_lr_scheduler, optimizer_step
 from .graphs import GraphedHead, graphable, use_cuda_graphs
+from . import step_graphs
+from .step_graphs import GraphedStep
 from .profiling import PhaseTimer
 from .report import Reporter
 from .render import (
@@ -177,6 +179,13 @@ class Trainer:
             params, optimizers, scheduler, strategy, initialize_state(strategy, self.scene_scale)
         )
         self.aux, self.aux_optimizers = self._make_aux_modules()
+        # --cuda_graphs at W = 1 with nothing but the photometric loss: the whole step replayed
+        # around gsplat's tile intersection (step_graphs.py); anything else runs the eager step
+        self.graphed_step = (
+            GraphedStep(self.graphed_head, self.ops, self.photometric, cfg.densify.absgrad, warn=self.report.warn)
+            if self.graphed_head is not None and step_graphs.applies(cfg, ctx.world_size, self.raster, self.aux)
+            else None
+        )
         self.step = 0  # completed steps
         self._stats_step = 0  # step of the previous train stats file
         self.evaluation = evaluate.Evaluation(
@@ -328,6 +337,59 @@ class Trainer:
         backgrounds = torch.rand(C, 3, device=self.device) if cfg.random_bkgd else None
         self.ctx.stats.phase = "forward"
         timer = self.timer
+        graphed = None
+        if (
+            self.graphed_step is not None
+            and keep is None
+            and layout is not None
+            and layout.viewmats is not None
+            and graphable(self.device, cfg.packed, layout.sizes)
+        ):
+            graphed = self.graphed_step(
+                self.params,
+                layout.viewmats,
+                layout.Ks,
+                layout.campos,
+                width,
+                height,
+                self.sh_degree_at(step),
+                gts,
+                backgrounds,
+                timer,
+            )  # None: this step runs eagerly (step_graphs.py)
+        if graphed is not None:
+            loss, parts, info = graphed.loss, graphed.parts, graphed.info
+        else:
+            loss, parts, info = self._eager_forward_backward(
+                step, cams, layout, items, item_ids, windows, gts, keep, backgrounds, origin
+            )
+        timer.begin("optimizer")
+        # the Gaussians' Adams (one launch on a GPU); --visible_adam / --sparse_grad: visible ones only
+        optimizer_step(self.optimizers, visible_gaussians(info) if self.selective_adam else None)
+        for opt in self.aux_optimizers.values():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for scheduler in self.aux_schedulers.values():
+            scheduler.step()
+        self.scheduler.step()
+        timer.begin("densification")
+        densify.post_backward(self.shard, cfg, step, info)
+        self.last_phases = timer.end_step()
+        # tensors stay on the device: converting them here would synchronize every step
+        return dict(
+            loss=loss.detach(),
+            l1=parts["l1"],
+            ssim=parts["ssim"],
+            num_gaussians=int(self.params["means"].shape[0]),
+            num_isects=info.num_isects,
+            **({"depth": parts["depth"].detach()} if "depth" in parts else {}),
+        )
+
+    def _eager_forward_backward(self, step, cams, layout, items, item_ids, windows, gts, keep, backgrounds, origin):
+        """The forward pass, loss and backward of :meth:`train_step` through autograd (what
+        step_graphs.GraphedStep replays where it applies); returns (loss, its parts, the pass's
+        RenderInfo)."""
+        cfg, timer, C = self.cfg, self.timer, len(items)
         fused = self.raster == "fused"
         if cfg.pipeline == "gsplat-dist":
             result = self._render_gsplat_dist(cams, self.sh_degree_at(step), backgrounds)
@@ -377,16 +439,7 @@ class Trainer:
             if keep is not None:  # masked pixels: 0 in render and ground truth (data/masks.py)
                 colors, gts = colors * keep, gts * keep
             result.colors = colors
-            if self.loss_backend == "fused_l1_ssim":  # L1 + D-SSIM in two kernels, uint8 ground truth
-                loss, parts = fused_l1_ssim_loss(colors, gts, cfg.ssim_lambda, padding="valid")
-            else:  # valid-padded SSIM, as gsplat simple_trainer's fused_ssim call
-                loss, parts = photometric_loss(
-                    colors,
-                    uint8_to_unit(gts),
-                    cfg.ssim_lambda,
-                    ssim_padding="valid",
-                    ssim_backend_name=None if self.loss_backend == "auto" else self.loss_backend,
-                )
+            loss, parts = self.photometric(colors, gts)
             if cfg.depth_loss:
                 parts["depth"] = self._depth_loss(result.depths, items, windows)
                 loss = loss + cfg.depth_lambda * parts["depth"]
@@ -409,26 +462,20 @@ class Trainer:
         self.ctx.stats.phase = "backward"
         timer.begin("backward_raster")
         total.backward()
-        timer.begin("optimizer")
-        # the Gaussians' Adams (one launch on a GPU); --visible_adam / --sparse_grad: visible ones only
-        optimizer_step(self.optimizers, visible_gaussians(result.info) if self.selective_adam else None)
-        for opt in self.aux_optimizers.values():
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        for scheduler in self.aux_schedulers.values():
-            scheduler.step()
-        self.scheduler.step()
-        timer.begin("densification")
-        densify.post_backward(self.shard, cfg, step, result.info)
-        self.last_phases = timer.end_step()
-        # tensors stay on the device: converting them here would synchronize every step
-        return dict(
-            loss=loss.detach(),
-            l1=parts["l1"],
-            ssim=parts["ssim"],
-            num_gaussians=int(self.params["means"].shape[0]),
-            num_isects=result.info.num_isects,
-            **({"depth": parts["depth"].detach()} if "depth" in parts else {}),
+        return loss, parts, result.info
+
+    def photometric(self, colors: torch.Tensor, gts: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """The training loss of renders ``colors`` [C, H, W, 3] against uint8 ``gts``:
+        (1 - --ssim_lambda) L1 + --ssim_lambda D-SSIM (valid-padded SSIM, as gsplat
+        simple_trainer's fused_ssim call), and its parts {"l1", "ssim"}."""
+        if self.loss_backend == "fused_l1_ssim":  # L1 + D-SSIM in two kernels, uint8 ground truth
+            return fused_l1_ssim_loss(colors, gts, self.cfg.ssim_lambda, padding="valid")
+        return photometric_loss(
+            colors,
+            uint8_to_unit(gts),
+            self.cfg.ssim_lambda,
+            ssim_padding="valid",
+            ssim_backend_name=None if self.loss_backend == "auto" else self.loss_backend,
         )
 
     def _depth_loss(self, rendered: torch.Tensor, items: list[int], windows: list) -> torch.Tensor:
@@ -612,6 +659,12 @@ class Trainer:
                 self.report.print(
                     f"cuda graphs: {g.captures} captures in {g.capture_seconds:.2f} s, {g.failures} failed"
                     + (" (then stopped: the shapes changed too often)" if g.stopped else "")
+                    + (
+                        f"; whole steps: {self.graphed_step.captures} tail captures in "
+                        f"{self.graphed_step.capture_seconds:.2f} s, {self.graphed_step.failures} failed"
+                        if self.graphed_step is not None
+                        else ""
+                    )
                 )
             streamed = self.views.stream_summary()  # None unless the images were streamed
             if streamed:

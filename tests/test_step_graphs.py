@@ -1,0 +1,262 @@
+"""trainer.step_graphs: the whole one-process step replayed around the tile intersection gives the
+eager step's loss and gradients, also when the tile lists are padded with stale entries, and is
+captured again exactly when the head or the capacity changes. On the CPU the captures are eager
+stand-ins with the same static buffers (the CUDA replay runs in tests/test_gpu.py)."""
+
+import math
+
+import torch
+
+from splat_train.kernels import reference
+from splat_train.kernels.constants import TILE_SIZE
+from splat_train.kernels.fused_ssim import uint8_to_unit
+from splat_train.trainer import graphs, loop
+from splat_train.trainer.graphs import GraphedHead, _Replay
+from splat_train.trainer.launch import DistContext
+from splat_train.trainer.losses import photometric_loss
+from splat_train.trainer.model import activated
+from splat_train.trainer.render import CameraBatch, render
+from splat_train.trainer.cli import parse_args
+from splat_train.trainer.step_graphs import GraphedStep, _extra_row_starts, applies, capacity_for
+
+from scenes import make_cameras, make_scene
+from test_gsplat_flags import trainer
+
+
+class EagerGraphs:
+    """CPU stand-in of graphs.CapturedGraphs: the same static inputs, outputs and gradient
+    buffers and the same replay methods, each replay running the function eagerly."""
+
+    def __init__(self, fn, inputs):
+        self.fn, self.inputs, self.replays = fn, inputs, 0
+        out = fn(*inputs)
+        self.outputs = tuple(o.detach().clone().requires_grad_(o.requires_grad) for o in out)
+        self.grad_outputs = tuple(torch.zeros_like(o) for o in out if o.requires_grad)
+        self.grad_inputs = tuple(torch.zeros_like(i) if i.requires_grad else None for i in inputs)
+        self._live = out
+
+    def __call__(self, *inputs):
+        return _Replay.apply(self, *inputs)
+
+    def replay_forward(self, *inputs):
+        with torch.no_grad():
+            for static, x in zip(self.inputs, inputs):
+                if static.data_ptr() != x.data_ptr():
+                    static.copy_(x)
+        self._live = self.fn(*self.inputs)
+        self.replays += 1
+        with torch.no_grad():
+            for static, o in zip(self.outputs, self._live):
+                static.copy_(o)
+        return self.outputs
+
+    def replay_backward(self, grads=None):
+        if grads is not None:
+            for static, g in zip(self.grad_outputs, grads):
+                static.copy_(g) if g is not None else static.zero_()
+        outs = [o for o in self._live if o.requires_grad]
+        wanted = [i for i in self.inputs if i.requires_grad]
+        got = iter(torch.autograd.grad(outs, wanted, self.grad_outputs, allow_unused=True))
+        for static in self.grad_inputs:
+            if static is not None:
+                g = next(got)
+                static.copy_(g) if g is not None else static.zero_()
+        return self.grad_inputs
+
+
+class EagerCall:
+    """CPU stand-in of graphs.CapturedCall: ``replay()`` runs the function on the static inputs
+    and writes the static outputs."""
+
+    instances: list = []
+
+    def __init__(self, fn, inputs):
+        self.fn, self.inputs, self.replays = fn, inputs, 0
+        self.outputs = tuple(o.clone() for o in fn(*inputs))
+        EagerCall.instances.append(self)
+
+    def replay(self):
+        self.replays += 1
+        for static, o in zip(self.outputs, self.fn(*self.inputs)):
+            static.copy_(o)
+        return self.outputs
+
+
+def _params(n=120, seed=5, sh_degree=1):
+    scene = make_scene(seed, num_gaussians=n, sh_degree=sh_degree)
+    raw = dict(
+        means=scene["means"],
+        quats=scene["quats"],
+        scales=torch.log(scene["scales"]) + 0.7,  # footprints over several tiles
+        opacities=torch.logit(scene["opacities"]),
+        sh0=scene["colors"][:, :1],
+        shN=scene["colors"][:, 1:],
+    )
+    return {k: v.clone().requires_grad_() for k, v in raw.items()}
+
+
+def _cams(indices, size=(40, 36), of=6):
+    cams = [make_cameras([size] * of)[i] for i in indices]
+    gts = torch.stack([(c[4] * 255).round().to(torch.uint8) for c in cams])
+    return CameraBatch(torch.stack([c[0] for c in cams]), torch.stack([c[1] for c in cams]), *size), gts
+
+
+def _loss(colors, gts):
+    return photometric_loss(colors, uint8_to_unit(gts), 0.2, ssim_padding="valid", ssim_backend_name="pytorch")
+
+
+def _eager(params, cams, gts, sh_degree, backgrounds=None, absgrad=False):
+    out = render(
+        activated(params),
+        cams,
+        DistContext(),
+        reference,
+        sh_degree,
+        backgrounds=backgrounds,
+        keep_means2d_grad=True,
+        absgrad=absgrad,
+    )
+    loss, parts = _loss(out.colors, gts)
+    loss.backward()
+    grads = {k: p.grad.clone() for k, p in params.items()}
+    for p in params.values():
+        p.grad = None
+    info = out.info
+    return loss.detach(), parts, grads, info
+
+
+def _graphed(step, params, cams, gts, sh_degree, backgrounds=None):
+    campos = torch.linalg.inv(cams.viewmats)[:, :3, 3]
+    out = step(params, cams.viewmats, cams.Ks, campos, cams.width, cams.height, sh_degree, gts, backgrounds)
+    assert out is not None
+    grads = {k: p.grad.clone() for k, p in params.items()}
+    for p in params.values():
+        p.grad = None
+    return out, grads
+
+
+def _close(a, b, what):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=what)
+
+
+def test_graphed_step_gives_the_eager_steps_loss_and_gradients_with_padded_tile_lists():
+    params = _params()
+    head = GraphedHead(reference, 0.01, 1e10, capture=EagerGraphs)
+    step = GraphedStep(head, reference, _loss, absgrad=True, capture=EagerCall)
+    ns = []
+    for indices, bg in (([0, 3], None), ([1, 4], torch.rand(2, 3)), ([2, 5], None), ([0, 3], None)):
+        cams, gts = _cams(indices)
+        loss, parts, grads, info = _eager(params, cams, gts, 1, bg, absgrad=True)
+        out, got = _graphed(step, params, cams, gts, 1, bg)
+        ns.append(out.info.num_isects)
+        assert out.info.num_isects == info.num_isects > 0
+        _close(out.loss, loss, "loss")
+        for k in ("l1", "ssim"):
+            _close(out.parts[k], parts[k], k)
+        for k in params:
+            assert grads[k].abs().sum() > 0 or k == "shN", k
+            _close(got[k], grads[k], k)
+        _close(out.info.means2d.grad, info.means2d.grad, "means2d.grad")
+        _close(out.info.absgrad.grad, info.absgrad.grad, "absgrad")
+        assert torch.equal(out.info.radii, info.radii)
+    # the first step's count set the capacity; later steps with fewer intersections read stale
+    # entries past their count (padding that must not be rendered), larger ones captured again
+    assert step.capacity >= max(ns) and len(set(ns)) > 1 and min(ns) < capacity_for(ns[0])
+    capacity, key, expected = 0, None, 0  # a capture per new (capacity, background or not)
+    for n, with_bg in zip(ns, (False, True, False, False)):
+        capacity = capacity_for(n) if n > capacity else capacity
+        expected += (capacity, with_bg) != key
+        key = (capacity, with_bg)
+    assert step.captures == expected == 3
+    assert head.captures == 1
+
+
+def test_the_extra_tile_row_ends_each_real_tile_where_the_eager_lists_do():
+    """Rasterizing the padded lists (garbage past the count, the extra row masked) equals
+    rasterizing gsplat's own, with the reference's last-tile rule (the list length)."""
+    params = _params(seed=9)
+    cams, _ = _cams([0, 2, 4])
+    out = render(activated(params), cams, DistContext(), reference, 1, keep_means2d_grad=True)
+    recs, tiles = out.info.records, out.info.tiles
+    C, th, tw = tiles.offsets.shape
+    n = tiles.flatten_ids.numel()
+    cap = capacity_for(n)
+    padded = torch.cat([tiles.offsets, _extra_row_starts(tiles.offsets, n)[:, None, None].expand(C, 1, tw)], dim=1)
+    last = tiles.flatten_ids[int(tiles.offsets[-1, -1, -1]) :]  # the last tile's list
+    assert last.numel() > 0
+    ids = torch.cat([tiles.flatten_ids, last.repeat(cap // last.numel() + 1)[: cap - n]])  # its entries again
+    masks = torch.ones(C, th + 1, tw, dtype=torch.bool)
+    masks[:, th] = False
+    args = (recs.means2d, recs.conics, recs.colors, recs.opacities, cams.width, cams.height, TILE_SIZE)
+    colors, alphas = reference.rasterize_to_pixels(*args, padded, ids, masks=masks)
+    torch.testing.assert_close(colors, out.colors, rtol=0, atol=0)
+    # without the extra row the padding lands in the last real tile and changes the image
+    wrong, _ = reference.rasterize_to_pixels(*args, tiles.offsets, ids)
+    assert not torch.equal(wrong, out.colors)
+    assert th == math.ceil(cams.height / TILE_SIZE)
+
+
+def test_graphed_step_declines_without_a_head_capture_and_says_once_when_its_capture_fails():
+    params = _params()
+    cams, gts = _cams([0, 3])
+    campos = torch.linalg.inv(cams.viewmats)[:, :3, 3]
+    args = (params, cams.viewmats, cams.Ks, campos, cams.width, cams.height, 1, gts)
+    plain = GraphedHead(reference, 0.01, 1e10, capture=lambda fn, sample: fn)  # a replay without buffers
+    assert GraphedStep(plain, reference, _loss, capture=EagerCall)(*args) is None
+
+    def refuse(fn, inputs):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+
+    said = []
+    step = GraphedStep(
+        GraphedHead(reference, 0.01, 1e10, capture=EagerGraphs), reference, _loss, capture=refuse, warn=said.append
+    )
+    assert step(*args) is None and step(*args) is None
+    assert step.failed and step.failures == 1
+    assert said == [
+        "--cuda_graphs: the step's tail could not be captured, steps run eagerly "
+        "(CUDA error: operation not permitted when stream is capturing)"
+    ]
+
+
+def test_training_steps_graphed_whole_train_as_the_eager_steps(monkeypatch):
+    """The trainer's step with the whole-step replay (stand-in captures on the CPU) trains as the
+    eager step to rounding, through densification (which captures head and tail again)."""
+    flags = ["--refine_start_iter", "2", "--refine_every", "3", "--grow_grad2d", "0.00002", "--max_steps", "9"]
+    monkeypatch.setattr(loop, "graphable", lambda device, packed, sizes: not packed and len(set(sizes)) == 1)
+    runs, losses = [], []
+    for graphed in (False, True):  # one after the other: densification draws from the global RNG
+        t = trainer(*flags)  # seeds it
+        assert t.graphed_step is None  # a CPU run
+        if graphed:
+            t.graphed_head = GraphedHead(t.ops, 0.01, 1e10, capture=EagerGraphs)
+            t.graphed_step = GraphedStep(t.graphed_head, t.ops, t.photometric, capture=EagerCall)
+        steps, run_losses = [], []
+        for i in range(9):
+            out = t.train_step(i)
+            run_losses.append(float(out["loss"]))
+            steps.append({k: t.params[k].detach().clone() for k in graphs.PARAM_KEYS})
+        runs.append(steps)
+        losses.append(run_losses)
+    torch.testing.assert_close(torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=1e-5, atol=0)
+    for i, (a, b) in enumerate(zip(*runs)):
+        for k in graphs.PARAM_KEYS:
+            assert a[k].shape == b[k].shape, (k, i)
+            torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6, msg=f"{k} at step {i}")
+    counts = [s["means"].shape[0] for s in runs[1]]
+    assert len(set(counts)) > 1  # densification ran
+    assert t.graphed_step.captures >= 2 and t.graphed_head.captures >= 2 and t.graphed_step.failures == 0
+
+
+def test_whole_steps_are_graphed_only_where_nothing_but_the_photometric_loss_trains():
+
+    def cfg(*flags):
+        return parse_args(["default", *flags])
+
+    assert applies(cfg(), 1, "unfused", {})
+    assert applies(cfg("--absgrad", "--random_bkgd", "--batch_size", "2"), 1, "unfused", {})
+    assert not applies(cfg(), 2, "unfused", {})
+    assert not applies(cfg(), 1, "fused", {})
+    assert not applies(cfg(), 1, "unfused", {"app": object()})
+    for flags in (["--opacity_reg", "0.01"], ["--scale_reg", "0.01"], ["--depth_loss"], ["--tb_save_image"]):
+        assert not applies(cfg(*flags), 1, "unfused", {}), flags

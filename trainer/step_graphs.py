@@ -1,0 +1,292 @@
+"""A one-process training step as three CUDA-graph replays around gsplat's tile intersection.
+
+With trainer/graphs.py's head captured, a step still runs the rasterizer, the loss and autograd's
+backward eagerly: a few hundred operator calls and Triton launches of host time, more than the
+GPU's own work on a small scene (docs/gpu-bound-step.md). For the common run (one process, dense
+records, the unfused rasterizer, the photometric loss alone) :class:`GraphedStep` runs a step as
+
+  1. the head's forward graph: activation, projection, SH (graphs.CapturedGraphs);
+  2. gsplat's tile intersection, eagerly: isect_tiles reads its intersection count on the host
+     (the step's one synchronization) and sizes its outputs by it;
+  3. the tail graph (graphs.CapturedCall): rasterize_to_pixels, the background, the loss, and the
+     loss's and rasterizer's backward, which writes the gradients of the head's outputs straight
+     into the head's static gradient buffers;
+  4. the head's backward graph: the parameters' gradients.
+
+No autograd graph is built on the host. The optimizer, densification's statistics and everything
+after them are the eager step's own code (trainer/loop.py).
+
+The tail's shapes are static; the number of intersections is not. The tail reads the tile lists
+from static buffers: ``flatten_ids`` with ``capacity`` entries (the step's count, then stale or
+zero entries, all valid record indices) and tile offsets with one more row of tiles below each
+image. gsplat's kernels end the list of the last tile of the last image at the length of
+``flatten_ids`` and every other tile's at the next tile's offset (range_end in
+RasterizeToPixels3DGSFwd.cu and ...Bwd.cu). With the extra row, each real tile's list ends where the
+next real one's begins, as in the eager pass (the extra row of image c starts at image c + 1's first
+entry, the last image's at the step's count), and the padded entries fall to the last extra tile.
+That tile, like its whole row, lies below the image: the forward stops before its first batch (no
+pixel inside, all done) and the backward returns at once (``masks`` False there). The capacity
+grows by a quarter past a step's count that exceeds it, which captures the tail again.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..kernels.constants import TILE_SIZE
+from ..kernels.reference import composite_background
+from .graphs import OUTPUT_KEYS, PARAM_KEYS, CapturedCall, GraphedHead, collector_held
+from .render import RenderInfo
+
+RASTER_KEYS = ("means2d", "conics", "colors", "opacities")  # the head outputs the rasterizer reads
+CAPACITY_ROUND = 4096  # the tail's flatten_ids capacity is a multiple of this many entries
+
+
+def applies(cfg, world_size: int, raster: str, aux: dict) -> bool:
+    """Whether a run of Config ``cfg`` on ``world_size`` processes, rasterizing ``raster``
+    ("unfused" | "fused") with the auxiliary modules ``aux`` (trainer/aux_modules.py), trains
+    nothing but the photometric loss of one process's dense pass: what :class:`GraphedStep`
+    replays. (Whether graphs are on at all, a CUDA device and dense records are
+    :class:`graphs.GraphedHead`'s conditions.)"""
+    return (
+        world_size == 1
+        and raster == "unfused"
+        and not aux
+        and not cfg.depth_loss
+        and cfg.opacity_reg == 0
+        and cfg.scale_reg == 0
+        and not cfg.tb_save_image
+    )
+
+
+def capacity_for(n_isects: int) -> int:
+    """The tail's flatten_ids capacity for a step of ``n_isects`` intersections: a quarter more,
+    rounded up to a multiple of CAPACITY_ROUND (at least one multiple)."""
+    return max(1, math.ceil(1.25 * n_isects / CAPACITY_ROUND)) * CAPACITY_ROUND
+
+
+def _extra_row_starts(offsets: torch.Tensor, n_isects: int) -> torch.Tensor:
+    """[C] int32: where image c's extra tile row starts, image c + 1's first list entry (the
+    intersection count for the last image). Device work only: no upload."""
+    return torch.cat([offsets[1:, 0, 0], offsets.new_full((1,), n_isects)])
+
+
+def tail_function(ops, loss_fn: Callable, width: int, height: int, absgrad: bool, grad_targets: dict) -> Callable:
+    """The tail of a step, as captured: (means2d, conics, colors, opacities — leaves over the head's
+    outputs —, offsets, flatten_ids, masks, gts uint8 [C, H, W, 3], backgrounds [C, 3] or None) ->
+    (loss, l1, ssim, absgrad [C, N, 2] or an empty tensor). The gradients of the four leaves are
+    copied into ``grad_targets`` (the head's static gradient buffers, by output name; "depths"
+    there is zeroed: no depth term). ``loss_fn(colors [C, H, W, 3], gts) -> (loss, {"l1", "ssim"})``."""
+
+    def tail(means2d, conics, colors, opacities, offsets, flatten_ids, masks, gts, backgrounds):
+        leaves = (means2d, conics, colors, opacities)
+        render_colors, render_alphas = ops.rasterize_to_pixels(
+            means2d,
+            conics,
+            colors,
+            opacities,
+            width,
+            height,
+            TILE_SIZE,
+            offsets,
+            flatten_ids,
+            masks=masks,
+            absgrad=absgrad,
+        )
+        render_colors = composite_background(render_colors, render_alphas, backgrounds)
+        loss, parts = loss_fn(render_colors, gts)
+        for key, grad in zip(RASTER_KEYS, torch.autograd.grad(loss, leaves)):
+            grad_targets[key].copy_(grad)
+        if "depths" in grad_targets:
+            grad_targets["depths"].zero_()
+        abs_means2d = getattr(means2d, "absgrad", None) if absgrad else None
+        if absgrad and abs_means2d is None:
+            abs_means2d = torch.zeros_like(means2d)
+        return (
+            loss.detach(),
+            parts["l1"].detach(),
+            parts["ssim"].detach(),
+            abs_means2d.detach() if abs_means2d is not None else means2d.new_empty(0),
+        )
+
+    return tail
+
+
+@dataclass
+class StepOutputs:
+    """What a graphed step leaves for the optimizer and densification: the loss and its parts
+    (0-dim device tensors, overwritten by the next step: read them before it) and the pass's
+    :class:`render.RenderInfo` (``means2d.grad`` and, with absgrad, ``absgrad.grad`` set)."""
+
+    loss: torch.Tensor
+    parts: dict
+    info: RenderInfo
+
+
+class _Tail:
+    """One capture of the tail and its static buffers."""
+
+    def __init__(self, key, C, th, tw, capacity, gts, backgrounds):
+        self.key = key  # holds the head's capture it reads while this tail lives
+        self.th = th
+        device = gts.device
+        self.offsets = torch.zeros(C, th + 1, tw, dtype=torch.int32, device=device)
+        self.flatten_ids = torch.zeros(capacity, dtype=torch.int32, device=device)
+        self.masks = torch.ones(C, th + 1, tw, dtype=torch.bool, device=device)
+        self.masks[:, th] = False
+        self.gts = torch.empty_like(gts)
+        self.backgrounds = None if backgrounds is None else torch.empty_like(backgrounds)
+        self.call = None  # the CapturedCall (or a test's stand-in)
+        self.means2d = self.absgrad_lanes = None  # the RenderInfo's gradient holders
+
+    def fill(self, offsets, flatten_ids, gts, backgrounds) -> None:
+        """Write a step's tile lists, images and backgrounds into the static buffers."""
+        n = flatten_ids.numel()
+        self.offsets[:, : self.th].copy_(offsets)
+        self.offsets[:, self.th].copy_(_extra_row_starts(offsets, n)[:, None])
+        self.flatten_ids[:n].copy_(flatten_ids)
+        self.gts.copy_(gts)
+        if self.backgrounds is not None:
+            self.backgrounds.copy_(backgrounds)
+
+
+class GraphedStep:
+    """Steps 1-4 of the module docstring for a :class:`graphs.GraphedHead` ``head``.
+
+    ``ops``: gsplat's CUDA ops (or the reference's, with stand-in captures, in tests);
+    ``loss_fn``: as :func:`tail_function`'s; ``absgrad``: --absgrad. ``capture``: turns the tail
+    function and its static inputs into an object whose ``replay()`` returns the static outputs
+    (:class:`graphs.CapturedCall`; tests pass an eager stand-in). ``warn``: told once, in one line,
+    when a capture fails; the run then goes on with the eager step (``__call__`` returns None).
+    ``captures``, ``failures`` and ``capture_seconds`` count the tail's own captures."""
+
+    def __init__(
+        self,
+        head: GraphedHead,
+        ops,
+        loss_fn: Callable,
+        absgrad: bool = False,
+        capture: Optional[Callable] = None,
+        warn: Optional[Callable[[str], None]] = None,
+    ):
+        self.head, self.ops, self.loss_fn, self.absgrad = head, ops, loss_fn, absgrad
+        self.capture = capture or CapturedCall
+        self.warn = warn
+        self.capacity = 0
+        self.captures = self.failures = 0
+        self.capture_seconds = 0.0
+        self.failed = False  # a tail capture failed: no more graphed steps in this run
+        self._tail: Optional[_Tail] = None
+        self._warmed: set = set()  # tail keys, less head and capacity, warmed up before a capture
+
+    def __call__(
+        self, params, viewmats, Ks, campos, width: int, height: int, sh_degree: int, gts, backgrounds=None, timer=None
+    ) -> Optional[StepOutputs]:
+        """One step's forward and backward for the C cameras (viewmats [C, 4, 4], Ks [C, 3, 3],
+        campos [C, 3], all of ``width`` x ``height`` pixels) against ``gts`` (uint8 [C, H, W, 3],
+        on the device) and ``backgrounds`` ([C, 3] or None); leaves the parameters' ``.grad``
+        set (static buffers: the optimizer must consume and drop them before the next step).
+        Returns None, having done nothing, when the head runs without a capture for these
+        arguments or a tail capture has failed: the caller then runs its eager step."""
+        if self.failed:
+            return None
+        C = viewmats.shape[0]
+        run, inputs = self.head.prepare(params, viewmats, Ks, campos, [(width, height)] * C, sh_degree)
+        if not hasattr(run, "replay_forward"):
+            return None
+        head_graphs: Any = run  # a CapturedGraphs, or a test's stand-in with its methods
+        if timer is not None:
+            timer.begin("projection")
+        outs = dict(zip(OUTPUT_KEYS, head_graphs.replay_forward(*inputs)))
+        if timer is not None:
+            timer.begin("rasterization")
+        tw, th = math.ceil(width / TILE_SIZE), math.ceil(height / TILE_SIZE)
+        _, isect_ids, flatten_ids = self.ops.isect_tiles(
+            outs["means2d"], outs["radii"], outs["depths"], TILE_SIZE, tw, th, packed=False, n_images=C
+        )
+        offsets = self.ops.isect_offset_encode(isect_ids, C, tw, th)
+        n = flatten_ids.numel()
+        if n > self.capacity:
+            self.capacity = capacity_for(n)
+        key = (run, self.capacity, C, width, height, tuple(gts.shape), backgrounds is None)
+        if self._tail is not None and self._tail.key == key:
+            tail = self._tail
+            tail.fill(offsets, flatten_ids, gts, backgrounds)
+        else:
+            self._tail = None  # the old capture goes before the new one is made
+            captured = self._capture(key, run, outs, width, height, C, th, tw, offsets, flatten_ids, gts, backgrounds)
+            if captured is None:
+                return None
+            tail = captured
+        if timer is not None:
+            timer.begin("backward_raster")
+        loss, l1, ssim, absgrad = tail.call.replay()
+        if timer is not None:
+            timer.begin("backward_projection")
+        grad_inputs = head_graphs.replay_backward()
+        for key_, grad in zip(PARAM_KEYS, grad_inputs):
+            if grad is not None:
+                params[key_].grad = grad
+        info = RenderInfo(
+            means2d=tail.means2d,
+            radii=outs["radii"],
+            packed=False,
+            n_cameras=C,
+            widths=[width] * C,
+            heights=[height] * C,
+            N_world=[int(params["means"].shape[0])],
+            C_world=[C],
+            num_isects=n,
+            absgrad=tail.absgrad_lanes,
+            width=width,
+            height=height,
+            num_local_cameras=C,
+        )
+        return StepOutputs(loss, {"l1": l1, "ssim": ssim}, info)
+
+    def _capture(self, key, run, outs, width, height, C, th, tw, offsets, flatten_ids, gts, backgrounds):
+        """A new :class:`_Tail` for ``key``, filled with this step's data, warmed up once eagerly
+        and captured (replayed later by the caller), or None when the capture failed (said once
+        through ``warn``; the run goes on eagerly)."""
+        start = time.perf_counter()
+        tail = _Tail(key, C, th, tw, self.capacity, gts, backgrounds)
+        tail.fill(offsets, flatten_ids, gts, backgrounds)
+        diff_keys = [k for k in OUTPUT_KEYS if outs[k].requires_grad]
+        targets = dict(zip(diff_keys, run.grad_outputs))
+        fn = tail_function(self.ops, self.loss_fn, width, height, self.absgrad, targets)
+
+        def inputs():
+            leaves = tuple(outs[k].detach().requires_grad_() for k in RASTER_KEYS)
+            return (*leaves, tail.offsets, tail.flatten_ids, tail.masks, tail.gts, tail.backgrounds)
+
+        warmed = key[2:]  # all but the head and the capacity: same images, same kernels
+        try:
+            if warmed not in self._warmed:  # lazy loading and compilation stay out of the capture
+                fn(*inputs())
+            if gts.is_cuda:
+                torch.cuda.synchronize(gts.device)
+            with collector_held():
+                tail.call = self.capture(fn, inputs())
+        except RuntimeError as e:  # torch.AcceleratorError is one
+            self.failed = True
+            self.failures += 1
+            line = f"--cuda_graphs: the step's tail could not be captured, steps run eagerly ({str(e).splitlines()[0]})"
+            (self.warn or warnings.warn)(line)
+            return None
+        means2d_grad = targets["means2d"]
+        tail.means2d = torch.empty_like(means2d_grad)  # holders: the strategy reads their .grad
+        tail.means2d.grad = means2d_grad
+        if self.absgrad:
+            tail.absgrad_lanes = torch.empty_like(means2d_grad)
+            tail.absgrad_lanes.grad = tail.call.outputs[3]
+        self._tail = tail
+        self._warmed.add(warmed)
+        self.captures += 1
+        self.capture_seconds += time.perf_counter() - start
+        return tail
