@@ -150,6 +150,7 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
         test_ssim=(metrics or {}).get("ssim"),
         fused_tiles=trainer.last_fused_stats or None,
         cuda_graph_captures=trainer.graphed_head.captures if trainer.graphed_head is not None else None,
+        whole_step_captures=trainer.graphed_step.captures if trainer.graphed_step is not None else None,
         ssim_backend=(trainer.loss_backend if trainer.loss_backend != "auto" else _ssim_backend(ctx.device)),
     )
     Path(out_file).write_text(json.dumps(result, indent=2))
@@ -426,6 +427,11 @@ def markdown(report: dict) -> str:
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     graphed = [
         f"{e['variant']} (W={e['world_size']}): {e['ranks'][0]['cuda_graph_captures']} captures"
+        + (
+            f", whole steps ({e['ranks'][0]['whole_step_captures']} tail captures)"
+            if e["ranks"][0].get("whole_step_captures")
+            else ""
+        )
         for e in report["variants"]
         if "ranks" in e and e["ranks"][0].get("cuda_graph_captures")
     ]

@@ -67,6 +67,7 @@ def test_every_variant_and_world_size_is_reported(report):
     assert table.count("\n| ours-") == 6 and table.count("\n| fused |") == 2
     assert "| ours-dense | 1 |" in table and "1.00x" in table
     assert all(r["cuda_graph_captures"] is None for e in rep["variants"] for r in e["ranks"])  # a CPU run
+    assert all(r["whole_step_captures"] is None for e in rep["variants"] for r in e["ranks"])
     assert table.rstrip().endswith("CUDA graphs (--cuda_graphs; rank 0, whole run): none")
     assert (out / "phases.png").stat().st_size > 0
 
@@ -80,6 +81,13 @@ def test_the_table_names_the_variants_that_replayed_cuda_graphs(report):
         if e["variant"] == "ours-dense" and e["world_size"] == 1:
             e["ranks"][0]["cuda_graph_captures"] = 3  # as a GPU run of one process reports it
     assert "CUDA graphs (--cuda_graphs; rank 0, whole run): ours-dense (W=1): 3 captures\n" in bench.markdown(rep)
+    for e in rep["variants"]:
+        if e["variant"] == "ours-dense" and e["world_size"] == 1:
+            e["ranks"][0]["whole_step_captures"] = 4
+    line = (
+        "CUDA graphs (--cuda_graphs; rank 0, whole run): ours-dense (W=1): 3 captures, whole steps (4 tail captures)\n"
+    )
+    assert line in bench.markdown(rep)
 
 
 def test_fused_variant_reports_its_tiles(report):
