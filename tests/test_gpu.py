@@ -504,7 +504,7 @@ def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absg
     from splat_train.trainer.graphs import GraphedHead
     from splat_train.trainer.model import activated
     from splat_train.trainer.render import camera_centres
-    from splat_train.trainer.step_graphs import GraphedStep
+    from splat_train.trainer.step_graphs import GraphedStep, capacity_for
 
     def loss_fn(colors, gts):
         return fused_l1_ssim_loss(colors, gts, 0.2, padding="valid")
@@ -562,3 +562,4 @@ def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absg
             params["means"].add_(0.0005)  # an optimizer step: in place, no new capture
     assert head.captures == 1 and step.failures == 0
     assert min(counts[1:]) < max(counts) and 2 <= step.captures <= 4, (counts, step.captures)  # replays too
+    assert step.capacity > capacity_for(counts[0])  # the closer cameras outgrew the first capacity

@@ -219,10 +219,56 @@ def test_graphed_step_declines_without_a_head_capture_and_says_once_when_its_cap
     ]
 
 
+def test_a_superseded_head_capture_is_gone_before_the_next_is_made():
+    """The tail holds the head's capture it reads; when the head's key changes (a densification),
+    both go before the head captures again, and a step the head runs eagerly drops the tail too."""
+    import gc
+    import weakref
+
+    made = []
+
+    def capture(fn, inputs):
+        if made:
+            assert made[-1]() is None, "the previous head capture is still alive"
+        graphs_ = EagerGraphs(fn, inputs)
+        made.append(weakref.ref(graphs_))
+        return graphs_
+
+    head = GraphedHead(reference, 0.01, 1e10, capture=capture)
+    step = GraphedStep(head, reference, _loss, capture=EagerCall)
+    cams, gts = _cams([0, 3])
+    gc.disable()
+    try:
+        for seed in (5, 6, 7):  # new parameter tensors each time: a new head key
+            params = _params(seed=seed)
+            _graphed(step, params, cams, gts, 1)
+            del params
+    finally:
+        gc.enable()
+    assert head.captures == 3 and step.captures == 3
+    head.stopped = True  # from now on the head runs eagerly: the graphed step declines
+    calls = head.calls
+    campos = torch.linalg.inv(cams.viewmats)[:, :3, 3]
+    params = _params(seed=8)
+    assert step(params, cams.viewmats, cams.Ks, campos, cams.width, cams.height, 1, gts) is None
+    assert step._tail is None and made[-1]() is None and head.calls == calls  # counted by the eager step
+
+
 def test_training_steps_graphed_whole_train_as_the_eager_steps(monkeypatch):
     """The trainer's step with the whole-step replay (stand-in captures on the CPU) trains as the
     eager step to rounding, through densification (which captures head and tail again)."""
     flags = ["--refine_start_iter", "2", "--refine_every", "3", "--grow_grad2d", "0.00002", "--max_steps", "9"]
+    _train_both_ways(monkeypatch, flags)
+
+
+def test_training_steps_graphed_whole_train_as_the_eager_steps_with_other_flags(monkeypatch):
+    """As above with absgrad, random backgrounds, SelectiveAdam and two images per step."""
+    flags = ["--refine_start_iter", "2", "--refine_every", "3", "--grow_grad2d", "0.0002", "--max_steps", "9"]
+    flags += ["--absgrad", "--random_bkgd", "--visible_adam", "--batch_size", "2"]
+    _train_both_ways(monkeypatch, flags)
+
+
+def _train_both_ways(monkeypatch, flags):
     monkeypatch.setattr(loop, "graphable", lambda device, packed, sizes: not packed and len(set(sizes)) == 1)
     runs, losses = [], []
     for graphed in (False, True):  # one after the other: densification draws from the global RNG
@@ -230,7 +276,7 @@ def test_training_steps_graphed_whole_train_as_the_eager_steps(monkeypatch):
         assert t.graphed_step is None  # a CPU run
         if graphed:
             t.graphed_head = GraphedHead(t.ops, 0.01, 1e10, capture=EagerGraphs)
-            t.graphed_step = GraphedStep(t.graphed_head, t.ops, t.photometric, capture=EagerCall)
+            t.graphed_step = GraphedStep(t.graphed_head, t.ops, t.photometric, t.cfg.densify.absgrad, capture=EagerCall)
         steps, run_losses = [], []
         for i in range(9):
             out = t.train_step(i)
@@ -260,3 +306,20 @@ def test_whole_steps_are_graphed_only_where_nothing_but_the_photometric_loss_tra
     assert not applies(cfg(), 1, "unfused", {"app": object()})
     for flags in (["--opacity_reg", "0.01"], ["--scale_reg", "0.01"], ["--depth_loss"], ["--tb_save_image"]):
         assert not applies(cfg(*flags), 1, "unfused", {}), flags
+
+
+def test_a_capture_that_fails_without_its_warm_up_is_tried_once_more_with_it():
+    refusals = []
+
+    def capture(fn, inputs):
+        if step.captures == 1 and not refusals:  # the second capture, its warm-up skipped
+            refusals.append(1)
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return EagerCall(fn, inputs)
+
+    head = GraphedHead(reference, 0.01, 1e10, capture=EagerGraphs)
+    step = GraphedStep(head, reference, _loss, capture=capture)
+    cams, gts = _cams([0, 3])
+    for seed in (5, 6):
+        _graphed(step, _params(seed=seed), cams, gts, 1)
+    assert refusals == [1] and step.captures == 2 and step.failures == 0 and not step.failed

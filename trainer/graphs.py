@@ -314,6 +314,22 @@ class GraphedHead:
         run, inputs = self.prepare(params, viewmats, Ks, campos, sizes, sh_degree)
         return dict(zip(OUTPUT_KEYS, run(*inputs)))
 
+    @staticmethod
+    def _key_of(params, viewmats, Ks, campos, sizes, sh_degree) -> tuple:
+        """What a capture is valid for: sizes, SH degree, the parameters' storage, shapes and
+        requires_grad, the cameras' shapes."""
+        return (
+            tuple(sizes),
+            sh_degree,
+            tuple((params[k].data_ptr(), tuple(params[k].shape), params[k].requires_grad) for k in PARAM_KEYS),
+            tuple((tuple(c.shape), c.requires_grad) for c in (viewmats, Ks, campos)),
+        )
+
+    def is_current(self, params, viewmats, Ks, campos, sizes, sh_degree) -> bool:
+        """Whether :meth:`prepare` with these arguments would use what it prepared last (no new
+        capture)."""
+        return self._key_of(params, viewmats, Ks, campos, sizes, sh_degree) == self._key
+
     def prepare(self, params, viewmats, Ks, campos, sizes, sh_degree) -> tuple[Callable, tuple]:
         """(what runs the head for these arguments, its inputs): the capture of their key (a
         :class:`CapturedGraphs` unless ``capture`` made something else), captured now when the
@@ -321,12 +337,7 @@ class GraphedHead:
         :meth:`__call__`'s."""
         tensors = tuple(params[k] for k in PARAM_KEYS)
         cams = (viewmats, Ks, campos)
-        key = (
-            tuple(sizes),
-            sh_degree,
-            tuple((t.data_ptr(), tuple(t.shape), t.requires_grad) for t in tensors),
-            tuple((tuple(c.shape), c.requires_grad) for c in cams),
-        )
+        key = self._key_of(params, viewmats, Ks, campos, sizes, sh_degree)
         self.calls += 1
         if key != self._key:
             self._replay = self._eager = None

@@ -311,7 +311,9 @@ class Trainer:
         return shift_intrinsics(Ks, *origin) if origin != (0, 0) else Ks
 
     def train_step(self, step: int) -> dict:
-        """Run training step ``step`` (0-based) on this rank; returns its scalars."""
+        """Run training step ``step`` (0-based) on this rank; returns its scalars (device tensors;
+        a step replayed by step_graphs.GraphedStep returns its capture's buffers, which the next
+        step overwrites: read them before it)."""
         cfg = self.cfg
         items = self.sampler.batch_at(step)
         batch = self.views.images_of(items, step)  # uint8 [C, H, W, 3 (+ mask)], on the device

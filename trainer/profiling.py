@@ -5,6 +5,10 @@ A step is cut into consecutive phases by :meth:`PhaseTimer.begin` calls, in data
     projection -> forward_exchange -> rasterization -> loss -> backward_raster
     -> backward_exchange -> backward_projection -> optimizer -> densification
 
+(a step replayed by trainer/step_graphs.py has projection -> rasterization (the tile
+intersection alone) -> raster_loss_backward (its tail graph: the rasterizer, the loss and their
+backward) -> backward_projection -> optimizer -> densification.)
+
 Forward boundaries are calls in render.py / loop.py; backward boundaries fire inside autograd
 through :class:`PhaseBoundary`, an identity op whose backward begins the next phase (the
 gradient reaching the exchange's output ends the backward rasterization, the gradient leaving
@@ -28,6 +32,7 @@ PHASES = (
     "forward_exchange",
     "rasterization",
     "loss",
+    "raster_loss_backward",
     "backward_raster",
     "backward_exchange",
     "backward_projection",

@@ -197,8 +197,13 @@ class GraphedStep:
         if self.failed:
             return None
         C = viewmats.shape[0]
-        run, inputs = self.head.prepare(params, viewmats, Ks, campos, [(width, height)] * C, sh_degree)
-        if not hasattr(run, "replay_forward"):
+        sizes = [(width, height)] * C
+        if not self.head.is_current(params, viewmats, Ks, campos, sizes, sh_degree):
+            self._tail = None  # it holds the head's capture: let both go before the head captures again
+        run, inputs = self.head.prepare(params, viewmats, Ks, campos, sizes, sh_degree)
+        if not hasattr(run, "replay_forward"):  # the head runs eagerly for these arguments
+            self._tail = None
+            self.head.calls -= 1  # the eager step calls the head again for this step: count it once
             return None
         head_graphs: Any = run  # a CapturedGraphs, or a test's stand-in with its methods
         if timer is not None:
@@ -212,7 +217,7 @@ class GraphedStep:
         )
         offsets = self.ops.isect_offset_encode(isect_ids, C, tw, th)
         n = flatten_ids.numel()
-        if n > self.capacity:
+        if n > self.capacity or self.capacity == 0:
             self.capacity = capacity_for(n)
         key = (run, self.capacity, C, width, height, tuple(gts.shape), backgrounds is None)
         if self._tail is not None and self._tail.key == key:
@@ -225,7 +230,7 @@ class GraphedStep:
                 return None
             tail = captured
         if timer is not None:
-            timer.begin("backward_raster")
+            timer.begin("raster_loss_backward")  # the tail: rasterizer, loss and their backward
         loss, l1, ssim, absgrad = tail.call.replay()
         if timer is not None:
             timer.begin("backward_projection")
@@ -266,24 +271,34 @@ class GraphedStep:
             return (*leaves, tail.offsets, tail.flatten_ids, tail.masks, tail.gts, tail.backgrounds)
 
         warmed = key[2:]  # all but the head and the capacity: same images, same kernels
-        try:
-            if warmed not in self._warmed:  # lazy loading and compilation stay out of the capture
-                fn(*inputs())
-            if gts.is_cuda:
-                torch.cuda.synchronize(gts.device)
-            with collector_held():
-                tail.call = self.capture(fn, inputs())
-        except RuntimeError as e:  # torch.AcceleratorError is one
-            self.failed = True
-            self.failures += 1
-            line = f"--cuda_graphs: the step's tail could not be captured, steps run eagerly ({str(e).splitlines()[0]})"
-            (self.warn or warnings.warn)(line)
-            return None
+        warm_up = warmed not in self._warmed
+        while True:
+            try:
+                if warm_up:  # lazy loading and compilation stay out of the capture
+                    fn(*inputs())
+                if gts.is_cuda:
+                    torch.cuda.synchronize(gts.device)
+                with collector_held():
+                    tail.call = self.capture(fn, inputs())
+                break
+            except RuntimeError as e:  # torch.AcceleratorError is one
+                if not warm_up:  # a first launch of some kernel in the capture? once more, warmed up
+                    warm_up = True
+                    continue
+                self.failed = True
+                self.failures += 1
+                line = (
+                    "--cuda_graphs: the step's tail could not be captured, steps run eagerly "
+                    f"({str(e).splitlines()[0]})"
+                )
+                (self.warn or warnings.warn)(line)
+                return None
         means2d_grad = targets["means2d"]
-        tail.means2d = torch.empty_like(means2d_grad)  # holders: the strategy reads their .grad
+        # holders whose .grad the strategy reads: stride-0 views, no memory of their own
+        tail.means2d = means2d_grad.new_empty(1).expand(means2d_grad.shape)
         tail.means2d.grad = means2d_grad
         if self.absgrad:
-            tail.absgrad_lanes = torch.empty_like(means2d_grad)
+            tail.absgrad_lanes = means2d_grad.new_empty(1).expand(means2d_grad.shape)
             tail.absgrad_lanes.grad = tail.call.outputs[3]
         self._tail = tail
         self._warmed.add(warmed)
