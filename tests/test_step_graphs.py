@@ -323,3 +323,27 @@ def test_a_capture_that_fails_without_its_warm_up_is_tried_once_more_with_it():
     for seed in (5, 6):
         _graphed(step, _params(seed=seed), cams, gts, 1)
     assert refusals == [1] and step.captures == 2 and step.failures == 0 and not step.failed
+
+
+def test_a_step_that_sees_nothing_matches_the_eager_step_and_later_steps_still_do():
+    """No intersections (the cameras turned away from the scene): the tail is captured with only
+    padding in its lists, gives the eager step's loss and zero gradients, and the next step that
+    sees the scene is right too."""
+    params = _params()
+    head = GraphedHead(reference, 0.01, 1e10, capture=EagerGraphs)
+    step = GraphedStep(head, reference, _loss, capture=EagerCall)
+    cams, gts = _cams([0, 3])
+    away = cams.viewmats.clone()
+    away[:, :3, :] = -away[:, :3, :]  # x, y and z of every camera flipped: the scene is behind it
+    away[:, :, 3] = cams.viewmats[:, :, 3] * torch.tensor([1.0, 1.0, -1.0, 1.0])
+    blind = CameraBatch(away, cams.Ks, cams.width, cams.height)
+    counts = []
+    for batch in (blind, cams):
+        loss, _, grads, info = _eager(params, batch, gts, 1)
+        out, got = _graphed(step, params, batch, gts, 1)
+        assert out.info.num_isects == info.num_isects
+        counts.append(info.num_isects)
+        _close(out.loss, loss, "loss")
+        for k in params:
+            _close(got[k], grads[k], k)
+    assert counts[0] == 0 and counts[1] > 0 and step.capacity >= counts[1]
