@@ -378,3 +378,18 @@ def test_a_run_says_what_it_loads_and_writes_and_the_lpips_note_once(tmp_path, c
         "tb/",
     ):
         assert f"{out}/{rel}" in outputs, rel
+
+
+def test_help_into_a_reader_that_goes_away_ends_without_a_traceback():
+    """`splat-train default --help | head -1`: the pipe closes under the help; no traceback."""
+    import subprocess
+    import sys
+
+    code = "import sys; from splat_train.trainer.cli import main; sys.exit(main(['default', '--help']))"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"usage: splat-train default")
+    proc.stdout.close()  # the reader is gone before the rest of the help is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) in (0, 1)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err

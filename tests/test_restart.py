@@ -53,6 +53,11 @@ def test_resume_auto_starts_fresh_then_continues(tmp_path, capsys):
     assert "resumed from step 4" in capsys.readouterr().out
     assert (out / "ckpts" / "ckpt_6_rank0.pt").is_file()
     assert torch.load(out / "ckpts" / "ckpt_6_rank0.pt", weights_only=False)["step"] == 6
+    capsys.readouterr()
+    assert main([*command, "--max_steps", "5"]) == 0  # the run is past it: says so, trains nothing
+    printed = capsys.readouterr().out
+    assert "nothing to train: the run is at step 6 and --max_steps is 5" in printed
+    assert not (out / "ckpts" / "ckpt_5_rank0.pt").exists()
 
 
 def _fake_set(ckpt_dir: Path, step: int, world: int, bad_rank=None) -> None:

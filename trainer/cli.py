@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -131,6 +132,18 @@ def stopped_message(cfg: Optional[Config], signum: int) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The ``splat-train`` command; returns its exit status. A reader that goes away (``splat-train
+    default --help | head``) ends it quietly with status 1, Python's own for a broken pipe, instead
+    of a traceback."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's final flush must not raise again
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: Optional[Sequence[str]] = None) -> int:
     from .checkpoint import check_readable, prepare_result_dir
 
     argv = sys.argv[1:] if argv is None else argv

@@ -678,6 +678,11 @@ class Trainer:
         self.report.close()
         if s.max_steps > first_step:
             self.print_outputs(written)
+        else:
+            self.report.print(
+                f"nothing to train: the run is at step {first_step} and --max_steps is {s.max_steps} "
+                "(raise --max_steps to train on; --ckpt evaluates and exports a checkpoint)"
+            )
         return out
 
     def _steps(self, bar, profiler, viewer=None) -> tuple[dict, list[Path], float]:
