@@ -315,7 +315,7 @@ class GraphedHead:
         return dict(zip(OUTPUT_KEYS, run(*inputs)))
 
     @staticmethod
-    def _key_of(params, viewmats, Ks, campos, sizes, sh_degree) -> tuple:
+    def key_of(params, viewmats, Ks, campos, sizes, sh_degree) -> tuple:
         """What a capture is valid for: sizes, SH degree, the parameters' storage, shapes and
         requires_grad, the cameras' shapes."""
         return (
@@ -325,19 +325,19 @@ class GraphedHead:
             tuple((tuple(c.shape), c.requires_grad) for c in (viewmats, Ks, campos)),
         )
 
-    def is_current(self, params, viewmats, Ks, campos, sizes, sh_degree) -> bool:
-        """Whether :meth:`prepare` with these arguments would use what it prepared last (no new
-        capture)."""
-        return self._key_of(params, viewmats, Ks, campos, sizes, sh_degree) == self._key
+    def is_current(self, key: tuple) -> bool:
+        """Whether :meth:`prepare` for ``key`` (:meth:`key_of`) would use what it prepared last
+        (no new capture)."""
+        return key == self._key
 
-    def prepare(self, params, viewmats, Ks, campos, sizes, sh_degree) -> tuple[Callable, tuple]:
+    def prepare(self, params, viewmats, Ks, campos, sizes, sh_degree, key=None) -> tuple[Callable, tuple]:
         """(what runs the head for these arguments, its inputs): the capture of their key (a
         :class:`CapturedGraphs` unless ``capture`` made something else), captured now when the
         key is new, or the eager function where captures failed or stopped. Arguments as
-        :meth:`__call__`'s."""
+        :meth:`__call__`'s; ``key``: their :meth:`key_of`, when the caller has it already."""
         tensors = tuple(params[k] for k in PARAM_KEYS)
         cams = (viewmats, Ks, campos)
-        key = self._key_of(params, viewmats, Ks, campos, sizes, sh_degree)
+        key = key if key is not None else self.key_of(params, viewmats, Ks, campos, sizes, sh_degree)
         self.calls += 1
         if key != self._key:
             self._replay = self._eager = None

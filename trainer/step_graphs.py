@@ -198,9 +198,10 @@ class GraphedStep:
             return None
         C = viewmats.shape[0]
         sizes = [(width, height)] * C
-        if not self.head.is_current(params, viewmats, Ks, campos, sizes, sh_degree):
+        head_key = self.head.key_of(params, viewmats, Ks, campos, sizes, sh_degree)
+        if not self.head.is_current(head_key):
             self._tail = None  # it holds the head's capture: let both go before the head captures again
-        run, inputs = self.head.prepare(params, viewmats, Ks, campos, sizes, sh_degree)
+        run, inputs = self.head.prepare(params, viewmats, Ks, campos, sizes, sh_degree, key=head_key)
         if not hasattr(run, "replay_forward"):  # the head runs eagerly for these arguments
             self._tail = None
             self.head.calls -= 1  # the eager step calls the head again for this step: count it once
