@@ -287,3 +287,61 @@ def test_waiting_for_a_slot_does_not_raise_another_items_decode_error(scene, mon
     with pytest.raises(OSError, match="item 2"):
         views._host_image(2)
     views.close()
+
+
+def test_the_plan_asks_the_sampler_only_for_new_steps_and_matches_a_fresh_plan(scene):
+    """_plan keeps its window from step to step: in a run's steady state each step asks the
+    sampler for the one step entering the window, and the window (items planned, decodes
+    submitted) is the one a plan made from scratch at that step would hold; a jump (a restart at
+    another step) plans afresh."""
+    data, sampler, views = _streamed(scene, cache_images=12)
+    asked = []
+
+    def items_at(step):
+        asked.append(step)
+        return sampler.batch_at(step)
+
+    views.items_at = items_at
+
+    def fresh_window(step):
+        other = _streamed(scene, cache_images=12)[2]
+        other.items_at = sampler.batch_at
+        other._plan(step)
+        window = [s for s, _ in other._planned]
+        other.close()
+        return window, other._window
+
+    for step in range(0, 60):
+        before = len(asked)
+        views._plan(step)
+        if step > 0:
+            assert len(asked) - before == 1, (step, asked[before:])  # only the step entering the window
+        window, items = fresh_window(step)
+        assert [s for s, _ in views._planned] == window and views._window == items, step
+        assert views._planned_items == sum(len(b) for _, b in views._planned)
+    views._plan(200)  # a jump: planned from 200 on, not from where the window was
+    assert [s for s, _ in views._planned][0] == 200 and views._window == fresh_window(200)[1]
+    views.close()
+
+
+def test_the_sampler_keeps_two_epochs_and_draws_as_a_fresh_sampler(scene):
+    """A look-ahead window spans an epoch's end: alternating between two epochs draws each once
+    (memoized), and every batch equals what a sampler that never saw the other epoch draws."""
+    data = Dataset(scene, list(range(24)), preload=False)
+    sampler = CameraSampler(data, 2, seed=5)
+    per_epoch = sampler.num_batches_per_epoch
+    drawn = []
+    real = sampler.epoch_batches.__func__
+
+    def counting(self, epoch):
+        if epoch not in self._epochs:
+            drawn.append(epoch)
+        return real(self, epoch)
+
+    sampler.epoch_batches = counting.__get__(sampler)
+    for k in range(3):
+        for step in (per_epoch - 1, per_epoch, per_epoch - 2, per_epoch + 1):
+            assert sampler.batch_at(step) == CameraSampler(data, 2, seed=5).batch_at(step), (k, step)
+    assert drawn == [0, 1]
+    sampler.batch_at(2 * per_epoch)  # a third epoch lets the oldest go
+    assert sorted(sampler._epochs) == [1, 2]

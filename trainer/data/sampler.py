@@ -158,7 +158,7 @@ class CameraSampler:
         self.seed = int(seed) % 2**64  # SeedSequence wants non-negative entropy
         self.rank = int(rank)
         self.num_batches_per_epoch = sum(-(-len(g) // self.batch_size) for g in self.groups)
-        self._last_epoch: tuple[int, list] = (-1, [])  # memo of the most recent epoch's batches
+        self._epochs: dict[int, list] = {}  # memo of the two most recently drawn epochs' batches
 
     @property
     def uniform_batches(self) -> bool:
@@ -168,15 +168,17 @@ class CameraSampler:
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """All batches of one epoch, in draw order."""
-        if self._last_epoch[0] == epoch:
-            return self._last_epoch[1]
+        if epoch in self._epochs:  # two are kept: a look-ahead window often spans an epoch's end
+            return self._epochs[epoch]
         rng = np.random.default_rng([self.seed, self.rank, epoch])
         batches = []
         for group in self.groups:
             order = rng.permutation(group)
             batches += [order[s : s + self.batch_size].tolist() for s in range(0, len(order), self.batch_size)]
         batches = [batches[j] for j in rng.permutation(len(batches))]
-        self._last_epoch = (epoch, batches)
+        if len(self._epochs) >= 2:
+            del self._epochs[min(self._epochs)]
+        self._epochs[epoch] = batches
         return batches
 
     def batch_at(self, step: int) -> list[int]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import Callable, Optional
@@ -129,6 +129,9 @@ class TrainViews:
             self._pool = ThreadPoolExecutor(max_workers=self.decode_threads, thread_name_prefix="decode")
             self.peak_cache_bytes = 0
             self.decodes, self.waits, self.wait_seconds = 0, 0, 0.0  # decodes made; times a step waited for one
+            self._planned: deque = deque()  # the planned window: (step, items), in step order (_plan)
+            self._planned_items = 0  # how many items it holds
+            self._next_items: tuple[int, list[int]] = (-1, [])  # the step after the window, and its items
         if self.where != "host" or self.channels == 4:
             dataset.release_images()  # the copies above (or the stream's) are the only ones kept
 
@@ -359,11 +362,20 @@ class TrainViews:
 
     def _plan(self, step: int) -> None:
         """Decode ahead the items of steps step .. step + k, k the most steps whose images fill at
-        most half of the cache's slots (at most ``lookahead``)."""
-        window: list[list[int]] = []
-        total = 0
-        for s in range(step, step + self.lookahead + 1):
-            items = self.items_at(s)  # type: ignore[misc]  # streaming views always have items_at (__init__)
+        most half of the cache's slots (at most ``lookahead``).
+
+        The window is kept from the previous call: a step asks the sampler only for the steps that
+        enter it (one, in a run's steady state), not for all of them again."""
+        window, total = self._planned, self._planned_items  # (step, items) in step order; their items
+        if window and not window[0][0] <= step <= window[-1][0] + 1:
+            window, total = deque(), 0  # not the next step (a resumed or restarted run): plan afresh
+        while window and window[0][0] < step:
+            total -= len(window.popleft()[1])
+        s = window[-1][0] + 1 if window else step
+        while s <= step + self.lookahead:
+            if self._next_items[0] != s:  # the step that ended the last window is asked once
+                self._next_items = (s, self.items_at(s))  # type: ignore[misc]  # streaming views have items_at
+            items = self._next_items[1]
             if 2 * len(items) > self.num_slots:  # a batch larger than the batch_size given
                 size = sum(self.sizes[i] for i in items)
                 raise ValueError(
@@ -373,11 +385,13 @@ class TrainViews:
                 )
             if window and total + len(items) > self.num_slots // 2:
                 break
-            window.append(items)
+            window.append((s, items))
             total += len(items)
+            s += 1
+        self._planned, self._planned_items = window, total
         with self._lock:
-            self._window = {i for items in window for i in items}
-            for items in window:
+            self._window = {i for _, items in window for i in items}
+            for _, items in window:
                 for i in items:
                     if i not in self._cache and i not in self._pending and self._submit(i) is None:
                         return  # no slot now: the next step's plan asks again
