@@ -186,3 +186,11 @@ def test_help_documents_every_flag(capsys):
     for name, _ in _fields(Config):
         flag = "--" + name.split(".")[-1]
         assert flag in text, flag
+
+
+def test_a_steps_scaler_that_leaves_no_step_is_refused_naming_it(tmp_path):
+    """gsplat's int() would train 0 steps; one step in silence would hide the slip."""
+    with pytest.raises(ValueError, match=r"--steps_scaler 0.01 makes --max_steps 30 zero steps.*at least 1/30"):
+        parse_args(["default", "--max_steps", "30", "--steps_scaler", "0.01", "--result_dir", str(tmp_path)])
+    cfg = parse_args(["default", "--max_steps", "30", "--steps_scaler", "0.04", "--result_dir", str(tmp_path)])
+    assert cfg.schedule.max_steps == 1

@@ -307,7 +307,14 @@ def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
     """Multiply every field of ``schedule`` by ``factor`` (rounding down; gsplat's adjust_steps).
 
     Step counts that are intervals or lengths (``*_every``, ``*_interval``, ``*_warmup``) never fall below 1.
+    Raises ValueError naming --steps_scaler when it leaves ``max_steps`` at 0 (gsplat would train
+    no step; a run of one step instead would hide the slip).
     """
+    if int(schedule.max_steps * factor) < 1 <= schedule.max_steps:
+        raise ValueError(
+            f"--steps_scaler {factor:g} makes --max_steps {schedule.max_steps} zero steps "
+            f"(it multiplies every step count); use at least 1/{schedule.max_steps}"
+        )
     values: dict[str, Any] = {}
     for f in dataclasses.fields(schedule):
         value = getattr(schedule, f.name)
@@ -315,7 +322,7 @@ def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
             values[f.name] = [int(v * factor) for v in value]
         else:
             scaled = int(value * factor)
-            if f.name.endswith(("_every", "_interval", "_warmup")) or f.name in ("max_steps", "profile_num_steps"):
+            if f.name.endswith(("_every", "_interval", "_warmup")) or f.name == "profile_num_steps":
                 scaled = max(scaled, 1)
             values[f.name] = scaled
     return Schedule(**values)
