@@ -289,12 +289,22 @@ def test_waiting_for_a_slot_does_not_raise_another_items_decode_error(scene, mon
     views.close()
 
 
-def test_the_plan_asks_the_sampler_only_for_new_steps_and_matches_a_fresh_plan(scene):
+@pytest.mark.parametrize("batch_size, cache_images", [(1, 12), (5, 24)])
+def test_the_plan_asks_the_sampler_only_for_new_steps_and_matches_a_fresh_plan(scene, batch_size, cache_images):
     """_plan keeps its window from step to step: in a run's steady state each step asks the
     sampler for the one step entering the window, and the window (items planned, decodes
-    submitted) is the one a plan made from scratch at that step would hold; a jump (a restart at
-    another step) plans afresh."""
-    data, sampler, views = _streamed(scene, cache_images=12)
+    submitted) is the one a plan made from scratch at that step would hold, also over batches of
+    different sizes (24 views in batches of 5: a short one each epoch), repeated steps, steps
+    back and jumps."""
+    data = Dataset(scene, list(range(24)), preload=False)
+    sampler = CameraSampler(data, batch_size, seed=3)
+
+    def streamed():
+        return TrainViews(
+            data, torch.device("cpu"), host_cache_bytes=cache_images * 32 * 32 * 3, items_at=sampler.batch_at
+        )
+
+    views = streamed()
     asked = []
 
     def items_at(step):
@@ -304,29 +314,51 @@ def test_the_plan_asks_the_sampler_only_for_new_steps_and_matches_a_fresh_plan(s
     views.items_at = items_at
 
     def fresh_window(step):
-        other = _streamed(scene, cache_images=12)[2]
-        other.items_at = sampler.batch_at
+        other = streamed()
         other._plan(step)
-        window = [s for s, _ in other._planned]
         other.close()
-        return window, other._window
+        return [s for s, _ in other._planned], other._window
 
-    for step in range(0, 60):
+    steps = list(range(0, 40)) + [40, 40, 38, 39, 41, 43, 47, 100, 101, 102, 60]
+    for k, step in enumerate(steps):
         before = len(asked)
         views._plan(step)
-        if step > 0:
+        if 0 < k < 40:
             assert len(asked) - before == 1, (step, asked[before:])  # only the step entering the window
         window, items = fresh_window(step)
         assert [s for s, _ in views._planned] == window and views._window == items, step
         assert views._planned_items == sum(len(b) for _, b in views._planned)
-    views._plan(200)  # a jump: planned from 200 on, not from where the window was
-    assert [s for s, _ in views._planned][0] == 200 and views._window == fresh_window(200)[1]
+        assert len({len(b) for _, b in views._planned}) <= 2
+    if batch_size == 5:
+        assert {len(sampler.batch_at(s)) for s in range(40)} == {4, 5}  # the window saw both sizes
     views.close()
 
 
-def test_the_sampler_keeps_two_epochs_and_draws_as_a_fresh_sampler(scene):
+def test_a_plan_that_raises_keeps_no_half_made_window(scene):
+    """A batch larger than half the cache raises ValueError naming --image_cache_gb; the window
+    is then dropped, so a later plan is the one a fresh plan would make (not one cut short by a
+    stale count)."""
+    data = Dataset(scene, list(range(24)), preload=False)
+    items_at = lambda s: list(range(7)) if s == 8 else [s % 24]  # step 8's batch: over half of 11 slots
+    make = lambda: TrainViews(data, torch.device("cpu"), host_cache_bytes=12 * 32 * 32 * 3, items_at=items_at)
+    views, fresh = make(), make()
+    views._plan(0)
+    views._plan(1)
+    for step in (3, 8):
+        with pytest.raises(ValueError, match="--image_cache_gb .* less than two batches of step 8"):
+            views._plan(step)
+    views._plan(9)
+    fresh._plan(9)
+    assert list(views._planned) == list(fresh._planned) == [(s, [s]) for s in range(9, 14)]
+    assert views._planned_items == 5
+    views.close()
+    fresh.close()
+
+
+def test_the_sampler_keeps_the_two_most_recently_used_epochs(scene):
     """A look-ahead window spans an epoch's end: alternating between two epochs draws each once
-    (memoized), and every batch equals what a sampler that never saw the other epoch draws."""
+    (memoized), the epoch dropped for a third is the least recently used, and every batch equals
+    what a sampler that never saw the other epochs draws."""
     data = Dataset(scene, list(range(24)), preload=False)
     sampler = CameraSampler(data, 2, seed=5)
     per_epoch = sampler.num_batches_per_epoch
@@ -343,5 +375,9 @@ def test_the_sampler_keeps_two_epochs_and_draws_as_a_fresh_sampler(scene):
         for step in (per_epoch - 1, per_epoch, per_epoch - 2, per_epoch + 1):
             assert sampler.batch_at(step) == CameraSampler(data, 2, seed=5).batch_at(step), (k, step)
     assert drawn == [0, 1]
-    sampler.batch_at(2 * per_epoch)  # a third epoch lets the oldest go
-    assert sorted(sampler._epochs) == [1, 2]
+    sampler.batch_at(2 * per_epoch)  # epoch 2: epoch 0 (used before epoch 1's last use) goes
+    assert list(sampler._epochs) == [1, 2]
+    sampler.batch_at(per_epoch)  # epoch 1 again, then a third: epoch 2 is now the least recent
+    sampler.batch_at(0)
+    assert list(sampler._epochs) == [1, 0] and drawn == [0, 1, 2, 0]
+    assert sampler.batch_at(3) == CameraSampler(data, 2, seed=5).batch_at(3)

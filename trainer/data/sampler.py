@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from typing import Any, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -158,7 +159,7 @@ class CameraSampler:
         self.seed = int(seed) % 2**64  # SeedSequence wants non-negative entropy
         self.rank = int(rank)
         self.num_batches_per_epoch = sum(-(-len(g) // self.batch_size) for g in self.groups)
-        self._epochs: dict[int, list] = {}  # memo of the two most recently drawn epochs' batches
+        self._epochs: OrderedDict[int, list] = OrderedDict()  # the two most recently used epochs' batches
 
     @property
     def uniform_batches(self) -> bool:
@@ -169,6 +170,7 @@ class CameraSampler:
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """All batches of one epoch, in draw order."""
         if epoch in self._epochs:  # two are kept: a look-ahead window often spans an epoch's end
+            self._epochs.move_to_end(epoch)
             return self._epochs[epoch]
         rng = np.random.default_rng([self.seed, self.rank, epoch])
         batches = []
@@ -177,7 +179,7 @@ class CameraSampler:
             batches += [order[s : s + self.batch_size].tolist() for s in range(0, len(order), self.batch_size)]
         batches = [batches[j] for j in rng.permutation(len(batches))]
         if len(self._epochs) >= 2:
-            del self._epochs[min(self._epochs)]
+            self._epochs.popitem(last=False)  # the least recently used
         self._epochs[epoch] = batches
         return batches
 

@@ -366,6 +366,21 @@ class TrainViews:
 
         The window is kept from the previous call: a step asks the sampler only for the steps that
         enter it (one, in a run's steady state), not for all of them again."""
+        try:
+            self._extend_window(step)
+        except BaseException:
+            self._planned, self._planned_items = deque(), 0  # a half-made window is not kept
+            raise
+        with self._lock:
+            self._window = {i for _, items in self._planned for i in items}
+            for _, items in self._planned:
+                for i in items:
+                    if i not in self._cache and i not in self._pending and self._submit(i) is None:
+                        return  # no slot now: the next step's plan asks again
+
+    def _extend_window(self, step: int) -> None:
+        """Move the planned window (``_planned``) to start at ``step`` and fill it (see _plan).
+        Raises ValueError when a step's batch is larger than half the cache."""
         window, total = self._planned, self._planned_items  # (step, items) in step order; their items
         if window and not window[0][0] <= step <= window[-1][0] + 1:
             window, total = deque(), 0  # not the next step (a resumed or restarted run): plan afresh
@@ -389,12 +404,6 @@ class TrainViews:
             total += len(items)
             s += 1
         self._planned, self._planned_items = window, total
-        with self._lock:
-            self._window = {i for _, items in window for i in items}
-            for _, items in window:
-                for i in items:
-                    if i not in self._cache and i not in self._pending and self._submit(i) is None:
-                        return  # no slot now: the next step's plan asks again
 
     def stream_summary(self) -> Optional[str]:
         """One line on the streamed images (None for the other placements): decodes, the cache's
