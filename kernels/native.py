@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Optional
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("fused_raster_ext.cu",)
-HEADERS = ("fused_raster.cuh", "portability.h", "bind_common.h")
+# the binding (host compiler, torch headers) and the device code (nvcc / hipcc, no torch headers)
+SOURCES = ("fused_raster_ext.cpp", "fused_raster_device.cu")
+HEADERS = ("fused_raster.cuh", "fused_raster_params.h", "portability.h", "bind_common.h")
 NAME = "splat_train_fused_raster"
 
 _MODULE = None
@@ -58,6 +59,14 @@ def _why_not() -> Optional[str]:
     return None
 
 
+def device_flags() -> list:
+    """nvcc / hipcc flags of the device code: -O3, C++17 and, on CUDA, denormals flushed to zero
+    (-ftz=true: no subnormal fix-ups around the exponential and the reciprocal)."""
+    import torch
+
+    return ["-O3", "-std=c++17"] + (["-ftz=true"] if torch.version.hip is None else [])
+
+
 def load(verbose: bool = False, quiet: bool = False):
     """The compiled extension module, or None (:data:`LOAD_ERROR` set, and unless ``quiet`` one line
     on stderr) when it cannot be built on this machine. Builds once per process; cached on disk
@@ -71,13 +80,12 @@ def load(verbose: bool = False, quiet: bool = False):
             try:
                 from torch.utils import cpp_extension
 
-                flags = ["-O3", "-std=c++17"]
                 _MODULE = cpp_extension.load(
                     name=NAME,
                     sources=[str(CSRC / s) for s in SOURCES],
                     extra_include_paths=[str(CSRC)],
                     extra_cflags=["-O3"],
-                    extra_cuda_cflags=flags,
+                    extra_cuda_cflags=device_flags(),
                     build_directory=build_directory(NAME),
                     verbose=verbose,
                 )

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 CSRC = Path(__file__).resolve().parent.parent / "kernels" / "csrc"
-DEVICE_FILES = ("fused_raster.cuh", "portability.h", "fused_raster_device.cu")
+DEVICE_FILES = ("fused_raster.cuh", "fused_raster_params.h", "portability.h", "fused_raster_device.cu")
 
 
 def test_device_code_is_free_of_torch_and_vendor_assembly():
@@ -69,3 +69,20 @@ def test_hipified_device_code_compiles_for_gfx90a(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (tmp_path / "fused_raster_device.o").stat().st_size > 0
+
+
+def test_every_kernel_source_ships_in_the_package():
+    """kernels/native.py builds the extension from kernels/csrc on first use, so a wheel (a
+    non-editable install) must carry every file there: pyproject.toml's package-data globs for
+    splat_train.kernels match each one, and native.SOURCES / HEADERS name files that exist."""
+    import fnmatch
+
+    from splat_train.kernels import native
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    cfg = tomllib.loads((CSRC.parent.parent / "pyproject.toml").read_text())
+    globs = cfg["tool"]["setuptools"]["package-data"]["splat_train.kernels"]
+    files = sorted(p.name for p in CSRC.iterdir() if p.is_file())
+    assert files and all(any(fnmatch.fnmatch(f"csrc/{f}", g) for g in globs) for f in files), (files, globs)
+    assert set(native.SOURCES) | set(native.HEADERS) <= set(files)

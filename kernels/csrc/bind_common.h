@@ -1,4 +1,4 @@
-// Tensor -> splat_fused::Params for the extension bindings (CUDA / HIP: fused_raster_ext.cu;
+// Tensor -> splat_fused::Params for the extension bindings (CUDA / HIP: fused_raster_ext.cpp;
 // the CPU emulation of the tests: tests/csrc/emu_ext.cpp). The Python caller
 // (kernels/fused_raster.py) allocates every output and checks shapes; here only dtypes,
 // contiguity and devices are asserted.
@@ -6,6 +6,8 @@
 #include <torch/extension.h>
 
 #include <vector>
+
+#include "fused_raster_params.h"
 
 namespace splat_fused {
 
@@ -39,8 +41,12 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
   TORCH_CHECK(flatten_ids.scalar_type() == torch::kInt32 && flatten_ids.is_contiguous() &&
                   flatten_ids.device() == dev, "flatten_ids must be contiguous int32 on ", dev);
   TORCH_CHECK(window.size() == 2 * WIN_HALF + 1, "window must have 11 taps");
-  const int64_t tiles_x = (width + TILE - 1) / TILE, tiles_y = (height + TILE - 1) / TILE;
-  TORCH_CHECK(offsets.numel() == num_images * tiles_x * tiles_y, "offsets do not match the image size");
+  // the tile rows come from the offsets: as many as the image needs, or more (rows below the image,
+  // without pixels: trainer/step_graphs.py's padded lists)
+  const int64_t tiles_x = (width + TILE - 1) / TILE, tiles_y_image = (height + TILE - 1) / TILE;
+  const int64_t tiles_y = num_images > 0 ? offsets.numel() / (num_images * tiles_x) : tiles_y_image;
+  TORCH_CHECK(offsets.numel() == num_images * tiles_x * tiles_y && tiles_y >= tiles_y_image,
+              "offsets do not match the image size");
   TORCH_CHECK(tile_begin >= 0 && tile_count >= 0 && tile_begin + tile_count <= offsets.numel(),
               "tiles ", tile_begin, "+", tile_count, " out of range");
   TORCH_CHECK(cp_buckets >= 0 && checkpoints.numel() >= cp_buckets * NPIX * 4,

@@ -9,22 +9,23 @@
 //  1. Forward (as gsplat's forward): the tile's depth-sorted records are staged through shared
 //     memory 256 at a time; each thread composites its pixel front to back (T a running product)
 //     and stops before the first Gaussian that takes T to <= 1e-4. Every ``warpSize`` list
-//     positions (a *bucket*) each thread writes a checkpoint to global scratch: T at the end of
-//     the bucket and the colour the bucket added (4 floats). The tile's loop ends once every
-//     pixel has stopped.
+//     positions (a *bucket*) each thread writes a checkpoint to global scratch: T and the colour
+//     accumulated at the end of the bucket (4 floats). The tile's loop ends once every pixel has
+//     stopped.
 //  2. Loss (on chip): the tile-local SSIM with the window renormalized to the tile's pixels with
 //     ground truth, as separable 11-tap passes over shared memory, the L1 term, the tile's two
-//     partial sums (to ``partial``) and dL/dpixel (to shared memory only). Each thread then turns
-//     its checkpoints' colour into "what lies behind the bucket's end, dotted with dL/dpixel", a
-//     back-to-front sum over its buckets (no cancellation: the same summands gsplat's backward
-//     accumulates).
+//     partial sums (to ``partial``) and dL/dpixel (to shared memory only). Each pixel keeps
+//     K = C_final . dL/dpixel + T_final background . dL/dpixel, so that what lies behind a bucket's
+//     end, dotted with dL/dpixel, is K - C_bucket_end . dL/dpixel (Taming-3DGS's form; no pass over
+//     the checkpoints).
 //  3. Backward (per bucket, Taming-3DGS's scheme): each warp takes buckets of the tile in turn;
-//     lane l owns the bucket's Gaussian warpSize - 1 - l in registers. The pixels flow through
-//     the lanes: at step s lane l handles pixel s - l, receiving (T after this Gaussian, what
-//     lies behind it) from lane l - 1 (lane 0 from the checkpoint), recovering T before it by
-//     one division (re-anchored every bucket) and adding its gradient terms in registers. One
-//     set of atomics per Gaussian per bucket. A tile of n Gaussians is ceil(n / warpSize)
-//     independent warp tasks, shared by the block's warps; no per-Gaussian block reduction.
+//     lane l owns the bucket's Gaussian warpSize - 1 - l in registers. The pixels still
+//     compositing at the bucket's start flow through the lanes: at step s lane l handles pixel
+//     s - l (in the order of decreasing stop), receiving (T after this Gaussian, what lies behind it)
+//     from lane l - 1 (lane 0 from the checkpoint), recovering T before it by one division
+//     (re-anchored every bucket) and adding its gradient terms in registers. One set of atomics
+//     per Gaussian per bucket. A tile of n Gaussians is ceil(n / warpSize) independent warp tasks,
+//     shared by the block's warps; no per-Gaussian block reduction.
 // Nothing is written per pixel but the checkpoints (and the image when asked): dL/dpixel stays
 // in shared memory.
 #pragma once
@@ -34,50 +35,16 @@
 #endif
 #include <stdint.h>
 
+#include "fused_raster_params.h"
 #include "portability.h"
 
 namespace splat_fused {
 
-constexpr int TILE = 16;                     // tile side, pixels
-constexpr int NPIX = TILE * TILE;            // threads per block, one per pixel
-constexpr int WIN_HALF = 5;                  // the SSIM window is 11 taps
-constexpr int CP_BUCKET_MIN = 32;            // smallest warp size: the host sizes the scratch by it
 constexpr float MAX_ALPHA = 0.999f;
 constexpr float ALPHA_MIN = 1.0f / 255.0f;
 constexpr float T_MIN = 1e-4f;
 constexpr float SSIM_C1 = 0.01f * 0.01f;
 constexpr float SSIM_C2 = 0.03f * 0.03f;
-
-struct Params {
-  // records, flattened over images (dense [I * N]) or packed [nnz]; flatten_ids index them
-  const float* means2d;      // [R, 2]
-  const float* conics;       // [R, 3]
-  const float* colors;       // [R, 3]
-  const float* opacities;    // [R]
-  const float* backgrounds;  // [I, 3] or null
-  const float* gts;          // [I, height - oy, width - ox, 3]
-  const int32_t* offsets;    // [I * tiles_y * tiles_x] start of each tile's list
-  const int32_t* flatten_ids;
-  int64_t n_isects;
-  int num_images, width, height, ox, oy, tiles_x, num_tiles;  // num_tiles per image
-  float l1_scale, ssim_scale;  // dL/dpixel = l1_scale sign(x - y) - ssim_scale d SSIM_sum / dx
-  float window[2 * WIN_HALF + 1];
-  float* v_means2d;    // [R, 2], zeroed
-  float* v_conics;     // [R, 3]
-  float* v_colors;     // [R, 3]
-  float* v_opacities;  // [R]
-  float* v_backgrounds;  // [I, 3] or null
-  float* absgrad;      // [R, 2] or null
-  float* image;        // [I, height, width, 3] or null
-  float* partial;      // [I * num_tiles, 2]: sum |x - y|, sum SSIM map, over the tile's pixels with ground truth
-  float* checkpoints;  // (n_isects / 32 + I * num_tiles + 1) * 256 * 4 floats, scratch
-  int phases;          // 3: all; for timing only, 1: forward only, 2: forward and loss (no gradients)
-  // This launch's tiles: flat (image, tile) ids tile_begin ... tile_begin + tile_count - 1; their
-  // checkpoints start at bucket bucket_base(start, tile) - cp_origin of ``checkpoints`` (launches in
-  // chunks of tiles reuse one scratch buffer; one launch: 0, every tile, 0).
-  int tile_begin, tile_count;
-  int64_t cp_origin;
-};
 
 // Scratch position of a tile's first bucket, in buckets: floor(start / 32) + tile. A tile needs at
 // most ceil(n / 32) buckets, so consecutive tiles never overlap, for any warpSize >= 32.
@@ -139,21 +106,24 @@ ST_DEVICE void blur_maps(const float* m_in, float* m_tmp, const float* w, int r,
 }
 
 ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P) {
+  constexpr int MAX_WARPS = NPIX / CP_BUCKET_MIN;
   // the staged records (forward: mean x, y, opacity, sigma bound | conic a, b, c | colour), then SSIM maps
   __shared__ float4 s_rec[3 * NPIX];
-  __shared__ float s_g[3 * NPIX];  // dL/dpixel, pixels sorted by stop (below)
-  __shared__ int s_stop[NPIX];     // list position (from start) each pixel stopped before; 0: no gradient
-  __shared__ int s_perm[NPIX];     // pixels by decreasing stop
-  __shared__ float2 s_anchor[NPIX * NPIX / CP_BUCKET_MIN];  // per warp: its bucket's (T, behind), sorted
+  __shared__ float4 s_g[NPIX];        // pixels sorted by stop (below): dL/dpixel (3) and K
+  __shared__ float2 s_pxy[NPIX];      // pixel centre x, y, sorted
+  __shared__ int s_stop[NPIX];        // list position (from start) each pixel stopped before (0: no gradient), sorted
+  __shared__ int s_perm[NPIX];        // pixels by decreasing stop
+  __shared__ float2 s_anchor[NPIX * MAX_WARPS];  // per warp: its bucket's active pixels' (T, behind), sorted
   __shared__ float s_red[NPIX];
 
   const int tile = P.tile_begin + (int)blockIdx.x;
   const int img = tile / P.num_tiles;
   const int tile_in_img = tile % P.num_tiles;
   const int tx = tile_in_img % P.tiles_x, ty = tile_in_img / P.tiles_x;
+  const int x0 = tx * TILE, y0 = ty * TILE;
   const int tid = threadIdx.x;
   const int r = tid / TILE, c = tid % TILE;
-  const int x = tx * TILE + c, y = ty * TILE + r;
+  const int x = x0 + c, y = y0 + r;
   const bool in_img = x < P.width && y < P.height;
   const bool has_gt = in_img && x >= P.ox && y >= P.oy;
   const float px = (float)x + 0.5f, py = (float)y + 0.5f;
@@ -185,7 +155,6 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
     for (int j0 = 0; j0 < n; j0 += B) {
       const int j1 = j0 + B < n ? j0 + B : n;
       const bool active = !done;  // the backward reads this bucket's checkpoint only for such pixels
-      float d_r = 0.f, d_g = 0.f, d_b = 0.f;  // the colour this bucket adds
       if (active) {
         for (int j = j0; j < j1; ++j) {
           const float4 geo = s_geo[j];
@@ -203,16 +172,13 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
           }
           const float w = alpha * T;
           const float4 cl = s_col[j];
-          d_r += w * cl.x;
-          d_g += w * cl.y;
-          d_b += w * cl.z;
+          col_r += w * cl.x;
+          col_g += w * cl.y;
+          col_b += w * cl.z;
           T = next_T;
         }
-        col_r += d_r;
-        col_g += d_g;
-        col_b += d_b;
-        if (has_gt)
-          reinterpret_cast<float4*>(cp)[(int64_t)bucket * NPIX + tid] = make_float4(T, d_r, d_g, d_b);
+        if (has_gt)  // T and the colour accumulated at the bucket's end
+          reinterpret_cast<float4*>(cp)[(int64_t)bucket * NPIX + tid] = make_float4(T, col_r, col_g, col_b);
       }
       ++bucket;
     }
@@ -251,7 +217,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   float nx = 0.f, ny = 0.f;
   for (int d = -WIN_HALF; d <= WIN_HALF; ++d) {
     const int cc = c + d, rr = r + d;
-    const int gx = tx * TILE + cc, gy = ty * TILE + rr;
+    const int gx = x0 + cc, gy = y0 + rr;
     if (cc >= 0 && cc < TILE && gx >= P.ox && gx < P.width) nx += P.window[d + WIN_HALF];
     if (rr >= 0 && rr < TILE && gy >= P.oy && gy < P.height) ny += P.window[d + WIN_HALF];
   }
@@ -311,19 +277,11 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
     }
   }
   const int my_stop = has_gt ? (int)(stop - start) : 0;  // the other pixels have no gradient
-  // Checkpoint colour -> what lies behind the bucket's end, dotted with g (back to front).
-  if (has_gt) {
-    const int nb = (my_stop + B - 1) / B;
-    float behind = T * (bg_r * g[0] + bg_g * g[1] + bg_b * g[2]);
-    for (int b = nb - 1; b >= 0; --b) {
-      float* q = cp + ((int64_t)b * NPIX + tid) * 4;
-      const float add = q[1] * g[0] + q[2] * g[1] + q[3] * g[2];
-      q[1] = behind;
-      behind += add;
-    }
-  }
+  // what lies behind the pixel's start, dotted with g: behind a bucket's end it is K minus the
+  // checkpoint's accumulated colour dotted with g
+  const float K = (col_r * g[0] + col_g * g[1] + col_b * g[2]) + T * (bg_r * g[0] + bg_g * g[1] + bg_b * g[2]);
   // Pixels by decreasing stop: bucket b's pixels with something to do (stop > b * warpSize) are then
-  // the first n of this order, and the backward's pipeline runs over those only.
+  // the first n of this order, and the backward's pipeline runs over (some of) those only.
   s_stop[tid] = my_stop;
   __syncthreads();
   int rank = 0;
@@ -334,16 +292,16 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   __syncthreads();
   s_stop[rank] = my_stop;
   s_perm[rank] = tid;
-  s_g[rank] = g[0];
-  s_g[NPIX + rank] = g[1];
-  s_g[2 * NPIX + rank] = g[2];
-  __syncthreads();  // also orders the scan's checkpoint writes before the backward's reads
+  s_pxy[rank] = make_float2(px, py);
+  s_g[rank] = make_float4(g[0], g[1], g[2], K);
+  __syncthreads();  // also orders the forward's checkpoint writes before the backward's reads
   const int num_buckets = (s_stop[0] + B - 1) / B;
 
   if (P.phases < 3) return;
 
   // ---------------------------------------------------------------- 3. backward, per bucket
   const int lane = tid % B, warp = tid / B, num_warps = NPIX / B;
+  const int wbase = warp * NPIX;  // this warp's part of s_anchor
   for (int b = warp; b < num_buckets; b += num_warps) {
     const int k = b * B + (B - 1 - lane);  // list position (from start) of this lane's Gaussian
     const bool mine = start + k < end;
@@ -369,65 +327,64 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
       if (s_stop[mid] > b * B) lo = mid + 1; else hi = mid;
     }
     const int n_act = lo;
+    // their anchors at the bucket's end: T, and what lies behind, K - C_bucket_end . g
+    const float4* cpb = reinterpret_cast<const float4*>(cp + (int64_t)b * NPIX * 4);
+    st::warp_sync();  // the previous bucket's reads are done
+    for (int i = lane; i < n_act; i += B) {
+      const float4 q = cpb[s_perm[i]];
+      const float4 gk = s_g[i];
+      s_anchor[wbase + i] = make_float2(q.x, gk.w - (q.y * gk.x + q.z * gk.y + q.w * gk.z));
+    }
+    st::warp_sync();
     float v_mx = 0.f, v_my = 0.f, v_a = 0.f, v_b = 0.f, v_c = 0.f, v_op = 0.f, v_r = 0.f, v_g = 0.f, v_bl = 0.f;
     float abs_x = 0.f, abs_y = 0.f;
     bool touched = false;
     float t_state = 0.f, behind_state = 0.f;
-    // the anchors (T, behind) of the bucket's end, of its active pixels in sorted order
-    const float2* cpb = reinterpret_cast<const float2*>(cp + (int64_t)b * NPIX * 4);
-    float2* anchors = s_anchor + warp * NPIX;
-    st::warp_sync();  // the previous bucket's reads are done
-    for (int i = lane; i < n_act; i += B) anchors[i] = cpb[2 * s_perm[i]];  // .xy of the float4 checkpoint
-    st::warp_sync();
     for (int s = 0; s < n_act + B - 1; ++s) {
       float t_in = st::shfl_up(t_state, 1);
       float behind_in = st::shfl_up(behind_state, 1);
       if (lane == 0 && s < n_act) {
-        const float2 a = anchors[s];
+        const float2 a = s_anchor[wbase + s];
         t_in = a.x;
         behind_in = a.y;
       }
       t_state = t_in;
       behind_state = behind_in;
       const int i = s - lane;  // this lane's pixel, in the sorted order
-      if (mine && i >= 0 && i < n_act && k < s_stop[i]) {
-        const int p = s_perm[i];
-        const float qx = (float)(tx * TILE + p % TILE) + 0.5f, qy = (float)(ty * TILE + p / TILE) + 0.5f;
-        const float dx = mx - qx, dy = my - qy;
-        const float sigma = gauss_sigma(ca, cb, cc, dx, dy);
-        if (sigma >= 0.f && sigma <= bound) {
-          const float vis = __expf(-sigma);
-          const float raw = op * vis;
-          const float alpha = fminf(MAX_ALPHA, raw);
-          if (alpha >= ALPHA_MIN) {
-            const float inv_one_minus = __fdividef(1.f, 1.f - alpha);
-            const float t_before = t_state * inv_one_minus;
-            const float w = alpha * t_before;
-            const float g0 = s_g[i], g1 = s_g[NPIX + i], g2 = s_g[2 * NPIX + i];
-            const float cdot = cr * g0 + cg * g1 + cbl * g2;
-            const float v_alpha = t_before * cdot - behind_state * inv_one_minus;
-            v_r += w * g0;
-            v_g += w * g1;
-            v_bl += w * g2;
-            if (raw <= MAX_ALPHA) {
-              v_op += vis * v_alpha;
-              const float v_sigma = -raw * v_alpha;
-              v_a += 0.5f * v_sigma * dx * dx;
-              v_b += v_sigma * dx * dy;
-              v_c += 0.5f * v_sigma * dy * dy;
-              const float gx = v_sigma * (ca * dx + cb * dy);
-              const float gy = v_sigma * (cc * dy + cb * dx);
-              v_mx += gx;
-              v_my += gy;
-              abs_x += fabsf(gx);
-              abs_y += fabsf(gy);
-            }
-            touched = true;
-            behind_state += w * cdot;
-            t_state = t_before;
-          }
-        }
+      if (!mine || i < 0 || i >= n_act || k >= s_stop[i]) continue;
+      const float2 q = s_pxy[i];
+      const float dx = mx - q.x, dy = my - q.y;
+      const float sigma = gauss_sigma(ca, cb, cc, dx, dy);
+      if (sigma < 0.f || sigma > bound) continue;
+      const float vis = __expf(-sigma);
+      const float raw = op * vis;
+      const float alpha = fminf(MAX_ALPHA, raw);
+      if (alpha < ALPHA_MIN) continue;
+      const float inv_one_minus = __fdividef(1.f, 1.f - alpha);
+      const float t_before = t_state * inv_one_minus;
+      const float w = alpha * t_before;
+      const float4 gk = s_g[i];
+      const float cdot = cr * gk.x + cg * gk.y + cbl * gk.z;
+      const float v_alpha = t_before * cdot - behind_state * inv_one_minus;
+      v_r += w * gk.x;
+      v_g += w * gk.y;
+      v_bl += w * gk.z;
+      if (raw <= MAX_ALPHA) {
+        v_op += vis * v_alpha;
+        const float v_sigma = -raw * v_alpha;
+        v_a += 0.5f * v_sigma * dx * dx;
+        v_b += v_sigma * dx * dy;
+        v_c += 0.5f * v_sigma * dy * dy;
+        const float gx = v_sigma * (ca * dx + cb * dy);
+        const float gy = v_sigma * (cc * dy + cb * dx);
+        v_mx += gx;
+        v_my += gy;
+        abs_x += fabsf(gx);
+        abs_y += fabsf(gy);
       }
+      touched = true;
+      behind_state += w * cdot;
+      t_state = t_before;
     }
     if (touched) {
       atomicAdd(P.v_means2d + 2 * gid, v_mx);
@@ -445,13 +402,6 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
       }
     }
   }
-}
-
-// Scratch floats one launch over every tile needs: (n_isects / 32 + number of tiles + 1) buckets of
-// 256 pixels x 4 (a launch over tiles t0..t1 needs from bucket_base of t0 to that of t1 plus its
-// buckets; kernels/fused_raster.py sizes chunks of tiles from the tile lists).
-inline int64_t checkpoint_floats(int64_t n_isects, int64_t num_tiles_all) {
-  return (n_isects / CP_BUCKET_MIN + num_tiles_all + 1) * (int64_t)NPIX * 4;
 }
 
 #if !defined(ST_CPU_EMU)

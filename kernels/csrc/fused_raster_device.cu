@@ -1,4 +1,5 @@
-// The device code alone, without torch: what CI compiles for AMD (hipify + hipcc, .ci/run) and
+// The device code's translation unit, without torch: linked into the extension with
+// fused_raster_ext.cpp (kernels/native.py), compiled for AMD by CI (hipify + hipcc, .ci/run), and
 // what `nvcc -Xptxas -v` reports registers and spills of.
 #include "fused_raster.cuh"
 

@@ -27,6 +27,7 @@ struct float2 {
   float x, y;
 };
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 // the fast intrinsics, exact here (the GPU tests hold the compiled kernel to the same tolerances)
 inline float __expf(float x) { return expf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
