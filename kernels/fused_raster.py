@@ -229,8 +229,10 @@ def _check_inputs(
     backgrounds,
     packed,
     origin=(0, 0),
+    padded_rows=False,
 ):
-    """Raises ValueError on inconsistent shapes / arguments. Returns the number of images I."""
+    """Raises ValueError on inconsistent shapes / arguments. Returns the number of images I.
+    ``padded_rows``: isect_offsets may hold more tile rows than the image (below it)."""
     ox, oy = origin
     if not (0 <= ox < width and 0 <= oy < height):
         raise ValueError(f"origin {tuple(origin)} must lie in the {width}x{height} image")
@@ -239,7 +241,8 @@ def _check_inputs(
     if isect_offsets.dim() != 3:
         raise ValueError(f"isect_offsets must be [I, tile_h, tile_w], got {tuple(isect_offsets.shape)}")
     I, th, tw = isect_offsets.shape
-    if (th, tw) != (-(-height // TILE_SIZE), -(-width // TILE_SIZE)):
+    need = (-(-height // TILE_SIZE), -(-width // TILE_SIZE))
+    if tw != need[1] or th < need[0] or (th != need[0] and not padded_rows):
         shape = tuple(isect_offsets.shape)
         raise ValueError(f"isect_offsets {shape} do not tile a {width}x{height} image by {TILE_SIZE}")
     lead = means2d.shape[:-1]
@@ -542,6 +545,7 @@ def fused_raster_loss(
     num_warps: Optional[int] = None,
     fallback: Optional[ModuleType] = None,
     origin: Tuple[int, int] = (0, 0),
+    padded_rows: bool = False,
 ) -> Tuple[Tensor, Dict]:
     """Composites, scores and back-propagates I images in one fused native kernel (ByteSplat §4).
 
@@ -556,6 +560,10 @@ def fused_raster_loss(
     moves the principal point by (ox, oy) and pads the image by as much shifts the image
     against the 16-pixel tile grid, so that the tile-local SSIM's tile borders fall elsewhere
     (``--random_tile_shift``). The L1 and SSIM means are over the pixels with ground truth.
+    padded_rows: isect_offsets [I, th, tw] may have more tile rows than the image needs; the rows
+    below the image have no pixels, and whatever their lists hold is read by no pixel (the native
+    kernel only: trainer/step_graphs.py pads its static tile lists so). Raises ValueError on the
+    CPU reference and the unfused path.
     absgrad: also return, in stats["absgrad"] [R, 2] (R = I*N or nnz), the sum over pixels of
     |d loss / d means2d| of each pixel's contribution (gsplat's absgrad; unscaled by the
     incoming gradient). The kernel fills it in this call; on the CPU reference and the unfused
@@ -593,10 +601,13 @@ def fused_raster_loss(
         backgrounds,
         packed,
         origin,
+        padded_rows,
     )
     budget = tile_budget(means2d.device) if budget is None else int(budget)
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
+    if padded_rows and (means2d.device.type == "cpu" or native.load() is None):
+        raise ValueError("padded_rows needs the native kernel (a CUDA/ROCm device where it builds)")
     if means2d.device.type == "cpu":
         loss, image = reference_fused_loss(
             means2d,
@@ -695,6 +706,7 @@ def emulated_fused_raster_loss(
     absgrad=False,
     origin=(0, 0),
     warp_size=32,
+    padded_rows=False,
 ):
     """TESTS ONLY: :func:`fused_raster_loss` with the native kernel's source run on the CPU
     (kernels.native.load_cpu_emulation) at ``warp_size`` lanes per warp. Same returns."""
@@ -713,6 +725,7 @@ def emulated_fused_raster_loss(
         backgrounds,
         packed,
         origin,
+        padded_rows,
     )
     return _native_loss(
         native.load_cpu_emulation(),

@@ -499,3 +499,9 @@ def test_bad_inputs_raise():
         fr.fused_raster_loss(*args, 24, 20, backgrounds=torch.zeros(2, 3))
     with pytest.raises(ValueError, match="budget"):
         fr.fused_raster_loss(*args, 24, 20, budget=-1)
+    # a tile row more than the image needs: only with padded_rows, and only in the native kernel
+    padded = torch.cat([args[4], args[4][:, -1:]], dim=1)
+    with pytest.raises(ValueError, match="tile"):
+        fr.fused_raster_loss(*args[:4], padded, *args[5:], 24, 20)
+    with pytest.raises(ValueError, match="padded_rows needs the native kernel"):
+        fr.fused_raster_loss(*args[:4], padded, *args[5:], 24, 20, padded_rows=True)

@@ -92,6 +92,7 @@ def test_training_runs_with_gsplat_backend(tmp_path):
         ("default", ["--packed", "--raster", "fused", "--random_tile_shift", "--batch_size", "2"], False),
         ("default", ["--reset_every", "30", "--batch_size", "2"], True),  # --cuda_graphs auto: captured on each change
         ("default", ["--cuda_graphs", "on", "--raster", "fused", "--pose_opt"], True),
+        pytest.param("default", ["--raster", "fused", "--batch_size", "2"], True, id="fused_whole_step_graphs"),
         ("default", ["--cuda_graphs", "off", "--batch_size", "2"], False),
         ("default", ["--device_images_share", "0"], True),  # pinned host images, copied a step ahead
         ("default", ["--device_images_share", "0", "--image_cache_gb", "0.0002"], True),  # streamed: 7 slots
@@ -492,15 +493,18 @@ def test_superseded_captures_are_freed_without_the_garbage_collector(monkeypatch
     assert reserved[-1] <= reserved[0] + pool + graphs.DEAD_POOL_SLACK, (before, reserved)
 
 
-@pytest.mark.parametrize("absgrad", [False, True])
-def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absgrad):
-    """trainer.step_graphs with real CUDA graphs and gsplat's kernels: over steps with other
-    cameras (so other intersection counts: stale entries past the count in the padded tile
-    lists, and a recapture when the count outgrows the capacity), random backgrounds on some, and
-    an in-place parameter update between them, the replayed step's loss equals the eager step's
-    to relative 1e-5 and every gradient (parameters, 2D means, absgrad) to ||a - b|| / ||b|| <=
-    1e-4 (gsplat's backward sums with atomics in another order)."""
-    from splat_train.kernels.fused_ssim import fused_l1_ssim_loss
+@pytest.mark.parametrize("absgrad, raster", [(False, "unfused"), (True, "unfused"), (False, "fused")])
+def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absgrad, raster):
+    """trainer.step_graphs with real CUDA graphs and gsplat's kernels (or the native fused kernel):
+    over steps with other cameras (so other intersection counts: stale entries past the count in
+    the padded tile lists, and a recapture when the count outgrows the capacity), random
+    backgrounds on some, and an in-place parameter update between them, the replayed step's loss
+    equals the eager step's to relative 1e-5 and every gradient (parameters, 2D means, absgrad) to
+    ||a - b|| / ||b|| <= 1e-4 (the backwards sum with atomics in another order)."""
+    import functools
+
+    from splat_train.kernels.fused_raster import fused_raster_loss
+    from splat_train.kernels.fused_ssim import fused_l1_ssim_loss, uint8_to_unit
     from splat_train.trainer.graphs import GraphedHead
     from splat_train.trainer.model import activated
     from splat_train.trainer.render import camera_centres
@@ -514,8 +518,9 @@ def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absg
 
     ops = ops_for("gsplat", torch.device("cuda"))
     params = _raw_gpu_params(n=20_000)
+    fused = functools.partial(fused_raster_loss, ssim_lambda=0.2) if raster == "fused" else None
     head = GraphedHead(ops, 0.01, 1e10)
-    step = GraphedStep(head, ops, loss_fn, absgrad=absgrad)
+    step = GraphedStep(head, ops, loss_fn, absgrad=absgrad, fused=fused)
     counts = []
     for i in range(6):
         cams = _batch(width=203, height=149, num=4)  # neither a multiple of the 16-pixel tile
@@ -536,8 +541,16 @@ def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absg
             backgrounds=bg,
             keep_means2d_grad=True,
             absgrad=absgrad,
+            rasterize=fused is None,
         )
-        loss, parts = loss_fn(ref.colors, gts)
+        if fused is None:
+            loss, parts = loss_fn(ref.colors, gts)
+        else:
+            rec, tiles = ref.info.records, ref.info.tiles
+            loss, _ = fused(
+                rec.means2d, rec.conics, rec.colors, rec.opacities, tiles.offsets, tiles.flatten_ids,
+                uint8_to_unit(gts), 203, 149, backgrounds=bg,
+            )  # fmt: skip
         loss.backward()
         want = {k: p.grad.clone() for k, p in params.items()}
         want_m2d = ref.info.means2d.grad.clone()
@@ -548,7 +561,8 @@ def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absg
         assert out is not None and out.info.num_isects == ref.info.num_isects
         counts.append(out.info.num_isects)
         torch.testing.assert_close(out.loss, loss.detach(), rtol=1e-5, atol=0)
-        torch.testing.assert_close(out.parts["l1"], parts["l1"], rtol=1e-5, atol=0)
+        if fused is None:
+            torch.testing.assert_close(out.parts["l1"], parts["l1"], rtol=1e-5, atol=0)
         for k, p in params.items():
             if k != "shN" or want[k].abs().sum() > 0:
                 assert want[k].abs().sum() > 0, (i, k)

@@ -171,6 +171,50 @@ def test_graphed_step_gives_the_eager_steps_loss_and_gradients_with_padded_tile_
     assert head.captures == 1
 
 
+def test_graphed_fused_step_gives_the_eager_fused_steps_loss_and_gradients():
+    """--raster fused: the tail runs the fused kernel (its source under the CPU emulation) over the
+    padded tile lists (stale entries past the count, the extra row below each image) and gives the
+    eager fused step's loss and gradients, with and without backgrounds; l1 and ssim are NaN, as
+    in the eager fused step."""
+    import functools
+    import shutil
+
+    import pytest
+
+    from splat_train.kernels import fused_raster as fr
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler to build the CPU emulation of the native kernel")
+    fused = functools.partial(fr.emulated_fused_raster_loss, ssim_lambda=0.2)
+    params = _params()
+    head = GraphedHead(reference, 0.01, 1e10, capture=EagerGraphs)
+    step = GraphedStep(head, reference, _loss, absgrad=True, capture=EagerCall, fused=fused)
+    ns = []
+    for indices, bg in (([0, 3], None), ([1, 4], torch.rand(2, 3)), ([0, 3], None)):
+        cams, gts = _cams(indices)
+        out = render(activated(params), cams, DistContext(), reference, 1, backgrounds=bg, rasterize=False)
+        rec, tiles = out.info.records, out.info.tiles
+        loss, stats = fused(
+            rec.means2d, rec.conics, rec.colors, rec.opacities, tiles.offsets, tiles.flatten_ids,
+            uint8_to_unit(gts), cams.width, cams.height, backgrounds=bg, absgrad=True,
+        )  # fmt: skip
+        loss.backward()
+        grads = {k: p.grad.clone() for k, p in params.items()}
+        for p in params.values():
+            p.grad = None
+        got_out, got = _graphed(step, params, cams, gts, 1, bg)
+        ns.append(got_out.info.num_isects)
+        assert got_out.info.num_isects == tiles.flatten_ids.numel() > 0
+        _close(got_out.loss, loss.detach(), "loss")
+        assert got_out.parts["l1"].isnan() and got_out.parts["ssim"].isnan()
+        for k in params:
+            assert grads[k].abs().sum() > 0 or k == "shN", k
+            torch.testing.assert_close(got[k], grads[k], rtol=1e-4, atol=1e-6, msg=k)
+        torch.testing.assert_close(got_out.info.absgrad.grad.reshape(-1, 2), stats["absgrad"], rtol=1e-4, atol=1e-7)
+    assert min(ns) < step.capacity  # a step read stale entries past its count
+    assert step.captures == 3 and head.captures == 1  # each step changes the background or not
+
+
 def test_the_extra_tile_row_ends_each_real_tile_where_the_eager_lists_do():
     """Rasterizing the padded lists (garbage past the count, the extra row masked) equals
     rasterizing gsplat's own, with the reference's last-tile rule (the list length)."""
@@ -302,7 +346,8 @@ def test_whole_steps_are_graphed_only_where_nothing_but_the_photometric_loss_tra
     assert applies(cfg(), 1, "unfused", {})
     assert applies(cfg("--absgrad", "--random_bkgd", "--batch_size", "2"), 1, "unfused", {})
     assert not applies(cfg(), 2, "unfused", {})
-    assert not applies(cfg(), 1, "fused", {})
+    assert applies(cfg(), 1, "fused", {})
+    assert not applies(cfg("--raster", "fused", "--random_tile_shift"), 1, "fused", {})  # renders change size
     assert not applies(cfg(), 1, "unfused", {"app": object()})
     for flags in (["--opacity_reg", "0.01"], ["--scale_reg", "0.01"], ["--depth_loss"], ["--tb_save_image"]):
         assert not applies(cfg(*flags), 1, "unfused", {}), flags

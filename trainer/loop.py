@@ -7,7 +7,9 @@ partial gradient to its Gaussian's owner) -> Adam on the local shard -> densify 
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import random
 import signal
 import time
@@ -182,7 +184,14 @@ class Trainer:
         # --cuda_graphs at W = 1 with nothing but the photometric loss: the whole step replayed
         # around gsplat's tile intersection (step_graphs.py); anything else runs the eager step
         self.graphed_step = (
-            GraphedStep(self.graphed_head, self.ops, self.photometric, cfg.densify.absgrad, warn=self.report.warn)
+            GraphedStep(
+                self.graphed_head,
+                self.ops,
+                self.photometric,
+                cfg.densify.absgrad,
+                warn=self.report.warn,
+                fused=self._fused_tail_loss() if self.raster == "fused" else None,
+            )
             if self.graphed_head is not None and step_graphs.applies(cfg, ctx.world_size, self.raster, self.aux)
             else None
         )
@@ -361,6 +370,9 @@ class Trainer:
             )  # None: this step runs eagerly (step_graphs.py)
         if graphed is not None:
             loss, parts, info = graphed.loss, graphed.parts, graphed.info
+            if self.raster == "fused":  # every tile in the kernel
+                tiles = C * math.ceil(width / TILE_SIZE) * math.ceil(height / TILE_SIZE)
+                self.last_fused_stats = dict(fraction_fused=1.0, fraction_isects_fused=1.0, num_tiles=tiles)
         else:
             loss, parts, info = self._eager_forward_backward(
                 step, cams, layout, items, item_ids, windows, gts, keep, backgrounds, origin
@@ -514,6 +526,12 @@ class Trainer:
             return (0, 0)
         rng = random.Random(f"tile-shift/{self.cfg.seed}/{step}")
         return (rng.randrange(TILE_SIZE), rng.randrange(TILE_SIZE))
+
+    def _fused_tail_loss(self):
+        """The fused kernel as a graphed step's rasterizer and loss (step_graphs.tail_function)."""
+        from ..kernels.fused_raster import fused_raster_loss
+
+        return functools.partial(fused_raster_loss, ssim_lambda=self.cfg.ssim_lambda, fallback=self.ops)
 
     def _fused_loss(self, result, gts, backgrounds, origin=(0, 0)):
         """ByteSplat's fused step: forward compositing, the tile-local loss and the backward

@@ -3,14 +3,15 @@
 With trainer/graphs.py's head captured, a step still runs the rasterizer, the loss and autograd's
 backward eagerly: a few hundred operator calls and Triton launches of host time, more than the
 GPU's own work on a small scene (docs/gpu-bound-step.md). For the common run (one process, dense
-records, the unfused rasterizer, the photometric loss alone) :class:`GraphedStep` runs a step as
+records, the photometric loss alone) :class:`GraphedStep` runs a step as
 
   1. the head's forward graph: activation, projection, SH (graphs.CapturedGraphs);
   2. gsplat's tile intersection, eagerly: isect_tiles reads its intersection count on the host
      (the step's one synchronization) and sizes its outputs by it;
   3. the tail graph (graphs.CapturedCall): rasterize_to_pixels, the background, the loss, and the
      loss's and rasterizer's backward, which writes the gradients of the head's outputs straight
-     into the head's static gradient buffers;
+     into the head's static gradient buffers (with --raster fused: the fused kernel, which does
+     all of that in one launch);
   4. the head's backward graph: the parameters' gradients.
 
 No autograd graph is built on the host. The optimizer, densification's statistics and everything
@@ -25,7 +26,9 @@ RasterizeToPixels3DGSFwd.cu and ...Bwd.cu). With the extra row, each real tile's
 next real one's begins, as in the eager pass (the extra row of image c starts at image c + 1's first
 entry, the last image's at the step's count), and the padded entries fall to the last extra tile.
 That tile, like its whole row, lies below the image: the forward stops before its first batch (no
-pixel inside, all done) and the backward returns at once (``masks`` False there). The capacity
+pixel inside, all done) and the backward returns at once (``masks`` False there). The fused kernel
+reads the same padded lists (kernels/fused_raster.py, ``padded_rows``): the rows below the image
+have no pixels, so it composites nothing there and gives their Gaussians no gradient. The capacity
 grows by a quarter past a step's count that exceeds it, which captures the tail again.
 """
 
@@ -40,6 +43,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..kernels.constants import TILE_SIZE
+from ..kernels.fused_ssim import uint8_to_unit
 from ..kernels.reference import composite_background
 from .graphs import OUTPUT_KEYS, PARAM_KEYS, CapturedCall, GraphedHead, collector_held
 from .render import RenderInfo
@@ -52,11 +56,12 @@ def applies(cfg, world_size: int, raster: str, aux: dict) -> bool:
     """Whether a run of Config ``cfg`` on ``world_size`` processes, rasterizing ``raster``
     ("unfused" | "fused") with the auxiliary modules ``aux`` (trainer/aux_modules.py), trains
     nothing but the photometric loss of one process's dense pass: what :class:`GraphedStep`
-    replays. (Whether graphs are on at all, a CUDA device and dense records are
+    replays (fused: without --random_tile_shift, whose padded renders change size from step to
+    step). (Whether graphs are on at all, a CUDA device and dense records are
     :class:`graphs.GraphedHead`'s conditions.)"""
     return (
         world_size == 1
-        and raster == "unfused"
+        and (raster == "unfused" or (raster == "fused" and not cfg.random_tile_shift))
         and not aux
         and not cfg.depth_loss
         and cfg.opacity_reg == 0
@@ -77,15 +82,28 @@ def _extra_row_starts(offsets: torch.Tensor, n_isects: int) -> torch.Tensor:
     return torch.cat([offsets[1:, 0, 0], offsets.new_full((1,), n_isects)])
 
 
-def tail_function(ops, loss_fn: Callable, width: int, height: int, absgrad: bool, grad_targets: dict) -> Callable:
+def tail_function(
+    ops, loss_fn: Callable, width: int, height: int, absgrad: bool, grad_targets: dict, fused: Optional[Callable] = None
+) -> Callable:
     """The tail of a step, as captured: (means2d, conics, colors, opacities — leaves over the head's
     outputs —, offsets, flatten_ids, masks, gts uint8 [C, H, W, 3], backgrounds [C, 3] or None) ->
     (loss, l1, ssim, absgrad [C, N, 2] or an empty tensor). The gradients of the four leaves are
     copied into ``grad_targets`` (the head's static gradient buffers, by output name; "depths"
-    there is zeroed: no depth term). ``loss_fn(colors [C, H, W, 3], gts) -> (loss, {"l1", "ssim"})``."""
+    there is zeroed: no depth term). ``loss_fn(colors [C, H, W, 3], gts) -> (loss, {"l1", "ssim"})``.
+    ``fused``: kernels.fused_raster.fused_raster_loss with its ssim_lambda bound (tests: the CPU
+    emulation), which replaces the rasterizer and ``loss_fn``; as in the eager fused step, its l1
+    and ssim are NaN (the kernel returns the combined loss only)."""
+
+    def write_gradients(loss, leaves):
+        for key, grad in zip(RASTER_KEYS, torch.autograd.grad(loss, leaves)):
+            grad_targets[key].copy_(grad)
+        if "depths" in grad_targets:
+            grad_targets["depths"].zero_()
 
     def tail(means2d, conics, colors, opacities, offsets, flatten_ids, masks, gts, backgrounds):
         leaves = (means2d, conics, colors, opacities)
+        if fused is not None:
+            return fused_tail(leaves, offsets, flatten_ids, gts, backgrounds)
         render_colors, render_alphas = ops.rasterize_to_pixels(
             means2d,
             conics,
@@ -101,10 +119,7 @@ def tail_function(ops, loss_fn: Callable, width: int, height: int, absgrad: bool
         )
         render_colors = composite_background(render_colors, render_alphas, backgrounds)
         loss, parts = loss_fn(render_colors, gts)
-        for key, grad in zip(RASTER_KEYS, torch.autograd.grad(loss, leaves)):
-            grad_targets[key].copy_(grad)
-        if "depths" in grad_targets:
-            grad_targets["depths"].zero_()
+        write_gradients(loss, leaves)
         abs_means2d = getattr(means2d, "absgrad", None) if absgrad else None
         if absgrad and abs_means2d is None:
             abs_means2d = torch.zeros_like(means2d)
@@ -114,6 +129,17 @@ def tail_function(ops, loss_fn: Callable, width: int, height: int, absgrad: bool
             parts["ssim"].detach(),
             abs_means2d.detach() if abs_means2d is not None else means2d.new_empty(0),
         )
+
+    def fused_tail(leaves, offsets, flatten_ids, gts, backgrounds):
+        assert fused is not None
+        loss, stats = fused(
+            *leaves, offsets, flatten_ids, uint8_to_unit(gts), width, height,
+            backgrounds=backgrounds, absgrad=absgrad, padded_rows=True,
+        )  # fmt: skip
+        write_gradients(loss, leaves)
+        nan = loss.detach().new_full((), math.nan)
+        abs_means2d = stats["absgrad"].view(leaves[0].shape) if absgrad else leaves[0].new_empty(0)
+        return loss.detach(), nan, nan.clone(), abs_means2d.detach()
 
     return tail
 
@@ -160,7 +186,8 @@ class GraphedStep:
     """Steps 1-4 of the module docstring for a :class:`graphs.GraphedHead` ``head``.
 
     ``ops``: gsplat's CUDA ops (or the reference's, with stand-in captures, in tests);
-    ``loss_fn``: as :func:`tail_function`'s; ``absgrad``: --absgrad. ``capture``: turns the tail
+    ``loss_fn`` and ``fused`` (--raster fused): as :func:`tail_function`'s; ``absgrad``:
+    --absgrad. ``capture``: turns the tail
     function and its static inputs into an object whose ``replay()`` returns the static outputs
     (:class:`graphs.CapturedCall`; tests pass an eager stand-in). ``warn``: told once, in one line,
     when a capture fails; the run then goes on with the eager step (``__call__`` returns None).
@@ -174,8 +201,10 @@ class GraphedStep:
         absgrad: bool = False,
         capture: Optional[Callable] = None,
         warn: Optional[Callable[[str], None]] = None,
+        fused: Optional[Callable] = None,
     ):
         self.head, self.ops, self.loss_fn, self.absgrad = head, ops, loss_fn, absgrad
+        self.fused = fused
         self.capture = capture or CapturedCall
         self.warn = warn
         self.capacity = 0
@@ -265,7 +294,7 @@ class GraphedStep:
         tail.fill(offsets, flatten_ids, gts, backgrounds)
         diff_keys = [k for k in OUTPUT_KEYS if outs[k].requires_grad]
         targets = dict(zip(diff_keys, run.grad_outputs))
-        fn = tail_function(self.ops, self.loss_fn, width, height, self.absgrad, targets)
+        fn = tail_function(self.ops, self.loss_fn, width, height, self.absgrad, targets, self.fused)
 
         def inputs():
             leaves = tuple(outs[k].detach().requires_grad_() for k in RASTER_KEYS)
