@@ -40,11 +40,12 @@ Implementation (kernels/csrc/fused_raster.cuh, CUDA C++; HIP through PyTorch's h
 first use by kernels/native.py): 256 threads per tile, one per pixel. The forward stages the
 tile's records through shared memory 256 at a time and composites as gsplat's forward does (T a
 running product); every ``warpSize`` list positions (a bucket) each pixel writes a checkpoint
-(T at the bucket's end and the colour the bucket added) to a global scratch buffer. The loss is
+(T and the colour accumulated at the bucket's end) to a global scratch buffer. The loss is
 then computed in shared memory (the tile-local SSIM as separable 11-tap passes of the window
 restricted to the tile's pixels with ground truth, its backward by the transposed passes), and
-each pixel turns its checkpoints into "what lies behind the bucket's end, dotted with dL/dpixel"
-(a back-to-front sum, as gsplat's backward accumulates). The backward runs per bucket
+each pixel keeps K = C_final . dL/dpixel + T_final background . dL/dpixel, so that "what lies
+behind a bucket's end, dotted with dL/dpixel" is K - C_end . dL/dpixel (Taming-3DGS's form; the
+difference costs about float32 eps |K| of absolute error there). The backward runs per bucket
 (Taming-3DGS's per-Gaussian scheme): the block's warps take the tile's buckets in turn, each lane
 holds one Gaussian in registers and the pixels flow through the lanes (warp shuffles), each lane
 recovering T before its Gaussian by one division from the anchor at the bucket's end; gradient
@@ -53,8 +54,8 @@ is no per-tile Gaussian budget and no fallback. The checkpoints take 16 bytes pe
 (about 128 bytes per tile-Gaussian intersection); a call that would need more than
 SPLAT_TRAIN_FUSED_SCRATCH_MB (default 2048) runs in launches over chunks of tiles that reuse one
 buffer (:func:`tile_chunks`). Loss and gradients equal the reference's up to
-float32 rounding and a pixel's stop decision at T <= 1e-4 (float32 running product vs. the
-reference's float64 sums of logs). The same source runs on the CPU under an emulation of the few
+float32 rounding (including the difference above) and a pixel's stop decision at T <= 1e-4
+(float32 running product vs. the reference's float64 sums of logs). The same source runs on the CPU under an emulation of the few
 CUDA builtins it uses (tests/csrc/cpu_emu.h; tests only) at warp sizes 32 and 64.
 
 ``reference_fused_loss`` (marked REFERENCE below) is the plain-PyTorch definition the kernel is
@@ -299,6 +300,13 @@ def _scratch_cap_floats() -> int:
     if not mb > 0:
         raise ValueError(f"SPLAT_TRAIN_FUSED_SCRATCH_MB must be > 0, got {mb}")
     return int(mb * 2**20) // 4
+
+
+def fits_one_launch(num_isects: int, num_tiles_all: int) -> bool:
+    """Whether a call of ``num_isects`` intersections over ``num_tiles_all`` (image, tile) pairs
+    runs in one launch: its checkpoint scratch within SPLAT_TRAIN_FUSED_SCRATCH_MB. Such a call
+    copies nothing to the host, so a CUDA graph can capture it (trainer/step_graphs.py)."""
+    return (num_isects // CP_BUCKET_MIN + num_tiles_all + 1) * CP_BUCKET_FLOATS <= _scratch_cap_floats()
 
 
 def tile_chunks(offsets: Tensor, num_isects: int, cap_floats: int) -> list:

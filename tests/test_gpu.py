@@ -135,6 +135,8 @@ def test_training_densifies_on_gpu(tmp_path, capsys, preset, extra, graphs):
     if graphs:  # the graphs really ran (the default on one GPU): captured again at each change, none refused
         assert line and not line[0].startswith("cuda graphs: 0 "), line
         assert set(re.findall(r"(\d+) failed", line[0])) == {"0"}, line
+        if "fused" in extra and "--pose_opt" not in extra:  # the fused kernel replayed whole steps
+            assert re.search(r"whole steps: [1-9]\d* tail captures", line[0]), line
     else:
         assert not line, line
     counts = [load_shard([tmp_path / f"ckpts/ckpt_{k}_rank0.pt"], 0, 1)["params"]["means"].shape[0] for k in (1, 60)]

@@ -189,8 +189,10 @@ def test_graphed_fused_step_gives_the_eager_fused_steps_loss_and_gradients():
     params = _params()
     head = GraphedHead(reference, 0.01, 1e10, capture=EagerGraphs)
     step = GraphedStep(head, reference, _loss, absgrad=True, capture=EagerCall, fused=fused)
-    ns = []
-    for indices, bg in (([0, 3], None), ([1, 4], torch.rand(2, 3)), ([0, 3], None)):
+    ns, captures = [], []
+    # the second step replays the first one's capture with fewer intersections (stale entries of
+    # the first past its count); the third, with a background, captures again
+    for indices, bg in (([0, 3], None), ([1, 4], None), ([2, 5], torch.rand(2, 3))):
         cams, gts = _cams(indices)
         out = render(activated(params), cams, DistContext(), reference, 1, backgrounds=bg, rasterize=False)
         rec, tiles = out.info.records, out.info.tiles
@@ -204,6 +206,7 @@ def test_graphed_fused_step_gives_the_eager_fused_steps_loss_and_gradients():
             p.grad = None
         got_out, got = _graphed(step, params, cams, gts, 1, bg)
         ns.append(got_out.info.num_isects)
+        captures.append(step.captures)
         assert got_out.info.num_isects == tiles.flatten_ids.numel() > 0
         _close(got_out.loss, loss.detach(), "loss")
         assert got_out.parts["l1"].isnan() and got_out.parts["ssim"].isnan()
@@ -211,8 +214,39 @@ def test_graphed_fused_step_gives_the_eager_fused_steps_loss_and_gradients():
             assert grads[k].abs().sum() > 0 or k == "shN", k
             torch.testing.assert_close(got[k], grads[k], rtol=1e-4, atol=1e-6, msg=k)
         torch.testing.assert_close(got_out.info.absgrad.grad.reshape(-1, 2), stats["absgrad"], rtol=1e-4, atol=1e-7)
-    assert min(ns) < step.capacity  # a step read stale entries past its count
-    assert step.captures == 3 and head.captures == 1  # each step changes the background or not
+    assert captures == [1, 1, 2] and head.captures == 1
+    assert ns[1] < ns[0]  # the replayed step's buffer held the first step's longer list past its count
+
+
+def test_a_fused_step_too_large_for_one_launch_runs_eagerly_without_ending_the_graphs(monkeypatch):
+    """A fused step whose checkpoint scratch exceeds SPLAT_TRAIN_FUSED_SCRATCH_MB would run the
+    kernel in chunks of tiles, reading the tile offsets on the host, which no capture allows: that
+    step is declined (the eager step runs it; the head counted once) and a later step that fits
+    is captured and replayed."""
+    import functools
+    import shutil
+
+    import pytest
+
+    from splat_train.kernels import fused_raster as fr
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler to build the CPU emulation of the native kernel")
+    params = _params()
+    head = GraphedHead(reference, 0.01, 1e10, capture=EagerGraphs)
+    fused = functools.partial(fr.emulated_fused_raster_loss, ssim_lambda=0.2)
+    step = GraphedStep(head, reference, _loss, capture=EagerCall, fused=fused)
+    cams, gts = _cams([0, 3])
+    campos = torch.linalg.inv(cams.viewmats)[:, :3, 3]
+    args = (params, cams.viewmats, cams.Ks, campos, cams.width, cams.height, 1, gts)
+    monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", "0.001")  # 262 floats: less than one bucket
+    calls = head.calls
+    assert step(*args) is None
+    assert step.declined == 1 and not step.failed and step.captures == 0 and step._tail is None
+    assert head.calls == calls and all(p.grad is None for p in params.values())
+    monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", "2048")
+    out = step(*args)
+    assert out is not None and step.captures == 1 and step.declined == 1 and torch.isfinite(out.loss)
 
 
 def test_the_extra_tile_row_ends_each_real_tile_where_the_eager_lists_do():

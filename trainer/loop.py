@@ -682,6 +682,11 @@ class Trainer:
                     + (
                         f"; whole steps: {self.graphed_step.captures} tail captures in "
                         f"{self.graphed_step.capture_seconds:.2f} s, {self.graphed_step.failures} failed"
+                        + (
+                            f", {self.graphed_step.declined} steps too large for one fused launch ran eagerly"
+                            if self.graphed_step.declined
+                            else ""
+                        )
                         if self.graphed_step is not None
                         else ""
                     )

@@ -43,6 +43,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..kernels.constants import TILE_SIZE
+from ..kernels.fused_raster import fits_one_launch
 from ..kernels.fused_ssim import uint8_to_unit
 from ..kernels.reference import composite_background
 from .graphs import OUTPUT_KEYS, PARAM_KEYS, CapturedCall, GraphedHead, collector_held
@@ -191,7 +192,9 @@ class GraphedStep:
     function and its static inputs into an object whose ``replay()`` returns the static outputs
     (:class:`graphs.CapturedCall`; tests pass an eager stand-in). ``warn``: told once, in one line,
     when a capture fails; the run then goes on with the eager step (``__call__`` returns None).
-    ``captures``, ``failures`` and ``capture_seconds`` count the tail's own captures."""
+    ``captures``, ``failures`` and ``capture_seconds`` count the tail's own captures; ``declined``
+    the fused steps left to the eager step because the kernel would need several launches
+    (kernels.fused_raster.fits_one_launch)."""
 
     def __init__(
         self,
@@ -209,6 +212,7 @@ class GraphedStep:
         self.warn = warn
         self.capacity = 0
         self.captures = self.failures = 0
+        self.declined = 0  # fused steps too large for one launch of the kernel (run eagerly)
         self.capture_seconds = 0.0
         self.failed = False  # a tail capture failed: no more graphed steps in this run
         self._tail: Optional[_Tail] = None
@@ -221,8 +225,9 @@ class GraphedStep:
         campos [C, 3], all of ``width`` x ``height`` pixels) against ``gts`` (uint8 [C, H, W, 3],
         on the device) and ``backgrounds`` ([C, 3] or None); leaves the parameters' ``.grad``
         set (static buffers: the optimizer must consume and drop them before the next step).
-        Returns None, having done nothing, when the head runs without a capture for these
-        arguments or a tail capture has failed: the caller then runs its eager step."""
+        Returns None, having set no gradient, when the head runs without a capture for these
+        arguments, a tail capture has failed, or (fused) the kernel would need several launches
+        for this step: the caller then runs its eager step."""
         if self.failed:
             return None
         C = viewmats.shape[0]
@@ -249,6 +254,13 @@ class GraphedStep:
         n = flatten_ids.numel()
         if n > self.capacity or self.capacity == 0:
             self.capacity = capacity_for(n)
+        if self.fused is not None and not fits_one_launch(self.capacity, C * (th + 1) * tw):
+            # the fused kernel would run in chunks of tiles, which reads the tile offsets on the
+            # host: not capturable. This step runs eagerly; a later, smaller one may replay.
+            self._tail = None
+            self.head.calls -= 1  # the eager step calls the head again for this step: count it once
+            self.declined += 1
+            return None
         key = (run, self.capacity, C, width, height, tuple(gts.shape), backgrounds is None)
         if self._tail is not None and self._tail.key == key:
             tail = self._tail

@@ -277,8 +277,8 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
     }
   }
   const int my_stop = has_gt ? (int)(stop - start) : 0;  // the other pixels have no gradient
-  // what lies behind the pixel's start, dotted with g: behind a bucket's end it is K minus the
-  // checkpoint's accumulated colour dotted with g
+  // what lies behind the start of the tile's list, dotted with g: behind a bucket's end it is K
+  // minus the checkpoint's accumulated colour dotted with g
   const float K = (col_r * g[0] + col_g * g[1] + col_b * g[2]) + T * (bg_r * g[0] + bg_g * g[1] + bg_b * g[2]);
   // Pixels by decreasing stop: bucket b's pixels with something to do (stop > b * warpSize) are then
   // the first n of this order, and the backward's pipeline runs over (some of) those only.
