@@ -178,13 +178,28 @@ def tile_local_ssim_map(
     return s[:, :, oy:H, ox:W].permute(0, 2, 3, 1)
 
 
-def tile_local_loss(img: Tensor, gt: Tensor, ssim_lambda: float, origin: Tuple[int, int] = (0, 0)) -> Tensor:
-    """REFERENCE loss: mean over images of (1 - l) L1_i + l (1 - SSIM_tile_i) over the pixels with
+def tile_local_terms(img: Tensor, gt: Tensor, origin: Tuple[int, int] = (0, 0)) -> Tuple[Tensor, Tensor]:
+    """REFERENCE terms of the loss, per image: (L1_i [I], SSIM_tile_i [I]) over the pixels with
     ground truth (module docstring; img, gt and origin as :func:`tile_local_ssim_map`)."""
     ox, oy = origin
     l1 = (img[:, oy:, ox:] - gt).abs().mean(dim=(1, 2, 3))
-    ssim = tile_local_ssim_map(img, gt, origin=origin).mean(dim=(1, 2, 3))
+    return l1, tile_local_ssim_map(img, gt, origin=origin).mean(dim=(1, 2, 3))
+
+
+def combine_terms(l1: Tensor, ssim: Tensor, ssim_lambda: float) -> Tensor:
+    """The loss from the per-image terms: mean over images of (1 - l) L1_i + l (1 - SSIM_tile_i)."""
     return ((1.0 - ssim_lambda) * l1 + ssim_lambda * (1.0 - ssim)).mean()
+
+
+def term_stats(l1: Tensor, ssim: Tensor) -> Dict[str, Tensor]:
+    """stats["l1"] and stats["ssim"]: the terms' means over the images, detached (0-dim)."""
+    return {"l1": l1.detach().mean(), "ssim": ssim.detach().mean()}
+
+
+def tile_local_loss(img: Tensor, gt: Tensor, ssim_lambda: float, origin: Tuple[int, int] = (0, 0)) -> Tensor:
+    """REFERENCE loss: mean over images of (1 - l) L1_i + l (1 - SSIM_tile_i) over the pixels with
+    ground truth (module docstring; img, gt and origin as :func:`tile_local_ssim_map`)."""
+    return combine_terms(*tile_local_terms(img, gt, origin), ssim_lambda)
 
 
 def reference_fused_loss(
@@ -202,18 +217,23 @@ def reference_fused_loss(
     packed: bool = False,
     origin: Tuple[int, int] = (0, 0),
     absgrad: bool = False,
+    terms: Optional[dict] = None,
 ) -> Tuple[Tensor, Tensor]:
     """REFERENCE of the fused kernel: kernels.reference.rasterize_to_pixels + tile_local_loss.
 
     Same arguments as :func:`fused_raster_loss`. Returns (loss 0-dim, image [I, H, W, 3]);
     differentiate the loss with autograd. ``absgrad``: ``means2d.absgrad`` is set to a tensor that
-    the backward fills (kernels.reference.rasterize_to_pixels).
+    the backward fills (kernels.reference.rasterize_to_pixels). ``terms``: a dict that receives
+    :func:`term_stats` ("l1", "ssim").
     """
     image, _ = ref.rasterize_to_pixels(
         means2d, conics, colors, opacities, width, height, TILE_SIZE, isect_offsets, flatten_ids,
         backgrounds=backgrounds, packed=packed, absgrad=absgrad,
     )  # fmt: skip
-    return tile_local_loss(image, gts, ssim_lambda, origin), image
+    l1, ssim = tile_local_terms(image, gts, origin)
+    if terms is not None:
+        terms.update(term_stats(l1, ssim))
+    return combine_terms(l1, ssim, ssim_lambda), image
 
 
 def _check_inputs(
@@ -417,8 +437,9 @@ def _launch(
             ext.fused_raster_loss(int(warp_size), *args, *chunk)
     del scratch
     sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * num_pixels)  # [I, 2]: L1_i, SSIM_i
-    loss = ((1.0 - ssim_lambda) * sums[:, 0] + ssim_lambda * (1.0 - sums[:, 1])).mean()
+    loss = combine_terms(sums[:, 0], sums[:, 1], ssim_lambda)
     stats = {
+        **term_stats(sums[:, 0], sums[:, 1]),
         "fraction_fused": 1.0,
         "fraction_isects_fused": 1.0,
         "fraction_resident": None,
@@ -518,10 +539,12 @@ def _unfused(
         means2d, conics, colors, opacities, width, height, TILE_SIZE, isect_offsets, flatten_ids, packed=packed,
         absgrad=absgrad)  # fmt: skip
     image = ref.composite_background(image, alphas, backgrounds)
-    loss = tile_local_loss(image, gts, ssim_lambda, origin)
+    l1, ssim = tile_local_terms(image, gts, origin)
+    loss = combine_terms(l1, ssim, ssim_lambda)
     _, counts = _tile_counts(isect_offsets, flatten_ids.numel())
     within = counts <= budget
     stats = {
+        **term_stats(l1, ssim),
         "fraction_fused": float(within.float().mean()),
         "num_tiles": counts.numel(),
         "fraction_isects_fused": _isect_share(counts, within),
@@ -589,8 +612,10 @@ def fused_raster_loss(
     reports 1.0. resident_max, stream_chunk and num_warps are accepted and ignored (the Triton
     kernel's tuning knobs).
 
-    Returns (loss 0-dim, stats) with stats = {"fraction_fused", "fraction_isects_fused",
-    "fraction_resident" (None), "num_tiles": I * n_tiles, "image": [I, H, W, 3] or None, "absgrad"}.
+    Returns (loss 0-dim, stats) with stats = {"l1", "ssim" (the loss's terms, means over the
+    images, 0-dim, detached: L1 and the tile-local SSIM, not 1 - SSIM), "fraction_fused",
+    "fraction_isects_fused", "fraction_resident" (None), "num_tiles": I * n_tiles, "image":
+    [I, H, W, 3] or None, "absgrad"}.
     Raises ValueError on inconsistent shapes, an origin outside the image, a ssim_lambda outside
     [0, 1] or a negative budget.
     """
@@ -617,6 +642,7 @@ def fused_raster_loss(
     if padded_rows and (means2d.device.type == "cpu" or native.load() is None):
         raise ValueError("padded_rows needs the native kernel (a CUDA/ROCm device where it builds)")
     if means2d.device.type == "cpu":
+        terms: dict = {}
         loss, image = reference_fused_loss(
             means2d,
             conics,
@@ -632,9 +658,11 @@ def fused_raster_loss(
             packed,
             origin,
             absgrad,
+            terms,
         )
         _, counts = _tile_counts(isect_offsets, flatten_ids.numel())
         stats = {
+            **terms,
             "fraction_fused": float((counts <= budget).float().mean()),
             "num_tiles": counts.numel(),
             "fraction_isects_fused": _isect_share(counts, counts <= budget),

@@ -179,7 +179,10 @@ def compare(params, fn, **kw):
     relative errors of the loss, the image and each gradient, and flags."""
     scene = scene_of(params)
     names, leaves = _leaves(scene)
-    ref_loss, ref_image = _call(fr.reference_fused_loss, scene, leaves, names, ssim_lambda=params["lam"])
+    ref_terms: dict = {}
+    ref_loss, ref_image = _call(
+        fr.reference_fused_loss, scene, leaves, names, ssim_lambda=params["lam"], terms=ref_terms
+    )
     ref_grads = torch.autograd.grad(ref_loss, leaves)
     dev_scene = {k: (v.to(kw.get("device", "cpu")) if torch.is_tensor(v) else v) for k, v in scene.items()}
     kw.pop("device", None)
@@ -189,6 +192,8 @@ def compare(params, fn, **kw):
     out = {
         "loss": abs(loss.item() - ref_loss.item()) / abs(ref_loss.item()),
         "image": rel_norm(stats["image"].cpu(), ref_image.detach()),
+        # the loss's terms, as the trainer logs them
+        "terms": max(abs(float(stats[k]) - float(ref_terms[k])) / abs(float(ref_terms[k])) for k in ("l1", "ssim")),
     }
     used = torch.zeros(scene["means2d"].reshape(-1, 2).shape[0], dtype=torch.bool)
     used[scene["flatten_ids"].long()] = True
@@ -226,6 +231,9 @@ def compare(params, fn, **kw):
 
 def assert_matches(r, params, case):
     assert r["loss"] <= LOSS_TOL, f"{case}: loss relative error {r['loss']}"  # NaN fails too
+    # the logged terms: float32 sums of |x - y| and of the SSIM map over a tile's 256 pixels, in
+    # another order than the reference's (their combination, the loss, is held to LOSS_TOL)
+    assert r["terms"] <= 1e-4, f"{case}: l1 / ssim relative error {r['terms']}"
     keys = ("image",) + GRAD_NAMES
     for key in keys:
         if key == "backgrounds" and not params["bg"]:

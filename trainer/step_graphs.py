@@ -92,8 +92,8 @@ def tail_function(
     copied into ``grad_targets`` (the head's static gradient buffers, by output name; "depths"
     there is zeroed: no depth term). ``loss_fn(colors [C, H, W, 3], gts) -> (loss, {"l1", "ssim"})``.
     ``fused``: kernels.fused_raster.fused_raster_loss with its ssim_lambda bound (tests: the CPU
-    emulation), which replaces the rasterizer and ``loss_fn``; as in the eager fused step, its l1
-    and ssim are NaN (the kernel returns the combined loss only)."""
+    emulation), which replaces the rasterizer and ``loss_fn``; l1 and ssim are then its terms (the
+    SSIM tile-local), as in the eager fused step."""
 
     def write_gradients(loss, leaves):
         for key, grad in zip(RASTER_KEYS, torch.autograd.grad(loss, leaves)):
@@ -138,9 +138,8 @@ def tail_function(
             backgrounds=backgrounds, absgrad=absgrad, padded_rows=True,
         )  # fmt: skip
         write_gradients(loss, leaves)
-        nan = loss.detach().new_full((), math.nan)
         abs_means2d = stats["absgrad"].view(leaves[0].shape) if absgrad else leaves[0].new_empty(0)
-        return loss.detach(), nan, nan.clone(), abs_means2d.detach()
+        return loss.detach(), stats["l1"], stats["ssim"], abs_means2d.detach()
 
     return tail
 
