@@ -322,11 +322,17 @@ def _scratch_cap_floats() -> int:
     return int(mb * 2**20) // 4
 
 
+def _one_launch_buckets(num_isects: int, num_tiles_all: int) -> int:
+    """Checkpoint buckets of one launch over every tile (kernels/csrc/fused_raster_params.h,
+    checkpoint_floats)."""
+    return num_isects // CP_BUCKET_MIN + num_tiles_all + 1
+
+
 def fits_one_launch(num_isects: int, num_tiles_all: int) -> bool:
     """Whether a call of ``num_isects`` intersections over ``num_tiles_all`` (image, tile) pairs
     runs in one launch: its checkpoint scratch within SPLAT_TRAIN_FUSED_SCRATCH_MB. Such a call
     copies nothing to the host, so a CUDA graph can capture it (trainer/step_graphs.py)."""
-    return (num_isects // CP_BUCKET_MIN + num_tiles_all + 1) * CP_BUCKET_FLOATS <= _scratch_cap_floats()
+    return _one_launch_buckets(num_isects, num_tiles_all) * CP_BUCKET_FLOATS <= _scratch_cap_floats()
 
 
 def tile_chunks(offsets: Tensor, num_isects: int, cap_floats: int) -> list:
@@ -337,7 +343,7 @@ def tile_chunks(offsets: Tensor, num_isects: int, cap_floats: int) -> list:
     bucket_base). When everything fits, one launch and no device -> host copy; else one copy of the
     tile offsets."""
     T = offsets.numel()
-    total = num_isects // CP_BUCKET_MIN + T + 1
+    total = _one_launch_buckets(num_isects, T)
     if T == 0 or total * CP_BUCKET_FLOATS <= cap_floats:
         return [(0, T, 0, total)]
     starts = offsets.reshape(-1).to("cpu", torch.int64)

@@ -281,7 +281,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   // minus the checkpoint's accumulated colour dotted with g
   const float K = (col_r * g[0] + col_g * g[1] + col_b * g[2]) + T * (bg_r * g[0] + bg_g * g[1] + bg_b * g[2]);
   // Pixels by decreasing stop: bucket b's pixels with something to do (stop > b * warpSize) are then
-  // the first n of this order, and the backward's pipeline runs over (some of) those only.
+  // the first n of this order, and the backward's pipeline runs over those only.
   s_stop[tid] = my_stop;
   __syncthreads();
   int rank = 0;
