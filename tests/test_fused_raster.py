@@ -31,17 +31,24 @@ GRAD_NAMES = fr.GRAD_NAMES  # the differentiable inputs, in the kernel's order
 CASES = {
     "dense_bg_border": dict(I=2, H=40, W=50, N=160, seed=1, packed=False, bg=True, lam=0.2),
     "packed_three_images": dict(I=3, H=47, W=33, N=120, seed=2, packed=True, bg=True, lam=0.2),
-    "saturated_no_bg": dict(I=1, H=36, W=64, N=100, seed=3, packed=False, bg=False, lam=0.2, saturate=60),
+    # absgrad=False: the kernel's instantiation without the absolute-gradient sums (the default)
+    "saturated_no_bg": dict(I=1, H=36, W=64, N=100, seed=3, packed=False, bg=False, lam=0.2, saturate=60, absgrad=False),
     "ssim_only_packed": dict(I=2, H=20, W=37, N=80, seed=5, packed=True, bg=False, lam=1.0),
     "opaque_front_wall": dict(I=2, H=30, W=80, N=400, seed=6, packed=False, bg=True, lam=0.2, wall=6),
     # the ground truth covers x >= 5, y >= 11 only (--random_tile_shift): both layouts
     "origin_dense": dict(I=2, H=40, W=50, N=160, seed=8, packed=False, bg=True, lam=0.2, origin=(5, 11)),
-    "origin_packed": dict(I=2, H=47, W=33, N=120, seed=9, packed=True, bg=False, lam=0.5, origin=(15, 1)),
+    "origin_packed": dict(I=2, H=47, W=33, N=120, seed=9, packed=True, bg=False, lam=0.5, origin=(15, 1), absgrad=False),
     # hand-made tile lists: the list lengths of every tile (I = 1, 2 x 3 tiles of 16 px)
     "list_lengths": dict(lists=(0, 1, 255, 256, 257, 2100), seed=11, bg=True, lam=0.2, origin=(3, 2)),
     "list_lengths_saturated": dict(lists=(33, 64, 0, 300, 700, 65), seed=12, bg=False, lam=0.2, opaque=True),
+    "list_lengths_no_absgrad": dict(lists=(0, 1, 255, 256, 257, 2100), seed=13, bg=True, lam=0.2, absgrad=False),
 }
-WARP_SIZES = {"list_lengths": (32, 64), "dense_bg_border": (32, 64), "packed_three_images": (64,)}
+WARP_SIZES = {
+    "list_lengths": (32, 64),
+    "dense_bg_border": (32, 64),
+    "packed_three_images": (64,),
+    "list_lengths_no_absgrad": (32, 64),
+}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -174,20 +181,41 @@ def rel_norm(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30)).item()
 
 
+TIE = 1e-5
+
+
+def away_from_ties(scene):
+    """The scene with each ground-truth value within TIE of the reference render moved TIE further
+    away. L1's gradient is sign(x - y): where the render equals the ground truth to a rounding, the
+    kernel's and the reference's renders (equal within float32 rounding) can take different signs,
+    a gradient difference of l1_scale at that pixel that says nothing about the kernel (a fresh
+    seed of ``list_lengths`` met one in 2026-12: relative gradient error 0.7%, red channel only)."""
+    names, leaves = _leaves(scene)
+    with torch.no_grad():
+        _, image = _call(fr.reference_fused_loss, scene, leaves, names, ssim_lambda=0.2)
+    ox, oy = scene["origin"]
+    x, y = image[:, oy:, ox:], scene["gts"]
+    near = (x - y).abs() < TIE
+    moved = torch.where(x + 2 * TIE <= 1.0, x + 2 * TIE, x - 2 * TIE)
+    return dict(scene, gts=torch.where(near, moved, y))
+
+
 def compare(params, fn, **kw):
     """Kernel (``fn``: the emulated or the compiled one) vs reference for one case: a dict of the
     relative errors of the loss, the image and each gradient, and flags."""
-    scene = scene_of(params)
+    scene = away_from_ties(scene_of(params))
     names, leaves = _leaves(scene)
     ref_terms: dict = {}
+    absgrad = params.get("absgrad", True)
     ref_loss, ref_image = _call(
-        fr.reference_fused_loss, scene, leaves, names, ssim_lambda=params["lam"], terms=ref_terms
+        fr.reference_fused_loss, scene, leaves, names, ssim_lambda=params["lam"], terms=ref_terms, absgrad=absgrad
     )
     ref_grads = torch.autograd.grad(ref_loss, leaves)
+    ref_absgrad = leaves[0].absgrad.reshape(-1, 2) if absgrad else None
     dev_scene = {k: (v.to(kw.get("device", "cpu")) if torch.is_tensor(v) else v) for k, v in scene.items()}
     kw.pop("device", None)
     names, leaves = _leaves(dev_scene)
-    loss, stats = _call(fn, dev_scene, leaves, names, ssim_lambda=params["lam"], return_image=True, absgrad=True, **kw)
+    loss, stats = _call(fn, dev_scene, leaves, names, ssim_lambda=params["lam"], return_image=True, absgrad=absgrad, **kw)
     grads = [g.cpu() for g in torch.autograd.grad(2.5 * loss, leaves)]  # backward scales by the incoming gradient
     out = {
         "loss": abs(loss.item() - ref_loss.item()) / abs(ref_loss.item()),
@@ -204,8 +232,13 @@ def compare(params, fn, **kw):
             untouched_exact &= bool((g.reshape(used.numel(), -1)[~used] == 0).all())
     out["untouched_exact"] = untouched_exact
     unscaled = grads[0].reshape(-1, 2) / 2.5
-    absgrad = stats["absgrad"].cpu()
-    out["absgrad_bound"] = bool((absgrad >= unscaled.abs() * (1 - 1e-4) - 1e-12).all())
+    if absgrad:
+        got = stats["absgrad"].cpu()
+        out["absgrad_bound"] = bool((got >= unscaled.abs() * (1 - 1e-4) - 1e-12).all())
+        out["absgrad"] = rel_norm(got, ref_absgrad)
+    else:
+        out["absgrad_bound"] = stats["absgrad"] is None
+        out["absgrad"] = 0.0
     counts = torch.diff(
         torch.cat([scene["isect_offsets"].reshape(-1).long(), torch.tensor([scene["flatten_ids"].numel()])])
     )
@@ -234,13 +267,13 @@ def assert_matches(r, params, case):
     # the logged terms: float32 sums of |x - y| and of the SSIM map over a tile's 256 pixels, in
     # another order than the reference's (their combination, the loss, is held to LOSS_TOL)
     assert r["terms"] <= 1e-4, f"{case}: l1 / ssim relative error {r['terms']}"
-    keys = ("image",) + GRAD_NAMES
+    keys = ("image", "absgrad") + GRAD_NAMES
     for key in keys:
         if key == "backgrounds" and not params["bg"]:
             continue
         assert r[key] <= GRAD_TOL, f"{case}: {key} relative error {r[key]}"
     assert r["untouched_exact"], f"{case}: records in no tile got a non-zero gradient"
-    assert r["absgrad_bound"], f"{case}: absgrad smaller than |grad|"
+    assert r["absgrad_bound"], f"{case}: absgrad smaller than |grad|, or returned when not asked for"
 
 
 # ------------------------------------------------------------------------------------------------

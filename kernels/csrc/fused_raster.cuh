@@ -50,12 +50,22 @@ constexpr float SSIM_C2 = 0.03f * 0.03f;
 // most ceil(n / 32) buckets, so consecutive tiles never overlap, for any warpSize >= 32.
 ST_DEVICE int64_t bucket_base(int64_t start, int tile) { return start / CP_BUCKET_MIN + tile; }
 
-// sigma = 0.5 (a dx^2 + c dy^2) + b dx dy, with every rounding explicit, so that the forward and
-// the backward (different code, different compiler contraction choices otherwise) compute the
-// same bits and take the same skip decisions.
-ST_DEVICE float gauss_sigma(float a, float b, float c, float dx, float dy) {
-  const float dxx = dx * dx, dyy = dy * dy, dxy = dx * dy;
-  return fmaf(b, dxy, 0.5f * fmaf(a, dxx, c * dyy));
+// sigma = 0.5 (a dx^2 + c dy^2) + b dx dy from the halved diagonal ha = a / 2, hc = c / 2 and the
+// products dxx = dx^2, dxy = dx dy, dyy = dy^2, with every rounding explicit, so that the forward
+// and the backward (different code, different compiler contraction choices otherwise) compute the
+// same bits and take the same skip decisions. (Halving is exact, so this rounds as
+// fmaf(b, dxy, 0.5 fmaf(a, dxx, c dyy)) does, one multiplication fewer.)
+ST_DEVICE float gauss_sigma(float ha, float b, float hc, float dxx, float dxy, float dyy) {
+  return fmaf(b, dxy, fmaf(ha, dxx, hc * dyy));
+}
+
+// Number of sorted pixels whose stop exceeds ``v`` (s_stop is non-increasing, NPIX entries): a
+// branch-free binary search, the same 9 steps in every lane.
+ST_DEVICE int count_above(const int* s_stop, int v) {
+  int lo = 0;
+#pragma unroll
+  for (int step = NPIX / 2; step > 0; step >>= 1) lo += s_stop[lo + step - 1] > v ? step : 0;
+  return lo + (s_stop[lo] > v ? 1 : 0);
 }
 
 // Conservative skip bound of a Gaussian: alpha = min(0.999, o exp(-sigma)) >= 1/255 needs
@@ -105,9 +115,11 @@ ST_DEVICE void blur_maps(const float* m_in, float* m_tmp, const float* w, int r,
   }
 }
 
+// ABSGRAD: also accumulate the absolute 2D-mean gradients (P.absgrad is not null).
+template <bool ABSGRAD>
 ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P) {
   constexpr int MAX_WARPS = NPIX / CP_BUCKET_MIN;
-  // the staged records (forward: mean x, y, opacity, sigma bound | conic a, b, c | colour), then SSIM maps
+  // the staged records (forward: mean x, y, opacity, sigma bound | conic a / 2, b, c / 2 | colour), then SSIM maps
   __shared__ float4 s_rec[3 * NPIX];
   __shared__ float4 s_g[NPIX];        // pixels sorted by stop (below): dL/dpixel (3) and K
   __shared__ float2 s_pxy[NPIX];      // pixel centre x, y, sorted
@@ -148,7 +160,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
       const int64_t g = P.flatten_ids[b0 + tid];
       const float op = P.opacities[g];
       s_geo[tid] = make_float4(P.means2d[2 * g], P.means2d[2 * g + 1], op, sigma_bound(op));
-      s_con[tid] = make_float4(P.conics[3 * g], P.conics[3 * g + 1], P.conics[3 * g + 2], 0.f);
+      s_con[tid] = make_float4(0.5f * P.conics[3 * g], P.conics[3 * g + 1], 0.5f * P.conics[3 * g + 2], 0.f);
       s_col[tid] = make_float4(P.colors[3 * g], P.colors[3 * g + 1], P.colors[3 * g + 2], 0.f);
     }
     __syncthreads();
@@ -160,7 +172,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
           const float4 geo = s_geo[j];
           const float dx = geo.x - px, dy = geo.y - py;
           const float4 con = s_con[j];
-          const float sigma = gauss_sigma(con.x, con.y, con.z, dx, dy);
+          const float sigma = gauss_sigma(con.x, con.y, con.z, dx * dx, dx * dy, dy * dy);
           if (sigma < 0.f || sigma > geo.w) continue;
           const float alpha = fminf(MAX_ALPHA, geo.z * __expf(-sigma));
           if (alpha < ALPHA_MIN) continue;
@@ -300,61 +312,65 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   if (P.phases < 3) return;
 
   // ---------------------------------------------------------------- 3. backward, per bucket
+  // Lane l's Gaussian (list position k, mean m, conic (a, b, c), opacity o) and pixel p, with
+  // d = m - p, vis = exp(-sigma), alpha = min(0.999, o vis), and u = vis dL/dalpha below the clamp
+  // (0 above it, where alpha does not depend on o or sigma): dL/do = u and dL/dsigma = -o u, so
+  //   dL/da = -o/2 sum u dx^2,  dL/db = -o sum u dx dy,  dL/dc = -o/2 sum u dy^2,
+  //   dL/dm = -o (a sum u dx + b sum u dy,  b sum u dx + c sum u dy)
+  // (sigma = (a dx^2 + c dy^2) / 2 + b dx dy). The step loop accumulates the six sums over the
+  // lane's pixels and the per-Gaussian factors are applied once per bucket: fewer instructions per
+  // pipeline step than summing each pixel's gradients.
   const int lane = tid % B, warp = tid / B, num_warps = NPIX / B;
-  const int wbase = warp * NPIX;  // this warp's part of s_anchor
+  float2* anchors = s_anchor + warp * NPIX;  // this warp's part
   for (int b = warp; b < num_buckets; b += num_warps) {
     const int k = b * B + (B - 1 - lane);  // list position (from start) of this lane's Gaussian
-    const bool mine = start + k < end;
-    int64_t gid = 0;
-    float mx = 0.f, my = 0.f, ca = 0.f, cb = 0.f, cc = 0.f, op = 0.f, cr = 0.f, cg = 0.f, cbl = 0.f;
-    if (mine) {
-      gid = P.flatten_ids[start + k];
+    float mx = 0.f, my = 0.f, ha = 0.f, cb = 0.f, hc = 0.f, op = 0.f, cr = 0.f, cg = 0.f, cbl = 0.f;
+    if (start + k < end) {
+      const int64_t gid = P.flatten_ids[start + k];
       mx = P.means2d[2 * gid];
       my = P.means2d[2 * gid + 1];
-      ca = P.conics[3 * gid];
+      ha = 0.5f * P.conics[3 * gid];
       cb = P.conics[3 * gid + 1];
-      cc = P.conics[3 * gid + 2];
+      hc = 0.5f * P.conics[3 * gid + 2];
       op = P.opacities[gid];
       cr = P.colors[3 * gid];
       cg = P.colors[3 * gid + 1];
       cbl = P.colors[3 * gid + 2];
     }
     const float bound = sigma_bound(op);
-    // pixels whose stop lies past the bucket's start: a prefix of the sorted order
-    int lo = 0, hi = NPIX;
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (s_stop[mid] > b * B) lo = mid + 1; else hi = mid;
-    }
-    const int n_act = lo;
+    // The pixels whose stop lies past the bucket's start are a prefix of the sorted order; this
+    // lane's Gaussian reaches the shorter prefix of those whose stop lies past it (none when the
+    // list ends before k, since no stop exceeds the list's length).
+    const int n_act = count_above(s_stop, b * B);
+    const int n_mine = count_above(s_stop, k);
     // their anchors at the bucket's end: T, and what lies behind, K - C_bucket_end . g
     const float4* cpb = reinterpret_cast<const float4*>(cp + (int64_t)b * NPIX * 4);
     st::warp_sync();  // the previous bucket's reads are done
     for (int i = lane; i < n_act; i += B) {
       const float4 q = cpb[s_perm[i]];
       const float4 gk = s_g[i];
-      s_anchor[wbase + i] = make_float2(q.x, gk.w - (q.y * gk.x + q.z * gk.y + q.w * gk.z));
+      anchors[i] = make_float2(q.x, gk.w - (q.y * gk.x + q.z * gk.y + q.w * gk.z));
     }
     st::warp_sync();
-    float v_mx = 0.f, v_my = 0.f, v_a = 0.f, v_b = 0.f, v_c = 0.f, v_op = 0.f, v_r = 0.f, v_g = 0.f, v_bl = 0.f;
-    float abs_x = 0.f, abs_y = 0.f;
-    bool touched = false;
+    float v_r = 0.f, v_g = 0.f, v_bl = 0.f;
+    float su = 0.f, sx = 0.f, sy = 0.f, sxx = 0.f, sxy = 0.f, syy = 0.f, abs_x = 0.f, abs_y = 0.f;
     float t_state = 0.f, behind_state = 0.f;
     for (int s = 0; s < n_act + B - 1; ++s) {
       float t_in = st::shfl_up(t_state, 1);
       float behind_in = st::shfl_up(behind_state, 1);
       if (lane == 0 && s < n_act) {
-        const float2 a = s_anchor[wbase + s];
+        const float2 a = anchors[s];
         t_in = a.x;
         behind_in = a.y;
       }
       t_state = t_in;
       behind_state = behind_in;
       const int i = s - lane;  // this lane's pixel, in the sorted order
-      if (!mine || i < 0 || i >= n_act || k >= s_stop[i]) continue;
+      if ((unsigned)i >= (unsigned)n_mine) continue;
       const float2 q = s_pxy[i];
       const float dx = mx - q.x, dy = my - q.y;
-      const float sigma = gauss_sigma(ca, cb, cc, dx, dy);
+      const float dxx = dx * dx, dxy = dx * dy, dyy = dy * dy;
+      const float sigma = gauss_sigma(ha, cb, hc, dxx, dxy, dyy);
       if (sigma < 0.f || sigma > bound) continue;
       const float vis = __expf(-sigma);
       const float raw = op * vis;
@@ -369,36 +385,37 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
       v_r += w * gk.x;
       v_g += w * gk.y;
       v_bl += w * gk.z;
-      if (raw <= MAX_ALPHA) {
-        v_op += vis * v_alpha;
-        const float v_sigma = -raw * v_alpha;
-        v_a += 0.5f * v_sigma * dx * dx;
-        v_b += v_sigma * dx * dy;
-        v_c += 0.5f * v_sigma * dy * dy;
-        const float gx = v_sigma * (ca * dx + cb * dy);
-        const float gy = v_sigma * (cc * dy + cb * dx);
-        v_mx += gx;
-        v_my += gy;
-        abs_x += fabsf(gx);
-        abs_y += fabsf(gy);
+      const float u = raw <= MAX_ALPHA ? vis * v_alpha : 0.f;
+      su += u;
+      sx += u * dx;
+      sy += u * dy;
+      sxx += u * dxx;
+      sxy += u * dxy;
+      syy += u * dyy;
+      if (ABSGRAD) {  // |dL/dm| of this pixel's term, over o
+        abs_x += fabsf(u * fmaf(ha + ha, dx, cb * dy));
+        abs_y += fabsf(u * fmaf(hc + hc, dy, cb * dx));
       }
-      touched = true;
       behind_state += w * cdot;
       t_state = t_before;
     }
-    if (touched) {
-      atomicAdd(P.v_means2d + 2 * gid, v_mx);
-      atomicAdd(P.v_means2d + 2 * gid + 1, v_my);
-      atomicAdd(P.v_conics + 3 * gid, v_a);
-      atomicAdd(P.v_conics + 3 * gid + 1, v_b);
-      atomicAdd(P.v_conics + 3 * gid + 2, v_c);
-      atomicAdd(P.v_opacities + gid, v_op);
+    // Adding zeros changes no sum: lanes whose sums are all zero (no pixel reached) skip the atomics.
+    const bool any = (su != 0.f) | (sx != 0.f) | (sy != 0.f) | (sxx != 0.f) | (sxy != 0.f) | (syy != 0.f) |
+                     (v_r != 0.f) | (v_g != 0.f) | (v_bl != 0.f);
+    if (any) {
+      const int64_t gid = P.flatten_ids[start + k];
+      atomicAdd(P.v_means2d + 2 * gid, -op * fmaf(ha + ha, sx, cb * sy));
+      atomicAdd(P.v_means2d + 2 * gid + 1, -op * fmaf(cb, sx, (hc + hc) * sy));
+      atomicAdd(P.v_conics + 3 * gid, -op * 0.5f * sxx);
+      atomicAdd(P.v_conics + 3 * gid + 1, -op * sxy);
+      atomicAdd(P.v_conics + 3 * gid + 2, -op * 0.5f * syy);
+      atomicAdd(P.v_opacities + gid, su);
       atomicAdd(P.v_colors + 3 * gid, v_r);
       atomicAdd(P.v_colors + 3 * gid + 1, v_g);
       atomicAdd(P.v_colors + 3 * gid + 2, v_bl);
-      if (P.absgrad != nullptr) {
-        atomicAdd(P.absgrad + 2 * gid, abs_x);
-        atomicAdd(P.absgrad + 2 * gid + 1, abs_y);
+      if (ABSGRAD) {
+        atomicAdd(P.absgrad + 2 * gid, op * abs_x);
+        atomicAdd(P.absgrad + 2 * gid + 1, op * abs_y);
       }
     }
   }
@@ -409,7 +426,10 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
 inline cudaError_t launch_fused_raster_loss(const Params& p, cudaStream_t stream) {
   const int blocks = p.tile_count;
   if (blocks == 0) return cudaSuccess;
-  fused_raster_loss_kernel<<<blocks, NPIX, 0, stream>>>(p);
+  if (p.absgrad != nullptr)
+    fused_raster_loss_kernel<true><<<blocks, NPIX, 0, stream>>>(p);
+  else
+    fused_raster_loss_kernel<false><<<blocks, NPIX, 0, stream>>>(p);
   return cudaGetLastError();
 }
 #endif

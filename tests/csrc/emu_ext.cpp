@@ -11,7 +11,10 @@ void fused_raster_loss(int64_t warp_size, SPLAT_FUSED_ARGS) {
               "warp size must divide 256 and be >= 32");
   warpSize = (int)warp_size;
   const splat_fused::Params p = splat_fused::make_params(SPLAT_FUSED_CALL);
-  st_emu_launch(p.tile_count, splat_fused::NPIX, splat_fused::fused_raster_loss_kernel, p);
+  if (p.absgrad != nullptr)
+    st_emu_launch(p.tile_count, splat_fused::NPIX, splat_fused::fused_raster_loss_kernel<true>, p);
+  else
+    st_emu_launch(p.tile_count, splat_fused::NPIX, splat_fused::fused_raster_loss_kernel<false>, p);
 }
 
 int64_t checkpoint_floats(int64_t n_isects, int64_t num_tiles_all) {

@@ -1,0 +1,115 @@
+"""Session 16: the fused kernel of main (bf40593, built from BASE_CSRC under another module name)
+against this session's, on the same captured inputs, in one process.
+
+    python3 kernel_ab.py OUT.json SCENE_ARGS...   (SCENE_ARGS as bench-raster's: --data_dir ... --ckpt ...)
+
+Kernels timed: "base" (main's, absgrad off), "new" (this session's, absgrad off: the training
+default) and "new_absgrad" (absgrad on, the instantiation with the absolute-gradient sums). For each
+and SPLAT_TRAIN_FUSED_PHASES 1 (forward), 2 (+ loss) and 3 (whole kernel): the GPU time per call of
+ROUNDS x CALLS back-to-back launches (CUDA events around each round of CALLS calls, so host time
+between launches is hidden), rounds interleaved across the kernels; the median round is reported.
+Also the loss and the gradients (absgrad included, both kernels with absgrad on) of the two
+kernels against each other: max |a - b| / max |b| and ||a - b|| / ||b|| per gradient.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+BASE_CSRC = os.environ.get("BASE_CSRC", ".gpu/base/kernels/csrc")
+ROUNDS, CALLS = 7, 10
+
+
+def load_base():
+    from torch.utils import cpp_extension
+
+    from splat_train.kernels import native
+
+    t = time.perf_counter()
+    mod = cpp_extension.load(
+        name="splat_train_fused_raster_base",
+        sources=[os.path.join(BASE_CSRC, s) for s in native.SOURCES],
+        extra_include_paths=[BASE_CSRC],
+        extra_cflags=["-O3"],
+        extra_cuda_cflags=native.device_flags(),
+        build_directory=os.environ.get("BASE_BUILD"),
+    )
+    return mod, time.perf_counter() - t
+
+
+def main(out_path, argv):
+    from splat_train.kernels import fused_raster as fr
+    from splat_train.kernels import native
+    from splat_train.scripts import bench_raster
+
+    t = time.perf_counter()
+    new = native.load()
+    t_new = time.perf_counter() - t
+    base, t_base = load_base()
+    args = bench_raster.parse(argv)
+    inp = bench_raster.capture_inputs(args)
+    dev = inp["device"]
+
+    def call(ext, absgrad):
+        return fr._launch(
+            ext, inp["means2d"], inp["conics"], inp["colors"], inp["opacities"], None, inp["gts"],
+            inp["isect_offsets"], inp["flatten_ids"], inp["width"], inp["height"], 0.2, False, absgrad,
+        )  # fmt: skip
+
+    kernels = {"base": (base, False), "new": (new, False), "new_absgrad": (new, True)}
+    ref = {"base": call(base, True), "new": call(new, True)}
+    lb, gb, sb = ref["base"]
+    ln, gn, sn = ref["new"]
+    diffs = {"loss_rel": float((ln - lb).abs() / lb.abs())}
+    for k in ("means2d", "conics", "colors", "opacities"):
+        a, b = gn[k], gb[k]
+        diffs[k] = dict(max_rel=float((a - b).abs().max() / b.abs().max()), norm_rel=float((a - b).norm() / b.norm()))
+    diffs["absgrad_norm_rel"] = float((sn["absgrad"] - sb["absgrad"]).norm() / sb["absgrad"].norm())
+    _, g_off, _ = call(new, False)
+    diffs["new_absgrad_off_vs_on_grad_norm_rel"] = max(
+        float((g_off[k] - gn[k]).norm() / gn[k].norm()) for k in ("means2d", "conics", "colors", "opacities")
+    )
+    results = {}
+    for phases in ("1", "2", "3"):
+        os.environ["SPLAT_TRAIN_FUSED_PHASES"] = phases
+        per: dict = {name: [] for name in kernels}
+
+        def rounds(ext, absgrad, calls):
+            torch.cuda.synchronize(dev)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(calls):
+                call(ext, absgrad)
+            e.record()
+            e.synchronize()
+            return s.elapsed_time(e) / calls
+
+        for ext, absgrad in kernels.values():  # warm-up
+            rounds(ext, absgrad, 3)
+        for _ in range(ROUNDS):
+            for name, (ext, absgrad) in kernels.items():
+                per[name].append(rounds(ext, absgrad, CALLS))
+        results[phases] = {name: dict(ms_median=statistics.median(v), ms_all=v) for name, v in per.items()}
+    os.environ["SPLAT_TRAIN_FUSED_PHASES"] = "3"
+    report = dict(
+        scene=argv, num_gaussians=inp["num_gaussians"], num_isects=inp["num_isects"], model_step=inp["step"],
+        resolution=f"{inp['width']}x{inp['height']}", load_s=dict(new=t_new, base=t_base),
+        ms_per_call=results, new_vs_base=diffs, device=torch.cuda.get_device_name(dev),
+    )  # fmt: skip
+    with open(out_path, "w") as f:
+        json.dump(report, f, indent=1)
+    for ph, r in results.items():
+        b = r["base"]["ms_median"]
+        print(
+            f"phases {ph}: "
+            + ", ".join(f"{n} {v['ms_median']:.3f} ms ({b / v['ms_median']:.2f}x)" for n, v in r.items())
+        )
+    print("new vs base:", json.dumps(diffs))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
