@@ -32,12 +32,16 @@ CASES = {
     "dense_bg_border": dict(I=2, H=40, W=50, N=160, seed=1, packed=False, bg=True, lam=0.2),
     "packed_three_images": dict(I=3, H=47, W=33, N=120, seed=2, packed=True, bg=True, lam=0.2),
     # absgrad=False: the kernel's instantiation without the absolute-gradient sums (the default)
-    "saturated_no_bg": dict(I=1, H=36, W=64, N=100, seed=3, packed=False, bg=False, lam=0.2, saturate=60, absgrad=False),
+    "saturated_no_bg": dict(
+        I=1, H=36, W=64, N=100, seed=3, packed=False, bg=False, lam=0.2, saturate=60, absgrad=False
+    ),
     "ssim_only_packed": dict(I=2, H=20, W=37, N=80, seed=5, packed=True, bg=False, lam=1.0),
     "opaque_front_wall": dict(I=2, H=30, W=80, N=400, seed=6, packed=False, bg=True, lam=0.2, wall=6),
     # the ground truth covers x >= 5, y >= 11 only (--random_tile_shift): both layouts
     "origin_dense": dict(I=2, H=40, W=50, N=160, seed=8, packed=False, bg=True, lam=0.2, origin=(5, 11)),
-    "origin_packed": dict(I=2, H=47, W=33, N=120, seed=9, packed=True, bg=False, lam=0.5, origin=(15, 1), absgrad=False),
+    "origin_packed": dict(
+        I=2, H=47, W=33, N=120, seed=9, packed=True, bg=False, lam=0.5, origin=(15, 1), absgrad=False
+    ),
     # hand-made tile lists: the list lengths of every tile (I = 1, 2 x 3 tiles of 16 px)
     "list_lengths": dict(lists=(0, 1, 255, 256, 257, 2100), seed=11, bg=True, lam=0.2, origin=(3, 2)),
     "list_lengths_saturated": dict(lists=(33, 64, 0, 300, 700, 65), seed=12, bg=False, lam=0.2, opaque=True),
@@ -215,7 +219,9 @@ def compare(params, fn, **kw):
     dev_scene = {k: (v.to(kw.get("device", "cpu")) if torch.is_tensor(v) else v) for k, v in scene.items()}
     kw.pop("device", None)
     names, leaves = _leaves(dev_scene)
-    loss, stats = _call(fn, dev_scene, leaves, names, ssim_lambda=params["lam"], return_image=True, absgrad=absgrad, **kw)
+    loss, stats = _call(
+        fn, dev_scene, leaves, names, ssim_lambda=params["lam"], return_image=True, absgrad=absgrad, **kw
+    )
     grads = [g.cpu() for g in torch.autograd.grad(2.5 * loss, leaves)]  # backward scales by the incoming gradient
     out = {
         "loss": abs(loss.item() - ref_loss.item()) / abs(ref_loss.item()),
