@@ -226,8 +226,13 @@ def compare(params, fn, **kw):
     out = {
         "loss": abs(loss.item() - ref_loss.item()) / abs(ref_loss.item()),
         "image": rel_norm(stats["image"].cpu(), ref_image.detach()),
-        # the loss's terms, as the trainer logs them
-        "terms": max(abs(float(stats[k]) - float(ref_terms[k])) / abs(float(ref_terms[k])) for k in ("l1", "ssim")),
+        # the loss's terms, as the trainer logs them: L1 relative to L1, and SSIM relative to the
+        # D-SSIM term 1 - SSIM that enters the loss (the SSIM of these random scenes can lie near 0,
+        # where a relative error of SSIM itself says nothing: a fresh GPU seed met 1.8e-4 there)
+        "terms": max(
+            abs(float(stats["l1"]) - float(ref_terms["l1"])) / abs(float(ref_terms["l1"])),
+            abs(float(stats["ssim"]) - float(ref_terms["ssim"])) / abs(1.0 - float(ref_terms["ssim"])),
+        ),
     }
     used = torch.zeros(scene["means2d"].reshape(-1, 2).shape[0], dtype=torch.bool)
     used[scene["flatten_ids"].long()] = True
@@ -272,7 +277,7 @@ def assert_matches(r, params, case):
     assert r["loss"] <= LOSS_TOL, f"{case}: loss relative error {r['loss']}"  # NaN fails too
     # the logged terms: float32 sums of |x - y| and of the SSIM map over a tile's 256 pixels, in
     # another order than the reference's (their combination, the loss, is held to LOSS_TOL)
-    assert r["terms"] <= 1e-4, f"{case}: l1 / ssim relative error {r['terms']}"
+    assert r["terms"] <= 1e-4, f"{case}: l1 / d-ssim relative error {r['terms']}"
     keys = ("image", "absgrad") + GRAD_NAMES
     for key in keys:
         if key == "backgrounds" and not params["bg"]:

@@ -4,7 +4,8 @@ against this session's, on the same captured inputs, in one process.
     python3 kernel_ab.py OUT.json SCENE_ARGS...   (SCENE_ARGS as bench-raster's: --data_dir ... --ckpt ...)
 
 Kernels timed: "base" (main's, absgrad off), "new" (this session's, absgrad off: the training
-default) and "new_absgrad" (absgrad on, the instantiation with the absolute-gradient sums). For each
+default), "new_absgrad" (absgrad on, the instantiation with the absolute-gradient sums) and, with
+VARIANTS="name=csrc_dir,...", more kernels built from other source folders (absgrad off). For each
 and SPLAT_TRAIN_FUSED_PHASES 1 (forward), 2 (+ loss) and 3 (whole kernel): the GPU time per call of
 ROUNDS x CALLS back-to-back launches (CUDA events around each round of CALLS calls, so host time
 between launches is hidden), rounds interleaved across the kernels; the median round is reported.
@@ -24,21 +25,29 @@ BASE_CSRC = os.environ.get("BASE_CSRC", ".gpu/base/kernels/csrc")
 ROUNDS, CALLS = 7, 10
 
 
-def load_base():
+def load_base(name="base", csrc=BASE_CSRC):
     from torch.utils import cpp_extension
 
     from splat_train.kernels import native
 
+    build = os.path.join(os.environ.get("BASE_BUILD", "/tmp/base_build"), name)
+    os.makedirs(build, exist_ok=True)
     t = time.perf_counter()
     mod = cpp_extension.load(
-        name="splat_train_fused_raster_base",
-        sources=[os.path.join(BASE_CSRC, s) for s in native.SOURCES],
-        extra_include_paths=[BASE_CSRC],
+        name=f"splat_train_fused_raster_{name}",
+        sources=[os.path.join(csrc, s) for s in native.SOURCES],
+        extra_include_paths=[csrc],
         extra_cflags=["-O3"],
         extra_cuda_cflags=native.device_flags(),
-        build_directory=os.environ.get("BASE_BUILD"),
+        build_directory=build,
     )
     return mod, time.perf_counter() - t
+
+
+def variants():
+    """{name: csrc folder} from VARIANTS="name=dir,..."."""
+    spec = os.environ.get("VARIANTS", "")
+    return dict(item.split("=", 1) for item in spec.split(",") if item)
 
 
 def main(out_path, argv):
@@ -50,6 +59,7 @@ def main(out_path, argv):
     new = native.load()
     t_new = time.perf_counter() - t
     base, t_base = load_base()
+    extra = {name: load_base(name, csrc)[0] for name, csrc in variants().items()}
     args = bench_raster.parse(argv)
     inp = bench_raster.capture_inputs(args)
     dev = inp["device"]
@@ -61,6 +71,7 @@ def main(out_path, argv):
         )  # fmt: skip
 
     kernels = {"base": (base, False), "new": (new, False), "new_absgrad": (new, True)}
+    kernels.update({name: (ext, False) for name, ext in extra.items()})
     ref = {"base": call(base, True), "new": call(new, True)}
     lb, gb, sb = ref["base"]
     ln, gn, sn = ref["new"]
@@ -73,6 +84,11 @@ def main(out_path, argv):
     diffs["new_absgrad_off_vs_on_grad_norm_rel"] = max(
         float((g_off[k] - gn[k]).norm() / gn[k].norm()) for k in ("means2d", "conics", "colors", "opacities")
     )
+    for name, ext in extra.items():
+        _, g_v, _ = call(ext, True)
+        diffs[name + "_vs_new_grad_norm_rel"] = max(
+            float((g_v[k] - gn[k]).norm() / gn[k].norm()) for k in ("means2d", "conics", "colors", "opacities")
+        )
     results = {}
     for phases in ("1", "2", "3"):
         os.environ["SPLAT_TRAIN_FUSED_PHASES"] = phases
