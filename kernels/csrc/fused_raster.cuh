@@ -53,8 +53,8 @@ ST_DEVICE int64_t bucket_base(int64_t start, int tile) { return start / CP_BUCKE
 // sigma = 0.5 (a dx^2 + c dy^2) + b dx dy from the halved diagonal ha = a / 2, hc = c / 2 and the
 // products dxx = dx^2, dxy = dx dy, dyy = dy^2, with every rounding explicit, so that the forward
 // and the backward (different code, different compiler contraction choices otherwise) compute the
-// same bits and take the same skip decisions. (Halving is exact, so this rounds as
-// fmaf(b, dxy, 0.5 fmaf(a, dxx, c dyy)) does, one multiplication fewer.)
+// same bits and take the same skip decisions. (Halving is exact barring underflow, so this rounds
+// as fmaf(b, dxy, 0.5 fmaf(a, dxx, c dyy)) does, one multiplication fewer.)
 ST_DEVICE float gauss_sigma(float ha, float b, float hc, float dxx, float dxy, float dyy) {
   return fmaf(b, dxy, fmaf(ha, dxx, hc * dyy));
 }
@@ -399,9 +399,10 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
       behind_state += w * cdot;
       t_state = t_before;
     }
-    // Adding zeros changes no sum: lanes whose sums are all zero (no pixel reached) skip the atomics.
+    // Adding zeros changes no sum: a lane whose sums are all zero (no pixel reached, or terms that
+    // cancel exactly) skips the atomics.
     const bool any = (su != 0.f) | (sx != 0.f) | (sy != 0.f) | (sxx != 0.f) | (sxy != 0.f) | (syy != 0.f) |
-                     (v_r != 0.f) | (v_g != 0.f) | (v_bl != 0.f);
+                     (v_r != 0.f) | (v_g != 0.f) | (v_bl != 0.f) | (ABSGRAD && ((abs_x != 0.f) | (abs_y != 0.f)));
     if (any) {
       const int64_t gid = P.flatten_ids[start + k];
       atomicAdd(P.v_means2d + 2 * gid, -op * fmaf(ha + ha, sx, cb * sy));
