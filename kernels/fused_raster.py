@@ -34,7 +34,10 @@ sigma = 0.5 (a dx^2 + c dy^2) + b dx dy; alpha = min(0.999, opacity exp(-sigma))
 skipped when sigma < 0 or alpha < 1/255; a pixel stops BEFORE the first Gaussian whose
 next_T = T (1 - alpha) <= 1e-4; colour += alpha T c; finally colour += T background. The
 backward walks back to front from the final T (buffer of what lies behind each Gaussian), as
-RasterizeToPixels3DGSBwd.cu does; alpha's gradient is 0 where the 0.999 clamp is active.
+RasterizeToPixels3DGSBwd.cu does; alpha's gradient is 0 where the 0.999 clamp is active. The
+kernel computes o exp(-sigma) as 2^(log2 o - sigma log2 e) with a log2(e)-scaled conic (one
+subtraction and one exponential; both skip tests become one, made the same way in the forward and
+the backward), which agrees with the reference up to float32 rounding.
 
 Implementation (kernels/csrc/fused_raster.cuh, CUDA C++; HIP through PyTorch's hipify; built on
 first use by kernels/native.py): 256 threads per tile, one per pixel. The forward stages the
@@ -53,7 +56,11 @@ terms are summed in registers and added with one atomic per Gaussian per bucket 
 is no per-tile Gaussian budget and no fallback. The checkpoints take 16 bytes per pixel and bucket
 (about 128 bytes per tile-Gaussian intersection); a call that would need more than
 SPLAT_TRAIN_FUSED_SCRATCH_MB (default 2048) runs in launches over chunks of tiles that reuse one
-buffer (:func:`tile_chunks`). Loss and gradients equal the reference's up to
+buffer (:func:`tile_chunks`). The last block to finish its loss (a count of finished tiles in
+device memory) sums the per-tile partial sums in tile order and writes the loss and its terms, so
+no reduction runs after the kernel and the loss does not depend on block timing. The gradients
+live in one zeroed buffer, which :class:`KnownGradients` scales in place by the incoming gradient
+(kernels/grad_scale.py: no pass at all when it is 1). Loss and gradients equal the reference's up to
 float32 rounding (including the difference above) and a pixel's stop decision at T <= 1e-4
 (float32 running product vs. the reference's float64 sums of logs). The same source runs on the CPU under an emulation of the few
 CUDA builtins it uses (tests/csrc/cpu_emu.h; tests only) at warp sizes 32 and 64.
@@ -76,7 +83,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import native
+from . import grad_scale, native
 from . import reference as ref
 from .constants import SSIM_C1, SSIM_C2, SSIM_WINDOW, TILE_SIZE, gaussian_window_1d
 from .budget import CPU_TILE_BUDGET, tile_budget  # noqa: F401 (re-exported)
@@ -378,9 +385,11 @@ def _launch(
     warp_size=None,
 ):
     """Runs the native kernel (``ext``: kernels.native.load(), or the CPU emulation with
-    ``warp_size``). Returns loss (0-dim), grads dict (GRAD_NAMES, float32, flattened records),
-    stats dict. Outputs the kernel must write (image, per-tile partial sums) start NaN-filled; the
-    gradients start at zero (atomic accumulation)."""
+    ``warp_size``). Returns (loss 0-dim, grads dict (GRAD_NAMES, float32, flattened records), stats
+    dict, scaled): every gradient is a view of ``scaled``, one zero-initialized float32 buffer, so
+    that one memset clears them and one pass scales them (:class:`KnownGradients`). The kernel's
+    last block writes the loss and its terms (a [3] buffer); the image starts NaN-filled when asked
+    for, so that a pixel the kernel missed shows."""
     device = means2d.device
     I, th, tw = isect_offsets.shape
     num_tiles = th * tw
@@ -395,14 +404,24 @@ def _launch(
     gt = gts.detach().to(torch.float32).contiguous()
     offsets = isect_offsets.reshape(-1).to(torch.int32).contiguous()
     fids = flatten_ids.reshape(-1).to(torch.int32).contiguous()
-    grads = {
-        "means2d": torch.zeros(R, 2, **f32), "conics": torch.zeros(R, 3, **f32),
-        "colors": torch.zeros(R, 3, **f32), "opacities": torch.zeros(R, **f32),
-        "backgrounds": torch.zeros(I, 3, **f32) if backgrounds is not None else none,
-    }  # fmt: skip
-    abs_buf = torch.zeros(R, 2, **f32) if absgrad else none
+    # one zeroed buffer: the gradients (scaled by the incoming gradient), then absgrad (not scaled)
+    # and the kernel's count of finished tiles (int32)
+    sizes = {"means2d": 2 * R, "conics": 3 * R, "colors": 3 * R, "opacities": R,
+             "backgrounds": 3 * I if backgrounds is not None else 0}  # fmt: skip
+    num_scaled = sum(sizes.values())
+    num_abs = 2 * R if absgrad else 0
+    buf = torch.zeros(num_scaled + num_abs + 1, **f32)
+    scaled = buf[:num_scaled]
+    grads, at = {}, 0
+    for name, shape in (("means2d", (R, 2)), ("conics", (R, 3)), ("colors", (R, 3)), ("opacities", (R,))):
+        grads[name] = buf[at : at + sizes[name]].view(shape)
+        at += sizes[name]
+    grads["backgrounds"] = buf[at : at + sizes["backgrounds"]].view(I, 3) if backgrounds is not None else none
+    abs_buf = buf[num_scaled : num_scaled + num_abs].view(R, 2) if absgrad else none
+    done_tiles = buf[-1:].view(torch.int32)
     image = torch.full((I, height, width, 3), math.nan, **f32) if return_image else none
-    partial = torch.full((I * num_tiles, 2), math.nan, **f32)
+    partial = torch.empty(I * num_tiles, 2, **f32)
+    terms = torch.empty(3, **f32)  # loss, L1, SSIM: written by the kernel's last block
     chunks = tile_chunks(offsets, fids.numel(), _scratch_cap_floats())
     scratch = torch.empty(max(c[3] for c in chunks) * CP_BUCKET_FLOATS, **f32)
     ox, oy = origin
@@ -424,6 +443,8 @@ def _launch(
         oy,
         (1.0 - ssim_lambda) / denom,
         ssim_lambda / denom,
+        float(ssim_lambda),
+        1.0 / denom,
         window_taps(),
         grads["means2d"],
         grads["conics"],
@@ -433,6 +454,8 @@ def _launch(
         abs_buf,
         image,
         partial,
+        terms,
+        done_tiles,
         scratch,
         _phases(),
     )
@@ -442,10 +465,9 @@ def _launch(
         else:
             ext.fused_raster_loss(int(warp_size), *args, *chunk)
     del scratch
-    sums = partial.reshape(I, num_tiles, 2).sum(1) / (3.0 * num_pixels)  # [I, 2]: L1_i, SSIM_i
-    loss = combine_terms(sums[:, 0], sums[:, 1], ssim_lambda)
     stats = {
-        **term_stats(sums[:, 0], sums[:, 1]),
+        "l1": terms[1],
+        "ssim": terms[2],
         "fraction_fused": 1.0,
         "fraction_isects_fused": 1.0,
         "fraction_resident": None,
@@ -453,28 +475,40 @@ def _launch(
         "image": image if return_image else None,
         "absgrad": abs_buf if absgrad else None,
     }
-    return loss, grads, stats
+    return terms[0], grads, stats, scaled
 
 
 class KnownGradients(torch.autograd.Function):
-    """A loss whose gradients were computed with it: forward returns ``loss`` (a copy, in
-    ``inputs[0]``'s dtype); backward hands each input its precomputed gradient times the incoming
-    one, so autograd carries them on to the projection, SH and the exchange. The fused kernel
-    computes the loss AND all its gradients in one launch (:func:`fused_raster_loss`).
+    """A loss whose gradients were computed with it: forward returns the loss (in ``inputs[0]``'s
+    dtype); backward hands each input its precomputed gradient times the incoming one, so autograd
+    carries them on to the projection, SH and the exchange. The fused kernel computes the loss AND
+    all its gradients in one launch (:func:`fused_raster_loss`).
 
-    apply(loss, grads, *inputs): ``grads`` a list aligned with ``inputs`` (each the input's shape;
-    None for an input without gradient)."""
+    apply(known, *inputs) with ``known`` = (loss, grads, scaled): ``grads`` a list aligned with
+    ``inputs`` (each the input's number of elements, float32; None for an input without gradient),
+    every one a view of ``scaled`` (one contiguous float32 buffer). The backward scales ``scaled`` in
+    place (kernels/grad_scale.py: no pass at all when the incoming gradient is 1), so it runs once:
+    a second backward through the same loss raises RuntimeError."""
 
     @staticmethod
-    def forward(ctx, loss, grads, *inputs):
-        ctx.save_for_backward(*[torch.zeros(0) if g is None else g for g in grads])
-        ctx.present = [g is not None for g in grads]
-        return loss.detach().clone().to(inputs[0].dtype)
+    def forward(ctx, known, *inputs):
+        loss, grads, scaled = known
+        ctx.known = (grads, scaled)
+        ctx.shapes = [(x.shape, x.dtype) for x in inputs]
+        return loss.to(inputs[0].dtype)
 
     @staticmethod
     def backward(ctx, grad_loss):
-        scaled = [g * grad_loss if present else None for g, present in zip(ctx.saved_tensors, ctx.present)]
-        return (None, None, *scaled)
+        if ctx.known is None:
+            raise RuntimeError(
+                "the fused rasterization loss was back-propagated twice: its precomputed gradients are "
+                "scaled in place by the first backward (compute the loss again instead of retain_graph=True)"
+            )
+        grads, scaled = ctx.known
+        ctx.known = None
+        grad_scale.scale_(scaled, grad_loss.detach().reshape(1).to(torch.float32))
+        out = [None if g is None else g.reshape(shape).to(dtype) for g, (shape, dtype) in zip(grads, ctx.shapes)]
+        return (None, *out)
 
 
 def _native_loss(
@@ -497,7 +531,7 @@ def _native_loss(
 ) -> Tuple[Tensor, Dict]:
     """The kernel ``ext`` launched now (:func:`_launch`), its loss tied to its gradients by
     :class:`KnownGradients`. Returns (loss, stats)."""
-    loss, grads, stats = _launch(
+    loss, grads, stats, scaled = _launch(
         ext,
         means2d,
         conics,
@@ -516,8 +550,8 @@ def _native_loss(
         warp_size,
     )
     inputs = [means2d, conics, colors, opacities] + ([backgrounds] if backgrounds is not None else [])
-    shaped = [grads[name].reshape(x.shape).to(x.dtype) for name, x in zip(GRAD_NAMES, inputs)]
-    return KnownGradients.apply(loss, shaped, *inputs), stats
+    known = (loss, [grads[name] for name in GRAD_NAMES[: len(inputs)]], scaled)
+    return KnownGradients.apply(known, *inputs), stats
 
 
 def _unfused(

@@ -491,37 +491,48 @@ def test_cpu_uses_reference():
 
 def test_autograd_function_scales_the_saved_gradients():
     """KnownGradients hands the kernel's gradients to autograd, scaled by the incoming gradient, in
-    the inputs' shapes and dtypes, and None for the non-differentiable inputs (a stand-in kernel)."""
+    the inputs' shapes and dtypes, and None for the non-differentiable inputs; the loss is the
+    kernel's; a second backward through the same loss raises (a stand-in kernel)."""
     scene = make_scene(I=2, H=20, W=24, N=30, seed=9, packed=False, bg=True)
+    n_pix = 20 * 24
+    seen = {}
 
     class FakeExt:
         @staticmethod
         def fused_raster_loss(*args):
-            for i, t in enumerate(args[16:21]):  # the gradient buffers
+            assert args[15] == 0.2 and args[16] == pytest.approx(1 / (2 * 3 * n_pix))  # lambda, 1 / count
+            for i, t in enumerate(args[18:23]):  # the gradient buffers (zeroed)
+                assert torch.all(t == 0)
                 t.fill_(i + 1.0)
-            args[23].fill_(0.5)  # partial sums
-            assert args[25] == 3 and args[26:29] == (0, 8, 0)  # every phase; one launch over the 2 x 4 tiles
+            assert args[27].dtype == torch.int32 and args[27].item() == 0  # the finished-tile count
+            args[26].copy_(torch.tensor([0.25, 0.5, 0.75]))  # loss, L1, SSIM
+            assert args[29] == 3 and args[30:33] == (0, 8, 0)  # every phase; one launch over the 2 x 4 tiles
+            seen["called"] = True
 
-    names, leaves = _leaves(scene)
-    loss, _ = fr._native_loss(
-        FakeExt(),
-        *leaves[:4],
-        leaves[4],
-        scene["gts"],
-        scene["isect_offsets"],
-        scene["flatten_ids"],
-        24,
-        20,
-        0.2,
-        False,
-        False,
-        (0, 0),
-    )
-    n_pix = 20 * 24
-    assert loss.item() == pytest.approx(0.8 * 0.5 * 4 / (3 * n_pix) + 0.2 * (1 - 0.5 * 4 / (3 * n_pix)))
-    grads = torch.autograd.grad(3.0 * loss, leaves)
-    for i, (g, leaf) in enumerate(zip(grads, leaves)):
-        assert g.shape == leaf.shape and g.dtype == leaf.dtype and torch.all(g == 3.0 * (i + 1))
+    for factor in (3.0, 1.0):
+        names, leaves = _leaves(scene)
+        loss, stats = fr._native_loss(
+            FakeExt(),
+            *leaves[:4],
+            leaves[4],
+            scene["gts"],
+            scene["isect_offsets"],
+            scene["flatten_ids"],
+            24,
+            20,
+            0.2,
+            False,
+            False,
+            (0, 0),
+        )
+        assert seen.pop("called") and loss.item() == 0.25
+        assert stats["l1"].item() == 0.5 and stats["ssim"].item() == 0.75
+        out = factor * loss if factor != 1.0 else loss
+        grads = torch.autograd.grad(out, leaves, retain_graph=True)
+        for i, (g, leaf) in enumerate(zip(grads, leaves)):
+            assert g.shape == leaf.shape and g.dtype == leaf.dtype and torch.all(g == factor * (i + 1))
+        with pytest.raises(RuntimeError, match="back-propagated twice"):
+            torch.autograd.grad(out, leaves)
 
 
 def test_tile_chunks_partition_the_tiles_within_the_scratch():

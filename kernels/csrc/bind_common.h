@@ -23,18 +23,19 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
                           const torch::Tensor& opacities, const torch::Tensor& backgrounds, const torch::Tensor& gts,
                           const torch::Tensor& offsets, const torch::Tensor& flatten_ids, int64_t num_images,
                           int64_t width, int64_t height, int64_t ox, int64_t oy, double l1_scale, double ssim_scale,
-                          const std::vector<double>& window, const torch::Tensor& v_means2d,
+                          double ssim_lambda, double inv_count, const std::vector<double>& window, const torch::Tensor& v_means2d,
                           const torch::Tensor& v_conics, const torch::Tensor& v_colors,
                           const torch::Tensor& v_opacities, const torch::Tensor& v_backgrounds,
                           const torch::Tensor& absgrad, const torch::Tensor& image, const torch::Tensor& partial,
-                          const torch::Tensor& checkpoints, int64_t phases, int64_t tile_begin,
+                          const torch::Tensor& terms, const torch::Tensor& done_tiles, const torch::Tensor& checkpoints, int64_t phases, int64_t tile_begin,
                           int64_t tile_count, int64_t cp_origin, int64_t cp_buckets) {
   const auto dev = means2d.device();
   const std::pair<const torch::Tensor*, const char*> fs[] = {
       {&means2d, "means2d"}, {&conics, "conics"}, {&colors, "colors"}, {&opacities, "opacities"},
       {&backgrounds, "backgrounds"}, {&gts, "gts"}, {&v_means2d, "v_means2d"}, {&v_conics, "v_conics"},
       {&v_colors, "v_colors"}, {&v_opacities, "v_opacities"}, {&v_backgrounds, "v_backgrounds"},
-      {&absgrad, "absgrad"}, {&image, "image"}, {&partial, "partial"}, {&checkpoints, "checkpoints"}};
+      {&absgrad, "absgrad"}, {&image, "image"}, {&partial, "partial"}, {&terms, "terms"},
+      {&checkpoints, "checkpoints"}};
   for (const auto& f : fs) check_f32(*f.first, f.second, dev);
   TORCH_CHECK(offsets.scalar_type() == torch::kInt32 && offsets.is_contiguous() && offsets.device() == dev,
               "offsets must be contiguous int32 on ", dev);
@@ -52,6 +53,9 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
   TORCH_CHECK(cp_buckets >= 0 && checkpoints.numel() >= cp_buckets * NPIX * 4,
               "checkpoint scratch smaller than the buckets the caller computed");
   TORCH_CHECK(partial.numel() == 2 * offsets.numel(), "partial must hold 2 floats per tile");
+  TORCH_CHECK(terms.numel() == 3, "terms must hold 3 floats");
+  TORCH_CHECK(done_tiles.numel() == 1 && done_tiles.scalar_type() == torch::kInt32 && done_tiles.device() == dev,
+              "done_tiles must be one int32 on ", dev);
   Params p{};
   p.means2d = means2d.data_ptr<float>();
   p.conics = conics.data_ptr<float>();
@@ -71,6 +75,8 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
   p.num_tiles = (int)(tiles_x * tiles_y);
   p.l1_scale = (float)l1_scale;
   p.ssim_scale = (float)ssim_scale;
+  p.ssim_lambda = (float)ssim_lambda;
+  p.inv_count = (float)inv_count;
   for (int i = 0; i < 2 * WIN_HALF + 1; ++i) p.window[i] = (float)window[i];
   p.v_means2d = v_means2d.data_ptr<float>();
   p.v_conics = v_conics.data_ptr<float>();
@@ -80,6 +86,8 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
   p.absgrad = opt_ptr(absgrad);
   p.image = opt_ptr(image);
   p.partial = partial.data_ptr<float>();
+  p.terms = terms.data_ptr<float>();
+  p.done_tiles = reinterpret_cast<unsigned int*>(done_tiles.data_ptr<int32_t>());
   p.checkpoints = checkpoints.data_ptr<float>();
   TORCH_CHECK(phases >= 1 && phases <= 3, "phases must be 1, 2 or 3");
   p.phases = (int)phases;
@@ -95,12 +103,15 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
   const torch::Tensor &means2d, const torch::Tensor &conics, const torch::Tensor &colors,                          \
       const torch::Tensor &opacities, const torch::Tensor &backgrounds, const torch::Tensor &gts,                  \
       const torch::Tensor &offsets, const torch::Tensor &flatten_ids, int64_t num_images, int64_t width,           \
-      int64_t height, int64_t ox, int64_t oy, double l1_scale, double ssim_scale, std::vector<double> window,      \
+      int64_t height, int64_t ox, int64_t oy, double l1_scale, double ssim_scale, double ssim_lambda,              \
+      double inv_count, std::vector<double> window,                                                                \
       const torch::Tensor &v_means2d, const torch::Tensor &v_conics, const torch::Tensor &v_colors,                \
       const torch::Tensor &v_opacities, const torch::Tensor &v_backgrounds, const torch::Tensor &absgrad,          \
-      const torch::Tensor &image, const torch::Tensor &partial, const torch::Tensor &checkpoints, int64_t phases,      \
+      const torch::Tensor &image, const torch::Tensor &partial, const torch::Tensor &terms,                        \
+      const torch::Tensor &done_tiles, const torch::Tensor &checkpoints, int64_t phases,                           \
       int64_t tile_begin, int64_t tile_count, int64_t cp_origin, int64_t cp_buckets
 #define SPLAT_FUSED_CALL                                                                                          \
   means2d, conics, colors, opacities, backgrounds, gts, offsets, flatten_ids, num_images, width, height, ox, oy,   \
-      l1_scale, ssim_scale, window, v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, absgrad, image,     \
-      partial, checkpoints, phases, tile_begin, tile_count, cp_origin, cp_buckets
+      l1_scale, ssim_scale, ssim_lambda, inv_count, window, v_means2d, v_conics, v_colors, v_opacities,            \
+      v_backgrounds, absgrad, image, partial, terms, done_tiles, checkpoints, phases, tile_begin, tile_count,      \
+      cp_origin, cp_buckets

@@ -41,7 +41,9 @@
 namespace splat_fused {
 
 constexpr float MAX_ALPHA = 0.999f;
-constexpr float ALPHA_MIN = 1.0f / 255.0f;
+// log2(1 / 255): a pair composites when log2(opacity) - sigma log2(e) >= this, i.e. alpha >= 1/255
+constexpr float LOG2_ALPHA_MIN = -7.99435343685886f;
+constexpr float LOG2E = 1.44269504088896341f;
 constexpr float T_MIN = 1e-4f;
 constexpr float SSIM_C1 = 0.01f * 0.01f;
 constexpr float SSIM_C2 = 0.03f * 0.03f;
@@ -50,14 +52,26 @@ constexpr float SSIM_C2 = 0.03f * 0.03f;
 // most ceil(n / 32) buckets, so consecutive tiles never overlap, for any warpSize >= 32.
 ST_DEVICE int64_t bucket_base(int64_t start, int tile) { return start / CP_BUCKET_MIN + tile; }
 
-// sigma = 0.5 (a dx^2 + c dy^2) + b dx dy from the halved diagonal ha = a / 2, hc = c / 2 and the
-// products dxx = dx^2, dxy = dx dy, dyy = dy^2, with every rounding explicit, so that the forward
-// and the backward (different code, different compiler contraction choices otherwise) compute the
-// same bits and take the same skip decisions. (Halving is exact barring underflow, so this rounds
-// as fmaf(b, dxy, 0.5 fmaf(a, dxx, c dyy)) does, one multiplication fewer.)
-ST_DEVICE float gauss_sigma(float ha, float b, float hc, float dxx, float dxy, float dyy) {
-  return fmaf(b, dxy, fmaf(ha, dxx, hc * dyy));
+// sigma log2(e), sigma = 0.5 (a dx^2 + c dy^2) + b dx dy, from the scaled conic ha = a log2(e) / 2,
+// sb = b log2(e), hc = c log2(e) / 2 (scaled_conic) and the products dxx = dx^2, dxy = dx dy,
+// dyy = dy^2, with every rounding explicit, so that the forward and the backward (different code,
+// different compiler contraction choices otherwise) compute the same bits and take the same skip
+// decisions. A pair's alpha is then min(0.999, 2^p) with p = log2(opacity) - this: the opacity
+// and the base change folded into one subtraction and the exponential (Faster-GS and LiteGS
+// composite in base 2 too).
+ST_DEVICE float gauss_sigma2(float ha, float sb, float hc, float dxx, float dxy, float dyy) {
+  return fmaf(sb, dxy, fmaf(ha, dxx, hc * dyy));
 }
+
+// The scaled conic of record g (see gauss_sigma2) and log2 of its opacity.
+ST_DEVICE float4 scaled_conic(const Params& P, int64_t g) {
+  return make_float4(0.5f * LOG2E * P.conics[3 * g], LOG2E * P.conics[3 * g + 1], 0.5f * LOG2E * P.conics[3 * g + 2],
+                     log2f(P.opacities[g]));
+}
+
+// Whether a pair composites (gsplat's rule: sigma >= 0 and alpha >= 1/255), from s2 = sigma log2(e)
+// and p = log2(opacity) - s2; the forward and the backward decide with this one test.
+ST_DEVICE bool composites(float s2, float p) { return s2 >= 0.f && p >= LOG2_ALPHA_MIN; }
 
 // Number of sorted pixels whose stop exceeds ``v`` (s_stop is non-increasing, NPIX entries): a
 // branch-free binary search, the same 9 steps in every lane.
@@ -67,11 +81,6 @@ ST_DEVICE int count_above(const int* s_stop, int v) {
   for (int step = NPIX / 2; step > 0; step >>= 1) lo += s_stop[lo + step - 1] > v ? step : 0;
   return lo + (s_stop[lo] > v ? 1 : 0);
 }
-
-// Conservative skip bound of a Gaussian: alpha = min(0.999, o exp(-sigma)) >= 1/255 needs
-// sigma <= ln(255 o); pairs with sigma above this bound (a margin over it) skip the exponential.
-// The exact test follows for the others, so forward and backward take the same decisions.
-ST_DEVICE float sigma_bound(float opacity) { return logf(255.f * opacity) + 1e-3f; }
 
 // Block-wide sum (op 0) or max (op 1) over the 256 threads; every thread gets the result.
 ST_DEVICE float block_reduce(float v, float* s_red, int tid, bool max_op) {
@@ -88,6 +97,37 @@ ST_DEVICE float block_reduce(float v, float* s_red, int tid, bool max_op) {
   const float out = s_red[0];
   __syncthreads();
   return out;
+}
+
+// Called by every block once its tile's partial sums are written: the last block of all
+// (num_images * num_tiles, over every launch of the call; P.done_tiles counts them, zeroed by the
+// caller) sums every tile's partials, in tile order (so the loss does not depend on which block
+// came last), and writes P.terms = (loss, L1, SSIM): L1 and SSIM the means over the pixels with
+// ground truth and the channels, loss = (1 - lambda) L1 + lambda (1 - SSIM). The threadfence
+// reduction of the CUDA samples.
+ST_DEVICE void reduce_terms_if_last(const Params& P, float* s_red, int tid) {
+  __shared__ int s_last;
+  const int total = P.num_images * P.num_tiles;
+  if (tid == 0) {
+    __threadfence();  // this tile's partials are visible to every block before the count says so
+    s_last = atomicAdd(P.done_tiles, 1u) + 1u == (unsigned)total ? 1 : 0;
+  }
+  __syncthreads();
+  if (!s_last) return;  // uniform over the block
+  __threadfence();
+  const volatile float* part = P.partial;  // written by other blocks: not through this SM's L1
+  float l1 = 0.f, ssim = 0.f;
+  for (int t = tid; t < total; t += NPIX) {
+    l1 += part[2 * (int64_t)t];
+    ssim += part[2 * (int64_t)t + 1];
+  }
+  l1 = block_reduce(l1, s_red, tid, false) * P.inv_count;
+  ssim = block_reduce(ssim, s_red, tid, false) * P.inv_count;
+  if (tid == 0) {
+    P.terms[0] = (1.f - P.ssim_lambda) * l1 + P.ssim_lambda * (1.f - ssim);
+    P.terms[1] = l1;
+    P.terms[2] = ssim;
+  }
 }
 
 // Horizontal then vertical 11-tap pass of ``count`` maps (m_in -> m_out via m_tmp), window w,
@@ -119,7 +159,7 @@ ST_DEVICE void blur_maps(const float* m_in, float* m_tmp, const float* w, int r,
 template <bool ABSGRAD>
 ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P) {
   constexpr int MAX_WARPS = NPIX / CP_BUCKET_MIN;
-  // the staged records (forward: mean x, y, opacity, sigma bound | conic a / 2, b, c / 2 | colour), then SSIM maps
+  // the staged records (forward: mean x, y, log2 opacity | scaled conic | colour), then SSIM maps
   __shared__ float4 s_rec[3 * NPIX];
   __shared__ float4 s_g[NPIX];        // pixels sorted by stop (below): dL/dpixel (3) and K
   __shared__ float2 s_pxy[NPIX];      // pixel centre x, y, sorted
@@ -158,9 +198,9 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
     __syncthreads();  // the previous batch is consumed
     if (tid < n) {
       const int64_t g = P.flatten_ids[b0 + tid];
-      const float op = P.opacities[g];
-      s_geo[tid] = make_float4(P.means2d[2 * g], P.means2d[2 * g + 1], op, sigma_bound(op));
-      s_con[tid] = make_float4(0.5f * P.conics[3 * g], P.conics[3 * g + 1], 0.5f * P.conics[3 * g + 2], 0.f);
+      const float4 sc = scaled_conic(P, g);
+      s_geo[tid] = make_float4(P.means2d[2 * g], P.means2d[2 * g + 1], sc.w, 0.f);
+      s_con[tid] = make_float4(sc.x, sc.y, sc.z, 0.f);
       s_col[tid] = make_float4(P.colors[3 * g], P.colors[3 * g + 1], P.colors[3 * g + 2], 0.f);
     }
     __syncthreads();
@@ -172,10 +212,10 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
           const float4 geo = s_geo[j];
           const float dx = geo.x - px, dy = geo.y - py;
           const float4 con = s_con[j];
-          const float sigma = gauss_sigma(con.x, con.y, con.z, dx * dx, dx * dy, dy * dy);
-          if (sigma < 0.f || sigma > geo.w) continue;
-          const float alpha = fminf(MAX_ALPHA, geo.z * __expf(-sigma));
-          if (alpha < ALPHA_MIN) continue;
+          const float s2 = gauss_sigma2(con.x, con.y, con.z, dx * dx, dx * dy, dy * dy);
+          const float p = geo.z - s2;
+          if (!composites(s2, p)) continue;
+          const float alpha = fminf(MAX_ALPHA, exp2f(p));
           const float next_T = T * (1.f - alpha);
           if (next_T <= T_MIN) {
             done = true;
@@ -281,6 +321,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
     P.partial[2 * (int64_t)tile] = tile_abs;
     P.partial[2 * (int64_t)tile + 1] = tile_ssim;
   }
+  reduce_terms_if_last(P, s_red, tid);
   if (P.v_backgrounds != nullptr) {
 #pragma unroll
     for (int ch = 0; ch < 3; ++ch) {
@@ -313,10 +354,11 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
 
   // ---------------------------------------------------------------- 3. backward, per bucket
   // Lane l's Gaussian (list position k, mean m, conic (a, b, c), opacity o) and pixel p, with
-  // d = m - p, vis = exp(-sigma), alpha = min(0.999, o vis), and u = vis dL/dalpha below the clamp
-  // (0 above it, where alpha does not depend on o or sigma): dL/do = u and dL/dsigma = -o u, so
-  //   dL/da = -o/2 sum u dx^2,  dL/db = -o sum u dx dy,  dL/dc = -o/2 sum u dy^2,
-  //   dL/dm = -o (a sum u dx + b sum u dy,  b sum u dx + c sum u dy)
+  // d = m - p, raw = o exp(-sigma) (computed as 2^p, gauss_sigma2), alpha = min(0.999, raw), and
+  // u = raw dL/dalpha below the clamp (0 above it, where alpha depends on neither o nor sigma):
+  // dL/do = u / o and dL/dsigma = -u, so
+  //   dL/da = -1/2 sum u dx^2,  dL/db = -sum u dx dy,  dL/dc = -1/2 sum u dy^2,
+  //   dL/dm = -(a sum u dx + b sum u dy,  b sum u dx + c sum u dy)
   // (sigma = (a dx^2 + c dy^2) / 2 + b dx dy). The step loop accumulates the six sums over the
   // lane's pixels and the per-Gaussian factors are applied once per bucket: fewer instructions per
   // pipeline step than summing each pixel's gradients.
@@ -324,20 +366,17 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   float2* anchors = s_anchor + warp * NPIX;  // this warp's part
   for (int b = warp; b < num_buckets; b += num_warps) {
     const int k = b * B + (B - 1 - lane);  // list position (from start) of this lane's Gaussian
-    float mx = 0.f, my = 0.f, ha = 0.f, cb = 0.f, hc = 0.f, op = 0.f, cr = 0.f, cg = 0.f, cbl = 0.f;
+    float mx = 0.f, my = 0.f, cr = 0.f, cg = 0.f, cbl = 0.f;
+    float4 sc = make_float4(0.f, 0.f, 0.f, 0.f);  // scaled conic, log2 opacity
     if (start + k < end) {
       const int64_t gid = P.flatten_ids[start + k];
       mx = P.means2d[2 * gid];
       my = P.means2d[2 * gid + 1];
-      ha = 0.5f * P.conics[3 * gid];
-      cb = P.conics[3 * gid + 1];
-      hc = 0.5f * P.conics[3 * gid + 2];
-      op = P.opacities[gid];
+      sc = scaled_conic(P, gid);
       cr = P.colors[3 * gid];
       cg = P.colors[3 * gid + 1];
       cbl = P.colors[3 * gid + 2];
     }
-    const float bound = sigma_bound(op);
     // The pixels whose stop lies past the bucket's start are a prefix of the sorted order; this
     // lane's Gaussian reaches the shorter prefix of those whose stop lies past it (none when the
     // list ends before k, since no stop exceeds the list's length).
@@ -370,12 +409,11 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
       const float2 q = s_pxy[i];
       const float dx = mx - q.x, dy = my - q.y;
       const float dxx = dx * dx, dxy = dx * dy, dyy = dy * dy;
-      const float sigma = gauss_sigma(ha, cb, hc, dxx, dxy, dyy);
-      if (sigma < 0.f || sigma > bound) continue;
-      const float vis = __expf(-sigma);
-      const float raw = op * vis;
+      const float s2 = gauss_sigma2(sc.x, sc.y, sc.z, dxx, dxy, dyy);
+      const float p = sc.w - s2;
+      if (!composites(s2, p)) continue;
+      const float raw = exp2f(p);
       const float alpha = fminf(MAX_ALPHA, raw);
-      if (alpha < ALPHA_MIN) continue;
       const float inv_one_minus = __fdividef(1.f, 1.f - alpha);
       const float t_before = t_state * inv_one_minus;
       const float w = alpha * t_before;
@@ -385,38 +423,40 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
       v_r += w * gk.x;
       v_g += w * gk.y;
       v_bl += w * gk.z;
-      const float u = raw <= MAX_ALPHA ? vis * v_alpha : 0.f;
+      const float u = raw <= MAX_ALPHA ? raw * v_alpha : 0.f;
       su += u;
       sx += u * dx;
       sy += u * dy;
       sxx += u * dxx;
       sxy += u * dxy;
       syy += u * dyy;
-      if (ABSGRAD) {  // |dL/dm| of this pixel's term, over o
-        abs_x += fabsf(u * fmaf(ha + ha, dx, cb * dy));
-        abs_y += fabsf(u * fmaf(hc + hc, dy, cb * dx));
+      if (ABSGRAD) {  // |dL/dm| of this pixel's term, times log2(e) (the scaled conic's factor)
+        abs_x += fabsf(u * fmaf(sc.x + sc.x, dx, sc.y * dy));
+        abs_y += fabsf(u * fmaf(sc.z + sc.z, dy, sc.y * dx));
       }
       behind_state += w * cdot;
       t_state = t_before;
     }
     // Adding zeros changes no sum: a lane whose sums are all zero (no pixel reached, or terms that
-    // cancel exactly) skips the atomics.
+    // cancel exactly) skips the atomics. (A lane with a nonzero sum composited a pair, so its
+    // opacity is at least 1/255.)
     const bool any = (su != 0.f) | (sx != 0.f) | (sy != 0.f) | (sxx != 0.f) | (sxy != 0.f) | (syy != 0.f) |
                      (v_r != 0.f) | (v_g != 0.f) | (v_bl != 0.f) | (ABSGRAD && ((abs_x != 0.f) | (abs_y != 0.f)));
     if (any) {
       const int64_t gid = P.flatten_ids[start + k];
-      atomicAdd(P.v_means2d + 2 * gid, -op * fmaf(ha + ha, sx, cb * sy));
-      atomicAdd(P.v_means2d + 2 * gid + 1, -op * fmaf(cb, sx, (hc + hc) * sy));
-      atomicAdd(P.v_conics + 3 * gid, -op * 0.5f * sxx);
-      atomicAdd(P.v_conics + 3 * gid + 1, -op * sxy);
-      atomicAdd(P.v_conics + 3 * gid + 2, -op * 0.5f * syy);
-      atomicAdd(P.v_opacities + gid, su);
+      const float ca = P.conics[3 * gid], cb = P.conics[3 * gid + 1], cc = P.conics[3 * gid + 2];
+      atomicAdd(P.v_means2d + 2 * gid, -fmaf(ca, sx, cb * sy));
+      atomicAdd(P.v_means2d + 2 * gid + 1, -fmaf(cb, sx, cc * sy));
+      atomicAdd(P.v_conics + 3 * gid, -0.5f * sxx);
+      atomicAdd(P.v_conics + 3 * gid + 1, -sxy);
+      atomicAdd(P.v_conics + 3 * gid + 2, -0.5f * syy);
+      atomicAdd(P.v_opacities + gid, su / P.opacities[gid]);
       atomicAdd(P.v_colors + 3 * gid, v_r);
       atomicAdd(P.v_colors + 3 * gid + 1, v_g);
       atomicAdd(P.v_colors + 3 * gid + 2, v_bl);
       if (ABSGRAD) {
-        atomicAdd(P.absgrad + 2 * gid, op * abs_x);
-        atomicAdd(P.absgrad + 2 * gid + 1, op * abs_y);
+        atomicAdd(P.absgrad + 2 * gid, abs_x * (1.f / LOG2E));
+        atomicAdd(P.absgrad + 2 * gid + 1, abs_y * (1.f / LOG2E));
       }
     }
   }

@@ -24,6 +24,8 @@ struct Params {
   int64_t n_isects;
   int num_images, width, height, ox, oy, tiles_x, num_tiles;  // num_tiles per image
   float l1_scale, ssim_scale;  // dL/dpixel = l1_scale sign(x - y) - ssim_scale d SSIM_sum / dx
+  float ssim_lambda;           // loss = (1 - ssim_lambda) L1 + ssim_lambda (1 - SSIM)
+  float inv_count;             // 1 / (num_images * 3 * pixels with ground truth per image)
   float window[2 * WIN_HALF + 1];
   float* v_means2d;    // [R, 2], zeroed
   float* v_conics;     // [R, 3]
@@ -33,6 +35,8 @@ struct Params {
   float* absgrad;      // [R, 2] or null
   float* image;        // [I, height, width, 3] or null
   float* partial;      // [I * num_tiles, 2]: sum |x - y|, sum SSIM map, over the tile's pixels with ground truth
+  float* terms;        // [3]: loss, L1, SSIM (written by the last block; phases >= 2)
+  unsigned int* done_tiles;  // [1], zeroed by the caller: tiles whose partials are written
   float* checkpoints;  // (n_isects / 32 + I * num_tiles + 1) * 256 * 4 floats, scratch
   int phases;          // 3: all; for timing only, 1: forward only, 2: forward and loss (no gradients)
   // This launch's tiles: flat (image, tile) ids tile_begin ... tile_begin + tile_count - 1; their

@@ -1,7 +1,7 @@
 // CPU emulation of the few CUDA builtins kernels/csrc/fused_raster.cuh uses, so that the same
 // kernel source runs on a CPU (tests only): a block is 256 host threads (one per GPU thread),
 // __syncthreads a barrier over them, a warp shuffle a barrier over the warp's lanes plus an
-// exchange array, atomicAdd an atomic_ref. Blocks run one after another (shared memory is a
+// exchange array, atomicAdd an atomic_ref, __threadfence a fence. Blocks run one after another (shared memory is a
 // function-static array, i.e. one per kernel, reused by each block). warpSize is a variable, so
 // the tests run the kernel at several warp sizes (32 as NVIDIA, 64 as AMD's wavefronts).
 #pragma once
@@ -71,6 +71,8 @@ inline float st_emu_shfl(float v, int arg, bool up) {
 }
 inline void st_emu_warp_sync() { st_emu_current->warps[threadIdx.x / warpSize]->arrive_and_wait(); }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 // Runs kernel(args...) on a grid of ``blocks`` blocks of ``threads`` threads.
 template <typename K, typename... A>
