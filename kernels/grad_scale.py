@@ -41,7 +41,7 @@ if triton is not None:
         if factor != 1.0:
             start = tl.program_id(0).to(tl.int64) * BLOCK
             step = num_programs.to(tl.int64) * BLOCK
-            for base in range(start, num, step):
+            for base in range(start, num.to(tl.int64), step):  # 64-bit bounds: numel may pass 2^31
                 offs = base + tl.arange(0, BLOCK)
                 mask = offs < num
                 x = tl.load(x_ptr + offs, mask=mask)
@@ -57,9 +57,8 @@ def scale_(x: Tensor, factor: Tensor) -> None:
     """x *= factor in place, skipping the pass when factor == 1 (decided on the device).
 
     x: contiguous float32 tensor (any shape; numel may exceed 2^31); factor: one float32 element on
-    x's device. Raises ValueError otherwise. CUDA / ROCm with Triton: one launch; elsewhere (or
-    under TRITON_INTERPRET=1 on the CPU, the tests) :func:`scale_reference` unless Triton's
-    interpreter is on."""
+    x's device. Raises ValueError otherwise. CUDA / ROCm tensors: one Triton launch (CPU tensors too
+    under TRITON_INTERPRET=1, as the tests run it); elsewhere :func:`scale_reference`."""
     if x.dtype != torch.float32 or not x.is_contiguous():
         raise ValueError(f"scale_: x must be contiguous float32, got {x.dtype} (contiguous: {x.is_contiguous()})")
     if factor.numel() != 1 or factor.dtype != torch.float32 or factor.device != x.device:

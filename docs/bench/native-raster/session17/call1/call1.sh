@@ -4,7 +4,8 @@
 # function's scaling skipped on the device when the incoming gradient is 1 (kernels/grad_scale.py).
 # First-use build (main's kernel 1baedb4 and variant v2 beside it); GPU tests; two trained juicebox
 # f2 models (default 7,000 steps; bytesplat, pruned); kernel_ab.py (main vs this, same inputs,
-# phases 1/2/3; v2 = the forward's pair loop without its break, unrolled by 4); bench-raster (fused
+# phases 1/2/3; v2 = the forward's pair loop without its break, unrolled by 4; v3 = four pairs per
+# iteration by hand, the loop left with a goto); bench-raster (fused
 # vs the fastest unfused) on both models and the 2 M synthetic image; whole iterations W = 1 on
 # juicebox f2 and the 2 M scene. Everything it writes is packed into $OUT/call1.tar.gz.
 set -o pipefail
@@ -19,11 +20,12 @@ from splat_train.kernels import native
 m = native.load()
 print('native build (first use):', 'ok' if m is not None else native.LOAD_ERROR, round(time.perf_counter()-t, 1), 's')" > $O/native_build.txt 2>&1 &
 NB=$!
-export BASE_PKG=$PWD/.gpu/base BASE_BUILD=/tmp/base_build VARIANTS="v2=$PWD/.gpu/v2"; mkdir -p $BASE_BUILD
+export BASE_PKG=$PWD/.gpu/base BASE_BUILD=/tmp/base_build VARIANTS="v2=$PWD/.gpu/v2,v3=$PWD/.gpu/v3"; mkdir -p $BASE_BUILD
 AB="$PWD/docs/bench/native-raster/session17/kernel_ab.py"
 ( cd docs/bench/native-raster/session17 && python3 -c "
 import kernel_ab; m, t = kernel_ab.load_base(); print('base build', round(t, 1), 's')
-m, t = kernel_ab.load_base('v2', '$PWD/.gpu/v2'); print('v2 build', round(t, 1), 's')" ) > $O/base_build.txt 2>&1 &
+m, t = kernel_ab.load_base('v2', '$PWD/.gpu/v2'); print('v2 build', round(t, 1), 's')
+m, t = kernel_ab.load_base('v3', '$PWD/.gpu/v3'); print('v3 build', round(t, 1), 's')" ) > $O/base_build.txt 2>&1 &
 BB=$!
 source .whl/gpu-prelude.sh > $O/prelude.txt 2>&1 || { cat $O/prelude.txt; exit 1; }
 export PYTHONPATH=/tmp/pp:$PYTHONPATH
@@ -44,7 +46,7 @@ print('native load (second process, cached):', 'ok' if m is not None else native
 el "$(tail -1 $O/native_build.txt)"
 timeout 260 python3 -m pytest -q -m gpu tests/test_gpu_fused_raster.py tests/test_grad_scale.py tests/test_gpu.py -k "fused or whole_step or grad_scale or kernel_matches" -p no:cacheprovider > $O/gpu_tests.log 2>&1
 el "gpu tests rc=$? $(tail -1 $O/gpu_tests.log)"
-wait $BB; el "$(tail -2 $O/base_build.txt | tr '\n' ' ')"
+wait $BB; el "$(tail -3 $O/base_build.txt | tr '\n' ' ')"
 wait $P1 $P2
 el "training done: $(ls $R/ck_default/ckpts $R/ck_bytesplat/ckpts | tr '\n' ' ')"
 for v in default bytesplat; do mkdir -p $O/train_$v && cp -r $R/ck_$v/stats $R/ck_$v/cfg.yml $O/train_$v/ 2>/dev/null; done
