@@ -208,19 +208,20 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
       const int j1 = j0 + B < n ? j0 + B : n;
       const bool active = !done;  // the backward reads this bucket's checkpoint only for such pixels
       if (active) {
-        for (int j = j0; j < j1; ++j) {
+        // one pair: false once the pixel stops before record j
+        auto composite = [&](int j) -> bool {
           const float4 geo = s_geo[j];
           const float dx = geo.x - px, dy = geo.y - py;
           const float4 con = s_con[j];
           const float s2 = gauss_sigma2(con.x, con.y, con.z, dx * dx, dx * dy, dy * dy);
           const float p = geo.z - s2;
-          if (!composites(s2, p)) continue;
+          if (!composites(s2, p)) return true;
           const float alpha = fminf(MAX_ALPHA, exp2f(p));
           const float next_T = T * (1.f - alpha);
           if (next_T <= T_MIN) {
             done = true;
             stop = b0 + j;
-            break;
+            return false;
           }
           const float w = alpha * T;
           const float4 cl = s_col[j];
@@ -228,7 +229,14 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
           col_g += w * cl.y;
           col_b += w * cl.z;
           T = next_T;
-        }
+          return true;
+        };
+        int j = j0;  // four pairs per iteration (the loop's exit on a stop keeps the compiler from unrolling)
+        for (; j + 4 <= j1; j += 4)
+          if (!(composite(j) && composite(j + 1) && composite(j + 2) && composite(j + 3))) goto bucket_end;
+        for (; j < j1; ++j)
+          if (!composite(j)) break;
+      bucket_end:
         if (has_gt)  // T and the colour accumulated at the bucket's end
           reinterpret_cast<float4*>(cp)[(int64_t)bucket * NPIX + tid] = make_float4(T, col_r, col_g, col_b);
       }
