@@ -361,6 +361,21 @@ def test_kernel_source_matches_reference(emulation, case, warp_size):
         assert r["min_final_T"] < 1e-3  # pixels that ran into the stop rule
 
 
+@pytest.mark.parametrize("n_list", [2100, (1 << 23) - 1, 1 << 23, 1 << 40])
+def test_pixels_ranked_by_decreasing_stop(emulation, n_list):
+    # below 2^23 the kernel ranks packed keys, from 2^23 on it compares (stop, thread) pairs: both
+    # must give the stable order of decreasing stop, ties broken by the lower thread first
+    gen = torch.Generator().manual_seed(n_list % 1000)
+    top = min(n_list, (1 << 31) - 1)
+    stops = torch.randint(0, 40, (256,), generator=gen, dtype=torch.int32)  # many ties
+    stops[:8] = torch.tensor([0, top, top, top - 1, 1, 0, top, 5], dtype=torch.int32)
+    ranks = emulation.rank_by_stop(stops, n_list)
+    order = sorted(range(256), key=lambda t: (-int(stops[t]), t))
+    expected = torch.empty(256, dtype=torch.int32)
+    expected[torch.tensor(order)] = torch.arange(256, dtype=torch.int32)
+    assert torch.equal(ranks, expected)
+
+
 def _normalized_conv_ssim(x, y):
     """SSIM of one tile [B, h, w, 3] by normalized convolution: zero-padded 11x11 Gaussian filter
     divided by the same filter of ones (the window's weight inside the tile), Wang et al. 2004."""

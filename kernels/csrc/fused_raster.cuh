@@ -73,6 +73,35 @@ ST_DEVICE float4 scaled_conic(const Params& P, int64_t g) {
 // and p = log2(opacity) - s2; the forward and the backward decide with this one test.
 ST_DEVICE bool composites(float s2, float p) { return s2 >= 0.f && p >= LOG2_ALPHA_MIN; }
 
+// This pixel's place in the order of decreasing stop, ties broken by thread index (the lower first),
+// for every thread of the block (calls __syncthreads; s_stop is scratch here). n_list (the tile's
+// list length, an upper bound of every stop) is the same in every thread. Below 2^(31 - PIX_BITS)
+// the stop and NPIX - 1 - tid pack into one distinct key below 2^31, and the rank is the count of
+// larger keys: the sign bits of key - key_q (a subtraction and a shift-add per pixel); longer
+// lists compare the pairs.
+constexpr int PIX_BITS = 8;
+static_assert(NPIX <= (1 << PIX_BITS), "the packed sort key holds a thread index in PIX_BITS bits");
+ST_DEVICE int rank_by_stop(int* s_stop, int my_stop, int64_t n_list, int tid) {
+  int rank = 0;
+  if (n_list < ((int64_t)1 << (31 - PIX_BITS))) {
+    unsigned* s_key = reinterpret_cast<unsigned*>(s_stop);
+    const unsigned key = ((unsigned)my_stop << PIX_BITS) | (unsigned)(NPIX - 1 - tid);
+    s_key[tid] = key;
+    __syncthreads();
+#pragma unroll 16
+    for (int q = 0; q < NPIX; ++q) rank += (int)((key - s_key[q]) >> 31);  // 1 where key_q > key
+  } else {
+    s_stop[tid] = my_stop;
+    __syncthreads();
+    for (int q = 0; q < NPIX; ++q) {
+      const int kq = s_stop[q];
+      rank += (kq > my_stop || (kq == my_stop && q < tid)) ? 1 : 0;
+    }
+  }
+  __syncthreads();
+  return rank;
+}
+
 // Number of sorted pixels whose stop exceeds ``v`` (s_stop is non-increasing, NPIX entries): a
 // branch-free binary search, the same 9 steps in every lane.
 ST_DEVICE int count_above(const int* s_stop, int v) {
@@ -343,14 +372,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   const float K = (col_r * g[0] + col_g * g[1] + col_b * g[2]) + T * (bg_r * g[0] + bg_g * g[1] + bg_b * g[2]);
   // Pixels by decreasing stop: bucket b's pixels with something to do (stop > b * warpSize) are then
   // the first n of this order, and the backward's pipeline runs over those only.
-  s_stop[tid] = my_stop;
-  __syncthreads();
-  int rank = 0;
-  for (int q = 0; q < NPIX; ++q) {
-    const int kq = s_stop[q];
-    rank += (kq > my_stop || (kq == my_stop && q < tid)) ? 1 : 0;
-  }
-  __syncthreads();
+  const int rank = rank_by_stop(s_stop, my_stop, end - start, tid);
   s_stop[rank] = my_stop;
   s_perm[rank] = tid;
   s_pxy[rank] = make_float2(px, py);

@@ -21,7 +21,23 @@ int64_t checkpoint_floats(int64_t n_isects, int64_t num_tiles_all) {
   return splat_fused::checkpoint_floats(n_isects, num_tiles_all);
 }
 
+// One block's rank_by_stop over the given stops (NPIX of them), for a list of n_list entries.
+static void rank_kernel(const int* stops, int* ranks, int64_t n_list) {
+  __shared__ int s_stop[splat_fused::NPIX];
+  const int tid = threadIdx.x;
+  ranks[tid] = splat_fused::rank_by_stop(s_stop, stops[tid], n_list, tid);
+}
+
+torch::Tensor rank_by_stop(const torch::Tensor& stops, int64_t n_list) {
+  TORCH_CHECK(stops.dtype() == torch::kInt32 && stops.is_contiguous() && stops.numel() == splat_fused::NPIX,
+              "stops: NPIX contiguous int32");
+  auto ranks = torch::empty_like(stops);
+  st_emu_launch(1, splat_fused::NPIX, rank_kernel, stops.data_ptr<int>(), ranks.data_ptr<int>(), n_list);
+  return ranks;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rank_by_stop", &rank_by_stop, "one block's ranks by decreasing stop (ties: lower thread first)");
   m.def("fused_raster_loss", &fused_raster_loss, "the fused kernel, emulated on the CPU");
   m.def("checkpoint_floats", &checkpoint_floats, "scratch floats of one launch");
 }
