@@ -99,9 +99,10 @@ def load(verbose: bool = False, quiet: bool = False):
         return _MODULE
 
 
-def unavailable_warning() -> str:
-    """The one line saying that the native kernel could not be built, and why (:data:`LOAD_ERROR`)."""
-    return f"warning: --raster fused: the native kernel is unavailable ({LOAD_ERROR}); using the unfused path"
+def unavailable_warning(raster: str = "fused") -> str:
+    """The one line saying that the native kernel could not be built, and why (:data:`LOAD_ERROR`);
+    ``raster``: the --raster value that asked for it."""
+    return f"warning: --raster {raster}: the native kernel is unavailable ({LOAD_ERROR}); using the unfused path"
 
 
 def available() -> bool:

@@ -39,10 +39,11 @@ from splat_train.trainer.fileio import atomic_write_bytes
 
 DEFAULT_VARIANTS = {
     "gsplat-dist": "--pipeline gsplat-dist",
-    "ours-dense": "",
-    "ours-packed": "--packed",
-    "ours-packed-sparse": "--packed --sparse_grad_comm",
+    "ours-dense": "--raster unfused",
+    "ours-packed": "--packed --raster unfused",
+    "ours-packed-sparse": "--packed --sparse_grad_comm --raster unfused",
     "ours-packed-fused": "--packed --raster fused",
+    "ours-dense-fused": "--raster fused",
 }
 
 

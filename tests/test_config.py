@@ -113,7 +113,7 @@ def test_config_file_round_trip(tmp_path):
         (["nosuchpreset"], "preset"),
         (["default", "--config", "/nonexistent.yml"], "--config"),
         (["default", "--pipeline", "gsplat-dist", "--sparse_grad_comm"], "--sparse_grad_comm"),
-        (["default", "--random_tile_shift"], "--random_tile_shift"),
+        (["default", "--random_tile_shift", "--raster", "unfused"], "--random_tile_shift"),
         # gsplat simple_trainer options refused, or in combinations that cannot work
         (["default", "--compression", "png"], "--compression"),
         (["default", "--app_embed_dim", "32"], "--app_embed_dim"),
@@ -194,3 +194,45 @@ def test_a_steps_scaler_that_leaves_no_step_is_refused_naming_it(tmp_path):
         parse_args(["default", "--max_steps", "30", "--steps_scaler", "0.01", "--result_dir", str(tmp_path)])
     cfg = parse_args(["default", "--max_steps", "30", "--steps_scaler", "0.04", "--result_dir", str(tmp_path)])
     assert cfg.schedule.max_steps == 1
+
+
+# the last column: whether the native kernel is asked for (built) at all
+@pytest.mark.parametrize(
+    "flags, device, masked, ready, expected, asked",
+    [
+        ([], "cuda", False, True, "fused", True),  # the default on a GPU
+        ([], "cpu", False, True, "unfused", False),  # ... and on the CPU
+        ([], "cuda", False, False, "unfused", True),  # no native kernel: the unfused step
+        ([], "cuda", True, True, "unfused", False),  # loss masks
+        (["--app_opt"], "cuda", False, True, "unfused", False),
+        (["--depth_loss"], "cuda", False, True, "unfused", False),
+        (["--use_bilateral_grid"], "cuda", False, True, "unfused", False),
+        (["--tb_save_image"], "cuda", False, True, "unfused", False),
+        (["--pipeline", "gsplat-dist"], "cuda", False, True, "unfused", False),
+        (["--random_tile_shift"], "cuda", False, True, "fused", True),
+        (["--raster", "unfused"], "cuda", False, True, "unfused", False),
+        (["--raster", "fused"], "cuda", False, True, "fused", True),
+        (["--raster", "fused"], "cuda", False, False, "unfused", True),
+        (["--raster", "fused"], "cpu", False, False, "fused", False),  # the PyTorch reference
+    ],
+)
+def test_raster_auto_is_fused_on_a_gpu_unless_the_run_needs_the_image(flags, device, masked, ready, expected, asked):
+    from splat_train.trainer.loop import raster_mode
+
+    cfg = parse_args(["default", *flags])
+    assert cfg.raster == (flags[1] if flags[:1] == ["--raster"] else "auto")
+    calls = []
+
+    def kernel_ready():
+        calls.append(1)
+        return ready
+
+    assert raster_mode(cfg, device, masked, kernel_ready) == expected
+    assert len(calls) == int(asked)
+
+
+def test_raster_fused_refuses_loss_masks():
+    from splat_train.trainer.loop import raster_mode
+
+    with pytest.raises(ValueError, match="--raster fused cannot apply"):
+        raster_mode(parse_args(["default", "--raster", "fused"]), "cuda", True, lambda: True)

@@ -265,7 +265,7 @@ def test_profile_calls_reports_the_gpu_kernels():
 # Host synchronizations a steady-state step may make at W = 1: gsplat's tile intersection reads the
 # number of intersections on the host to size its buffers (data-dependent, no bound); packed
 # projection reads the number of visible pairs the same way.
-SYNCS_ALLOWED = {"dense": 1, "packed": 2, "patch": 1, "graphs": 1}
+SYNCS_ALLOWED = {"dense": 1, "packed": 2, "patch": 1, "graphs": 1, "fused": 1, "fused-eager": 1}
 SYNC_NAMES = (
     "cudaStreamSynchronize",
     "cudaDeviceSynchronize",
@@ -278,12 +278,13 @@ SYNC_NAMES = (
 )
 
 
-@pytest.mark.parametrize("layout", ["dense", "packed", "patch", "graphs"])
+@pytest.mark.parametrize("layout", ["dense", "packed", "patch", "graphs", "fused", "fused-eager"])
 def test_steady_state_step_synchronizes_only_for_data_dependent_sizes(tmp_path, layout):
     """Counts the host synchronizations (runtime calls that block the host) and host-to-device
     copies of five steady-state training steps under the profiler. ``patch``: --patch_size, whose
     crops move the intrinsics by a small table uploaded each step (asynchronously, from pinned
-    memory: a pageable copy would wait for the device)."""
+    memory: a pageable copy would wait for the device). The unfused layouts pin --raster unfused;
+    ``fused``: the default (--raster auto: the native kernel), graphed, and eagerly."""
     from torch.profiler import ProfilerActivity, profile
 
     from splat_train.trainer.cli import build_scene, parse_args
@@ -300,14 +301,17 @@ def test_steady_state_step_synchronizes_only_for_data_dependent_sizes(tmp_path, 
         "--result_dir",
         str(tmp_path),
     ] + {
-        "dense": ["--cuda_graphs", "off"],
-        "packed": ["--packed"],
-        "patch": ["--patch_size", "48"],
-        "graphs": ["--cuda_graphs", "on"],
+        "dense": ["--cuda_graphs", "off", "--raster", "unfused"],
+        "packed": ["--packed", "--raster", "unfused"],
+        "patch": ["--patch_size", "48", "--raster", "unfused"],
+        "graphs": ["--cuda_graphs", "on", "--raster", "unfused"],
+        "fused": [],
+        "fused-eager": ["--cuda_graphs", "off"],
     }[layout]
     cfg = parse_args(flags)
     trainer = Trainer(cfg, DistContext(device=torch.device("cuda")), build_scene(cfg))
     assert trainer.views.where == "device" and trainer.loss_backend == "fused_l1_ssim"
+    assert trainer.raster == ("fused" if layout.startswith("fused") else "unfused")
     for step in range(1, 4):  # warm-up: compilation, allocator
         trainer.train_step(step)
     torch.cuda.synchronize()
@@ -326,7 +330,7 @@ def test_steady_state_step_synchronizes_only_for_data_dependent_sizes(tmp_path, 
     uploads = sum(v for k, v in calls.items() if k.startswith("Memcpy HtoD")) / steps
     print(f"{layout}: per step {syncs:.1f} host syncs, {uploads:.1f} host-to-device copies: {calls}")
     assert syncs <= SYNCS_ALLOWED[layout], calls
-    if layout == "graphs":  # the steps above replayed whole-step captures (none refused)
+    if layout in ("graphs", "fused"):  # the steps above replayed whole-step captures (none refused)
         g, w = trainer.graphed_head, trainer.graphed_step
         assert g is not None and g.captures >= 1 and g.failures == 0 and not g.stopped
         assert w is not None and w.captures >= 1 and w.failures == 0

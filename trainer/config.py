@@ -218,10 +218,10 @@ class Config:
     nproc_per_node: int = 0
     """Processes to start on this node: 0 = one per visible GPU (1 without GPUs); N > 1 without GPUs runs N CPU ranks over gloo."""
 
-    raster: Literal["unfused", "fused"] = "unfused"
-    """Training rasterization: unfused (rasterize, full-image L1 + D-SSIM, backward) or fused (ByteSplat: one native CUDA/HIP kernel for forward, tile-local loss and backward of every tile, built on first use; kernels/fused_raster.py; on a GPU where it cannot be built, one line and the unfused step)."""
+    raster: Literal["auto", "unfused", "fused"] = "auto"
+    """Training rasterization: fused (ByteSplat: one native CUDA/HIP kernel for forward, tile-local L1 + D-SSIM and backward of every tile, built on first use; kernels/fused_raster.py; on a GPU where it cannot be built, one line and the unfused step; on the CPU its PyTorch reference), unfused (rasterize, full-image L1 + D-SSIM, backward), or auto: fused on a GPU unless the run needs the rendered image (--app_opt, --depth_loss, --use_bilateral_grid, --tb_save_image, --pipeline gsplat-dist, training views with loss masks), unfused on the CPU."""
     random_tile_shift: bool = False
-    """With --raster fused: each step, shift the images by a random 0-15 pixels right and down against the 16-pixel tile grid (the principal point moves, the render is padded by as much at the top and left, and those pixels stay out of the loss), so that the tile-local SSIM's tile borders fall elsewhere every step. The same shift on every rank. Off by default (why: docs/design-measurements.md)."""
+    """When the fused step runs (--raster fused, or auto on a GPU): each step, shift the images by a random 0-15 pixels right and down against the 16-pixel tile grid (the principal point moves, the render is padded by as much at the top and left, and those pixels stay out of the loss), so that the tile-local SSIM's tile borders fall elsewhere every step. The same shift on every rank. Off by default (why: docs/design-measurements.md)."""
     ssim_backend: Literal["auto", "pytorch", "triton", "fused_ssim"] = "auto"
     """SSIM implementation: auto (on a GPU the fused_ssim package when installed, else the project's Triton kernel when Triton imports, else PyTorch; PyTorch on the CPU), or one of them by name."""
     ssim_lambda: float = 0.2
@@ -393,8 +393,8 @@ def validate(cfg: Config) -> None:
         ),
         (not (cfg.raster == "fused" and cfg.pipeline != "ours"), "--raster fused needs --pipeline ours"),
         (
-            cfg.raster == "fused" or not cfg.random_tile_shift,
-            "--random_tile_shift moves the fused kernel's tile-local SSIM; it needs --raster fused",
+            cfg.raster != "unfused" or not cfg.random_tile_shift,
+            "--random_tile_shift moves the fused kernel's tile-local SSIM; it needs --raster fused (or auto)",
         ),
         (
             not (cfg.pipeline == "gsplat-dist" and cfg.sparse_grad_comm),
@@ -414,6 +414,23 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ValueError(message)
+
+
+def fused_conflicts(cfg: Config) -> list[str]:
+    """The options of ``cfg`` that need the rendered training image, which the fused step never
+    materializes (each as its flag); --raster auto takes the unfused step when there is any, and
+    --raster fused refuses them (:func:`validate`)."""
+    return [
+        flag
+        for flag, on in (
+            ("--app_opt", cfg.app_opt),
+            ("--depth_loss", cfg.depth_loss),
+            ("--use_bilateral_grid", cfg.use_bilateral_grid),
+            ("--tb_save_image", cfg.tb_save_image),
+            ("--pipeline gsplat-dist", cfg.pipeline != "ours"),
+        )
+        if on
+    ]
 
 
 def _gsplat_flag_checks(cfg: Config) -> list[tuple[bool, str]]:

@@ -21,7 +21,7 @@ import torch
 
 from . import checkpoint, evaluate, exchange, export, prune
 from ..kernels.fused_ssim import fused_l1_ssim_loss, uint8_to_unit
-from .config import Config, dump_yaml
+from .config import Config, dump_yaml, fused_conflicts
 from .data import CameraSampler, Dataset, Scene, split_indices
 from .bilagrid import LR as BILAGRID_LR
 from .bilagrid import TV_WEIGHT, BilateralGrid
@@ -76,6 +76,28 @@ def _upload(rows: list, dtype: torch.dtype, device: torch.device) -> torch.Tenso
     return torch.tensor(rows, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
+def raster_mode(cfg: Config, device_type: str, masked: bool, kernel_ready) -> str:
+    """The step a run takes, "fused" or "unfused", from --raster: auto is fused on a GPU unless the
+    run needs the rendered image (config.fused_conflicts) or its training views have loss masks
+    (``masked``), and unfused on the CPU; --raster fused on the CPU runs the kernel's PyTorch
+    reference. A fused step on a GPU where the native kernel cannot be built (``kernel_ready()``,
+    called only then, is False) is unfused: full-image SSIM, no --random_tile_shift.
+    Raises ValueError for --raster fused with masks."""
+    if cfg.raster == "fused" and masked:
+        raise ValueError(
+            "the training views have loss masks (masks/ files, alpha channels or fisheye borders), "
+            "which --raster fused cannot apply (its tile-local loss reads the images as they are): "
+            "use --raster unfused, or --no-alpha_as_mask when the masks are alpha channels"
+        )
+    if cfg.raster == "unfused":
+        return "unfused"
+    if cfg.raster == "auto" and (device_type != "cuda" or masked or fused_conflicts(cfg)):
+        return "unfused"
+    if device_type != "cuda":
+        return "fused"
+    return "fused" if kernel_ready() else "unfused"
+
+
 class Trainer:
     """One rank's view of a run. Every rank constructs one and calls the same methods."""
 
@@ -85,7 +107,6 @@ class Trainer:
         self.report = Reporter(self.result_dir, ctx.rank)  # rank 0 writes; a no-op elsewhere
         self.backend = resolve_backend(cfg.backend, self.device)
         self.ops = ops_for(cfg.backend, self.device)
-        self.raster = self._raster_mode(cfg)
         self.scene = scene
         self.scene_scale = scene.scene_scale * 1.1 * cfg.global_scale
         check_camera_model(scene, cfg.camera_model)
@@ -107,12 +128,7 @@ class Trainer:
             items_at=lambda step: self.sampler.batch_at(step),
             batch_size=cfg.batch_size,
         )
-        if self.views.channels == 4 and cfg.raster == "fused":
-            raise ValueError(
-                "the training views have loss masks (masks/ files, alpha channels or fisheye borders), "
-                "which --raster fused cannot apply (its tile-local loss reads the images as they are): "
-                "use --raster unfused, or --no-alpha_as_mask when the masks are alpha channels"
-            )
+        self.raster = self._raster_mode(cfg, masked=self.views.channels == 4)
         if cfg.pose_noise > 0:  # gsplat's pose_perturb: a fixed random correction of every training camera
             self.views.camtoworlds = pose_perturbation(len(self.trainset), cfg.pose_noise, cfg.seed, self.device)(
                 self.views.camtoworlds, self.views.ids
@@ -505,18 +521,19 @@ class Trainer:
             weights = ((pixels[:, 0] >= 0) & (pixels[:, 0] < w) & (pixels[:, 1] >= 0) & (pixels[:, 1] < h)).float()
         return depth_loss(rendered, pixels, depths, image, self.scene_scale, weights)
 
-    def _raster_mode(self, cfg) -> str:
-        """cfg.raster, except "unfused" when --raster fused asks for the native kernel on a GPU
-        where it cannot be built (rank 0 prints kernels/native.py's one line saying why; training goes
-        on unfused, full-image SSIM, without --random_tile_shift)."""
-        if cfg.raster != "fused" or self.device.type != "cuda":
-            return cfg.raster
-        from ..kernels import native
+    def _raster_mode(self, cfg, masked: bool) -> str:
+        """:func:`raster_mode` of this run; rank 0 prints kernels/native.py's one line when the
+        native kernel cannot be built."""
 
-        if native.load(quiet=True) is not None:
-            return "fused"
-        self.report.warn(native.unavailable_warning())
-        return "unfused"
+        def kernel_ready() -> bool:
+            from ..kernels import native
+
+            if native.load(quiet=True) is not None:
+                return True
+            self.report.warn(native.unavailable_warning(cfg.raster))
+            return False
+
+        return raster_mode(cfg, self.device.type, masked, kernel_ready)
 
     def tile_shift(self, step: int) -> tuple[int, int]:
         """(ox, oy) pixels the images of step ``step`` move against the tile grid: uniform in
@@ -671,7 +688,7 @@ class Trainer:
             )
             self.report.print(
                 f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
-                f"evaluation excluded), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}"
+                f"evaluation excluded, {self.raster} rasterization), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}"
             )
             if self.graphed_head is not None:
                 g = self.graphed_head
