@@ -91,6 +91,37 @@ def test_resume_continues_exactly(tmp_path, capsys):
         assert torch.allclose(a["strategy_state"][k], b["strategy_state"][k], rtol=1e-6, atol=1e-7)
 
 
+def test_resume_says_when_the_step_changes(tmp_path, capsys):
+    """A checkpoint records the step its run took (--raster auto resolved); a resume that takes the
+    other one (another loss) says so in one line, and the new checkpoints record the new step."""
+    out = tmp_path / "run"
+    common = ["--max_steps", "4", "--save_steps", "2", "4", "--test_every", "0", "--result_dir", str(out)]
+    assert run(*common, "--raster", "fused") == 0
+    assert _final_params(out, 4)["raster"] == "fused"
+    (out / "ckpts" / "ckpt_4_rank0.pt").unlink()
+    capsys.readouterr()
+    assert run(*common, "--resume") == 0  # --raster auto: the unfused step on the CPU
+    err = capsys.readouterr().err
+    said = [ln for ln in err.splitlines() if ln.startswith("warning: --resume: steps 1-2 took the fused step")]
+    assert len(said) == 1 and "the rest take the unfused step" in said[0], err
+    assert _final_params(out, 4)["raster"] == "unfused"
+    capsys.readouterr()
+    (out / "ckpts" / "ckpt_4_rank0.pt").unlink()
+    assert run(*common, "--resume", "--raster", "fused") == 0  # step 2's checkpoint took this step: no line
+    assert "--resume: steps" not in capsys.readouterr().err
+
+
+def test_random_tile_shift_says_when_nothing_is_shifted(tmp_path, capsys):
+    """--random_tile_shift with --raster auto on the CPU (the unfused step): one warning line, and
+    the run trains unshifted."""
+    assert run("--max_steps", "2", "--random_tile_shift", "--result_dir", str(tmp_path / "r")) == 0
+    printed = capsys.readouterr()
+    warned = [ln for ln in printed.err.splitlines() if ln.startswith("warning: --random_tile_shift")]
+    assert len(warned) == 1 and "the images are not shifted" in warned[0]
+    assert "unfused rasterization" in printed.out
+    assert json.loads((tmp_path / "r/stats/train_step2_rank0.json").read_text())["raster"] == "unfused"
+
+
 def test_ckpt_evaluates_without_training(tmp_path):
     out = tmp_path / "run"
     assert run("--max_steps", "6", "--result_dir", str(out)) == 0

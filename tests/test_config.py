@@ -114,6 +114,8 @@ def test_config_file_round_trip(tmp_path):
         (["default", "--config", "/nonexistent.yml"], "--config"),
         (["default", "--pipeline", "gsplat-dist", "--sparse_grad_comm"], "--sparse_grad_comm"),
         (["default", "--random_tile_shift", "--raster", "unfused"], "--random_tile_shift"),
+        (["default", "--random_tile_shift", "--app_opt"], "--random_tile_shift needs the fused step.*--app_opt"),
+        (["default", "--random_tile_shift", "--pipeline", "gsplat-dist"], "cannot run with --pipeline gsplat-dist"),
         # gsplat simple_trainer options refused, or in combinations that cannot work
         (["default", "--compression", "png"], "--compression"),
         (["default", "--app_embed_dim", "32"], "--app_embed_dim"),
@@ -214,6 +216,7 @@ def test_a_steps_scaler_that_leaves_no_step_is_refused_naming_it(tmp_path):
         (["--raster", "fused"], "cuda", False, True, "fused", True),
         (["--raster", "fused"], "cuda", False, False, "unfused", True),
         (["--raster", "fused"], "cpu", False, False, "fused", False),  # the PyTorch reference
+        (["--ckpt", "ckpt_7_rank0.pt"], "cuda", False, True, "unfused", False),  # evaluation only
     ],
 )
 def test_raster_auto_is_fused_on_a_gpu_unless_the_run_needs_the_image(flags, device, masked, ready, expected, asked):

@@ -397,6 +397,11 @@ def validate(cfg: Config) -> None:
             "--random_tile_shift moves the fused kernel's tile-local SSIM; it needs --raster fused (or auto)",
         ),
         (
+            not (cfg.random_tile_shift and fused_conflicts(cfg)),
+            f"--random_tile_shift needs the fused step, which cannot run with {', '.join(fused_conflicts(cfg))} "
+            "(the fused step never renders the image); drop one",
+        ),
+        (
             not (cfg.pipeline == "gsplat-dist" and cfg.sparse_grad_comm),
             "--sparse_grad_comm is an exchange of --pipeline ours (gsplat-dist runs gsplat's own); drop one",
         ),

@@ -91,8 +91,8 @@ def raster_mode(cfg: Config, device_type: str, masked: bool, kernel_ready) -> st
         )
     if cfg.raster == "unfused":
         return "unfused"
-    if cfg.raster == "auto" and (device_type != "cuda" or masked or fused_conflicts(cfg)):
-        return "unfused"
+    if cfg.raster == "auto" and (device_type != "cuda" or masked or fused_conflicts(cfg) or cfg.ckpt):
+        return "unfused"  # (--ckpt: evaluation only, no training step to build a kernel for)
     if device_type != "cuda":
         return "fused"
     return "fused" if kernel_ready() else "unfused"
@@ -147,7 +147,7 @@ class Trainer:
             and self.device.type == "cuda"
             and cfg.pipeline == "ours"
             and not cfg.packed
-            and not cfg.random_tile_shift  # a new image size every step
+            and not (cfg.random_tile_shift and self.raster == "fused")  # a new image size every step
             # every GPU placement of the images: the streaming cache's decode threads make no CUDA
             # call (data/views.py), so nothing but the capture touches CUDA while it runs
             else None
@@ -268,6 +268,7 @@ class Trainer:
             rng=checkpoint.rng_state(self.device),
             world_transform=torch.from_numpy(np.asarray(self.scene.transform, dtype=np.float64)),  # exports
             config=json.loads(json.dumps(_plain(self.cfg))),
+            raster=self.raster,  # the step this run took ("fused" / "unfused"), whatever --raster said
         )
 
     def load_state_dict(self, state: dict, restore_rng: bool = True) -> None:
@@ -525,15 +526,27 @@ class Trainer:
         """:func:`raster_mode` of this run; rank 0 prints kernels/native.py's one line when the
         native kernel cannot be built."""
 
-        def kernel_ready() -> bool:
+        def kernel_ready() -> bool:  # every rank takes the same step: unfused if any rank lacks the kernel
             from ..kernels import native
 
-            if native.load(quiet=True) is not None:
+            here = native.load(quiet=True) is not None
+            if not exchange.any_rank(self.ctx, [not here])[0]:
                 return True
-            self.report.warn(native.unavailable_warning(cfg.raster))
+            self.report.warn(
+                native.unavailable_warning(cfg.raster)
+                if not here
+                else f"warning: --raster {cfg.raster}: the native kernel is unavailable on another rank; "
+                "every rank takes the unfused step"
+            )
             return False
 
-        return raster_mode(cfg, self.device.type, masked, kernel_ready)
+        mode = raster_mode(cfg, self.device.type, masked, kernel_ready)
+        if cfg.random_tile_shift and mode != "fused":
+            self.report.warn(
+                "warning: --random_tile_shift moves the fused step's tiles, and this run takes the unfused step "
+                "(on the CPU only --raster fused runs it); the images are not shifted"
+            )
+        return mode
 
     def tile_shift(self, step: int) -> tuple[int, int]:
         """(ox, oy) pixels the images of step ``step`` move against the tile grid: uniform in
@@ -930,6 +943,7 @@ class Trainer:
             ms_per_step=self.last_stats.get("ms_per_step"),
             mem_peak_gib=(torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None),
             comm_per_step={k: {op: v / steps for op, v in d.items()} for k, d in comm.items()},
+            raster=self.raster,  # the step taken: "fused" or "unfused"
             fused_tiles=self.last_fused_stats or None,
         )
         path = self.result_dir / "stats" / f"train_step{self.step}_rank{self.ctx.rank}.json"
@@ -980,8 +994,16 @@ def resume_from(trainer: Trainer, ckpt_dir: Path) -> Optional[int]:
     if found is None:
         raise ValueError(f"--resume: no complete set of checkpoints in {ckpt_dir}")
     step, files = found
-    trainer.load_state_dict(checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size))
+    state = checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size)
+    trainer.load_state_dict(state)
     _say_loaded("resumed from", trainer, files)
+    # checkpoints before --raster auto record only the flag, then "fused" or "unfused"
+    before = state.get("raster") or state.get("config", {}).get("raster")
+    if before in ("fused", "unfused") and before != trainer.raster:
+        trainer.report.warn(
+            f"warning: --resume: steps 1-{step} took the {before} step and the rest take the {trainer.raster} "
+            f"step (its loss differs); --raster {before} keeps the first"
+        )
     return step
 
 
