@@ -332,3 +332,35 @@ def test_control_values_agree_across_ranks(tmp_path):
     assert all(g["from_main"] == {"resume": True, "rank": 0} for g in got)
     assert all(g["any"] == [True, False] for g in got)
     assert [g["views"] for g in got] == [([0, 3], 2), ([1, 4], 2), ([2], 2)]
+
+
+def _raster_rank(ctx: DistContext, out_dir, missing_on):
+    import types
+
+    from splat_train.kernels import native
+    from splat_train.trainer.cli import parse_args
+    from splat_train.trainer.loop import Trainer
+
+    native.load = lambda quiet=False: None if ctx.rank in missing_on else object()  # this rank's build
+    said = []
+    trainer = types.SimpleNamespace(
+        ctx=ctx, device=torch.device("cuda"), report=types.SimpleNamespace(warn=said.append)
+    )
+    mode = Trainer._raster_mode(trainer, parse_args(["default"]), masked=False)
+    torch.save(dict(mode=mode, said=said), f"{out_dir}/raster_{ctx.rank}.pt")
+
+
+@pytest.mark.parametrize("missing_on", [(), (1,), (0, 1)])
+def test_every_rank_takes_the_same_step(tmp_path, missing_on):
+    """--raster auto on GPUs: the step is fused only when every rank built the native kernel (one
+    all_reduce at start); a rank that lacks it says why, the others that another rank lacks it.
+    (A torch.device("cuda") object on CPU ranks: only the decision is exercised, over gloo.)"""
+    assert launch(_raster_rank, (str(tmp_path), missing_on), nproc_per_node=2, device="cpu") == 0
+    got = [torch.load(tmp_path / f"raster_{r}.pt") for r in range(2)]
+    assert {g["mode"] for g in got} == {"unfused" if missing_on else "fused"}
+    for r, g in enumerate(got):
+        if not missing_on:
+            assert g["said"] == []
+        else:
+            assert len(g["said"]) == 1
+            assert ("on another rank" in g["said"][0]) == (r not in missing_on), g["said"]
