@@ -124,6 +124,8 @@ def test_config_file_round_trip(tmp_path):
         (["default", "--depth_loss", "--raster", "fused"], "--depth_loss"),
         (["default", "--use_bilateral_grid", "--raster", "fused"], "--use_bilateral_grid"),
         (["default", "--tb_save_image", "--raster", "fused"], "--tb_save_image"),
+        (["default", "--app_opt", "--raster", "fused"], "--app_opt"),
+        (["default", "--pipeline", "gsplat-dist", "--raster", "fused"], "--raster fused needs --pipeline ours"),
         (["default", "--patch_size", "8"], "--patch_size"),
         (["default", "--pose_noise", "-1"], "--pose_noise"),
         (["default", "--bilateral_grid_shape", "4", "4"], "--bilateral_grid_shape"),
