@@ -149,20 +149,48 @@ def test_view_serves_a_ply_renders_a_frame_and_stops(tmp_path):
     assert f"viewer: http://localhost:{port} showing {ply} (200 Gaussians)" in out and "viewer stopped" in out
 
 
-def test_a_training_run_serves_its_model_between_steps_and_ends_on_its_own(tmp_path):
+def test_a_training_run_serves_its_model_between_steps(tmp_path):
+    """The run is long enough that it is still training when the frame arrives (a 60-step run
+    could end, closing the viewer, before a slow client connected: CI saw that once); SIGTERM
+    then ends it at a step boundary with a checkpoint, as it does without the viewer."""
     port = _free_port()
     proc = _start(
-        [*TINY, "--max_steps", "60", "--no_disable_viewer", "--port", str(port), "--result_dir", str(tmp_path / "run")]
+        [
+            *TINY,
+            "--max_steps",
+            "1000000",
+            "--no_disable_viewer",
+            "--port",
+            str(port),
+            "--result_dir",
+            str(tmp_path / "run"),
+        ]
     )
     try:
         _page(port, proc)
         _assert_rendered(_frame(port))
-        out = proc.communicate(timeout=10 * STARTUP_S)[0]  # the run ends by itself: no viewer wait
+        assert proc.poll() is None, "the run ended before it was stopped"
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=STARTUP_S)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out
+    assert f"viewer: http://localhost:{port}" in out and list((tmp_path / "run/ckpts").glob("ckpt_*_rank0.pt")), out
+
+
+def test_a_training_run_with_the_viewer_ends_on_its_own(tmp_path):
+    port = _free_port()
+    proc = _start(
+        [*TINY, "--max_steps", "20", "--no_disable_viewer", "--port", str(port), "--result_dir", str(tmp_path / "run")]
+    )
+    try:
+        out = proc.communicate(timeout=10 * STARTUP_S)[0]  # no viewer wait after the last step
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out
-    assert f"viewer: http://localhost:{port}" in out and (tmp_path / "run/ply/point_cloud_60.ply").is_file()
+    assert f"viewer: http://localhost:{port}" in out and (tmp_path / "run/ply/point_cloud_20.ply").is_file()
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (apt-get install chromium)")
