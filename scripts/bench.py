@@ -56,12 +56,23 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str, ckpt=None, phase_steps: int = 10):
+def _worker(
+    ctx,
+    scene,
+    flags: list[str],
+    steps: int,
+    warmup: int,
+    out_file: str,
+    ckpt=None,
+    phase_steps: int = 10,
+    profile_steps: int = 0,
+):
     """One rank of one variant: ``warmup`` steps, then ``steps - warmup`` steps back to back with
     one synchronization at each end (ms_per_iter: the rate a run trains at, the host free to run
     ahead of the device), then ``phase_steps`` steps each closed by a synchronization with the
     per-phase timer on (ms_median / ms_p90 and the phase split: a step that cannot overlap the
-    next)."""
+    next), then ``profile_steps`` steps back to back under the torch profiler (``profile``:
+    profiling.summarize_trace of their trace; none when 0)."""
     from splat_train.trainer.config import from_argv
     from splat_train.trainer.loop import Trainer
     from splat_train.trainer.profiling import memory_model
@@ -113,7 +124,10 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
     steady = window
     peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
     trainer.timer.switch(False)
-    metrics = trainer.evaluation.run(trainer.shard, start + steps + phase_steps) if len(trainer.testset) else None
+    end = start + steps + phase_steps
+    profile = _profile_steps(trainer, end, profile_steps, out_file) if profile_steps else None
+    end += profile_steps
+    metrics = trainer.evaluation.run(trainer.shard, end) if len(trainer.testset) else None
     phases = {}
     for name in timed[0]["phases"]:
         phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in timed)
@@ -153,8 +167,31 @@ def _worker(ctx, scene, flags: list[str], steps: int, warmup: int, out_file: str
         cuda_graph_captures=trainer.graphed_head.captures if trainer.graphed_head is not None else None,
         whole_step_captures=trainer.graphed_step.captures if trainer.graphed_step is not None else None,
         ssim_backend=(trainer.loss_backend if trainer.loss_backend != "auto" else _ssim_backend(ctx.device)),
+        profile=profile,
     )
     Path(out_file).write_text(json.dumps(result, indent=2))
+
+
+def _profile_steps(trainer, first: int, count: int, out_file: str) -> dict:
+    """Steps ``first`` .. ``first + count - 1`` run back to back under the torch profiler (host
+    operators and device activity); returns profiling.summarize_trace of the trace and prints
+    its summary. The trace itself is left beside ``out_file`` (``.trace.json``)."""
+    from splat_train.trainer.profiling import format_trace_summary, summarize_trace
+
+    device = trainer.device
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    _sync(device)
+    with torch.profiler.profile(activities=activities) as prof:
+        for step in range(first, first + count):
+            trainer.train_step(step)
+        _sync(device)
+    trace_path = Path(out_file).with_suffix(".trace.json")
+    prof.export_chrome_trace(str(trace_path))
+    summary = summarize_trace(json.loads(trace_path.read_text()), count, most=20)
+    print(f"bench: rank {trainer.ctx.rank} profile\n{format_trace_summary(summary)}", flush=True)
+    return summary
 
 
 def _ssim_backend(device):
@@ -227,6 +264,7 @@ def run(args, on_result=None) -> dict:
                             f"{tmp}/{name}_{world_size}",
                             args.ckpt,
                             args.phase_steps,
+                            args.profile_steps,
                         ),
                         nproc_per_node=world_size,
                         device=args.device,
@@ -275,7 +313,7 @@ def variant_flags(args, start: int, extra: str, result_dir: str) -> list[str]:
     from the initial model (start 0) gsplat's strategy still accumulates its gradient statistics,
     as in the first steps of a run; from a checkpoint (start > 0) the strategy is past its stop
     step, as in the late steps of a run. Variant flags come last and win."""
-    end = start + args.steps + args.phase_steps
+    end = start + args.steps + args.phase_steps + args.profile_steps
     flags = [
         "--device",
         args.device,
@@ -328,9 +366,9 @@ def check_variants(variants: dict, flags_of) -> None:
             ) from None
 
 
-def _worker_entry(ctx, scene, flags, steps, warmup, prefix, ckpt, phase_steps):
+def _worker_entry(ctx, scene, flags, steps, warmup, prefix, ckpt, phase_steps, profile_steps=0):
     try:
-        _worker(ctx, scene, flags, steps, warmup, f"{prefix}_rank{ctx.rank}.json", ckpt, phase_steps)
+        _worker(ctx, scene, flags, steps, warmup, f"{prefix}_rank{ctx.rank}.json", ckpt, phase_steps, profile_steps)
     except Exception as e:  # the parent reports the first line of it in the variant's row
         Path(f"{prefix}_rank{ctx.rank}.error").write_text(f"{type(e).__name__}: {e}")
         raise
@@ -515,6 +553,13 @@ def parse(argv):
         default=10,
         help="steps after the measured window, each synchronized, for the per-phase split",
     )
+    p.add_argument(
+        "--profile_steps",
+        type=int,
+        default=0,
+        help="steps after the phase steps run under the torch profiler: each variant's GPU-busy share, "
+        "kernels, copies and host syncs per step and its largest kernels (bench.json 'profile'; 0: none)",
+    )
     p.add_argument("--batch_size", type=int, default=1)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument(
@@ -535,6 +580,9 @@ def main(argv=None) -> int:
         return 2
     if args.phase_steps < 1:
         print("error: --phase_steps must be >= 1", file=sys.stderr)
+        return 2
+    if args.profile_steps < 0:
+        print("error: --profile_steps must be >= 0", file=sys.stderr)
         return 2
     if args.variant_timeout < 0:
         print("error: --variant_timeout must be >= 0 seconds (0: no limit)", file=sys.stderr)

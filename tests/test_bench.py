@@ -370,3 +370,21 @@ def test_bench_raster_needs_no_triton(tmp_path, no_triton):
     assert bench_raster.main([*RASTER_TINY, "--fused", "--out", str(tmp_path / "y")]) == 0
     rows = json.loads((tmp_path / "y" / "bench_raster.json").read_text())["rows"]
     assert len(rows) == 1 and rows[0]["unfused"]
+
+
+def test_profile_steps_record_each_variants_trace_summary(tmp_path):
+    """--profile_steps N: every rank's entry carries summarize_trace of N profiled steps, which
+    come after the timed ones (the run trains steps + phase_steps + N steps)."""
+    out = tmp_path / "b"
+    rc = bench.main([*TINY, "--variants", "ours-dense", "--profile_steps", "2", "--out", str(out)])
+    assert rc == 0
+    (entry,) = json.loads((out / "bench.json").read_text())["variants"]
+    profile = entry["ranks"][0]["profile"]
+    assert profile["steps"] == 2
+    assert profile["wall_ms_per_step"] is None  # a CPU run has no device events
+    assert profile["runtime_calls_per_step"] == {} and profile["syncs_per_step"] == 0
+
+
+def test_profile_steps_must_not_be_negative(tmp_path, capsys):
+    assert bench.main([*TINY, "--profile_steps", "-1", "--out", str(tmp_path / "b")]) == 2
+    assert "--profile_steps must be >= 0" in capsys.readouterr().err

@@ -129,10 +129,15 @@ def describe_views(
 
 def scene_from_config(cfg, log: Optional[Callable[[str], None]] = None) -> Scene:
     """The scene of ``cfg``: the data dir's, or the embedded synthetic one. ``log``: a callable
-    given one line before slow loading work (data.load_scene)."""
+    given one line before slow loading work (data.load_scene). The synthetic scene's ground truth
+    is rendered on the GPU when the run trains on one (gsplat's ops; the CPU reference renderer
+    takes minutes for millions of Gaussians at full-HD sizes)."""
+    import torch
+
     from .synthetic import make_synthetic_scene
 
     if cfg.data_dir is None:
+        on_gpu = cfg.device != "cpu" and torch.cuda.is_available()
         return make_synthetic_scene(
             cfg.synthetic_num_gaussians,
             cfg.synthetic_num_cameras,
@@ -140,6 +145,7 @@ def scene_from_config(cfg, log: Optional[Callable[[str], None]] = None) -> Scene
             seed=0,
             camera_model=cfg.camera_model,
             tracks=cfg.depth_loss,
+            device="cuda" if on_gpu else "cpu",
         )
     if not Path(cfg.data_dir).is_dir():
         raise DataError(f"--data_dir: no such folder: {cfg.data_dir}")
