@@ -338,7 +338,7 @@ def _one_launch_buckets(num_isects: int, num_tiles_all: int) -> int:
 def fits_one_launch(num_isects: int, num_tiles_all: int) -> bool:
     """Whether a call of ``num_isects`` intersections over ``num_tiles_all`` (image, tile) pairs
     runs in one launch: its checkpoint scratch within SPLAT_TRAIN_FUSED_SCRATCH_MB. Such a call
-    copies nothing to the host, so a CUDA graph can capture it (trainer/step_graphs.py)."""
+    copies nothing to the host, so a CUDA graph can capture it (trainer/step/graphed.py)."""
     return _one_launch_buckets(num_isects, num_tiles_all) * CP_BUCKET_FLOATS <= _scratch_cap_floats()
 
 
@@ -551,6 +551,8 @@ def _native_loss(
     )
     inputs = [means2d, conics, colors, opacities] + ([backgrounds] if backgrounds is not None else [])
     known = (loss, [grads[name] for name in GRAD_NAMES[: len(inputs)]], scaled)
+    if absgrad:  # where gsplat's rasterizer leaves it (render.AbsGradRelay reads it in the backward)
+        means2d.absgrad = stats["absgrad"].view(means2d.shape)
     return KnownGradients.apply(known, *inputs), stats
 
 
@@ -633,11 +635,12 @@ def fused_raster_loss(
     (``--random_tile_shift``). The L1 and SSIM means are over the pixels with ground truth.
     padded_rows: isect_offsets [I, th, tw] may have more tile rows than the image needs; the rows
     below the image have no pixels, and whatever their lists hold is read by no pixel (the native
-    kernel only: trainer/step_graphs.py pads its static tile lists so). Raises ValueError on the
+    kernel only: trainer/step/graphed.py pads its static tile lists so). Raises ValueError on the
     CPU reference and the unfused path.
     absgrad: also return, in stats["absgrad"] [R, 2] (R = I*N or nnz), the sum over pixels of
     |d loss / d means2d| of each pixel's contribution (gsplat's absgrad; unscaled by the
-    incoming gradient). The kernel fills it in this call; on the CPU reference and the unfused
+    incoming gradient), and leave it as ``means2d.absgrad`` (shaped as means2d), where gsplat's
+    rasterizer leaves it. The kernel fills it in this call; on the CPU reference and the unfused
     path it is filled during the backward (gsplat's and the reference's ``.absgrad``).
 
     Where it runs: CUDA / ROCm tensors run the native kernel (kernels/native.py builds it on first

@@ -139,6 +139,7 @@ def _worker(
                 total[op] = total.get(op, 0) + v
         return {op: v / len(steady) for op, v in total.items()}
 
+    fb = trainer.forward_backward
     result = dict(
         rank=ctx.rank,
         world_size=ctx.world_size,
@@ -163,10 +164,10 @@ def _worker(
         start_step=start,
         test_psnr=(metrics or {}).get("psnr"),
         test_ssim=(metrics or {}).get("ssim"),
-        fused_tiles=trainer.last_fused_stats or None,
-        cuda_graph_captures=trainer.graphed_head.captures if trainer.graphed_head is not None else None,
-        whole_step_captures=trainer.graphed_step.captures if trainer.graphed_step is not None else None,
-        ssim_backend=(trainer.loss_backend if trainer.loss_backend != "auto" else _ssim_backend(ctx.device)),
+        fused_tiles=fb.last_fused_stats or None,
+        cuda_graph_captures=fb.graphed_head.captures if fb.graphed_head is not None else None,
+        whole_step_captures=fb.graphed_step.captures if fb.graphed_step is not None else None,
+        ssim_backend=(trainer.loss.backend if trainer.loss.backend != "auto" else _ssim_backend(ctx.device)),
         profile=profile,
     )
     Path(out_file).write_text(json.dumps(result, indent=2))

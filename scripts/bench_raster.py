@@ -114,7 +114,7 @@ def capture_inputs(args) -> dict:
     if len(views) != args.batch_size or not all(0 <= v < len(trainer.trainset) for v in views):
         raise ValueError(f"--views: {args.batch_size} indices in [0, {len(trainer.trainset)}) needed, got {views}")
     batch = trainer.trainset.batch(views)
-    cams = trainer.camera_batch(batch)
+    cams = trainer.setup.camera_batch(batch)
     with torch.no_grad():
         result = render(
             activated(trainer.params),

@@ -222,7 +222,7 @@ def test_a_steps_scaler_that_leaves_no_step_is_refused_naming_it(tmp_path):
     ],
 )
 def test_raster_auto_is_fused_on_a_gpu_unless_the_run_needs_the_image(flags, device, masked, ready, expected, asked):
-    from splat_train.trainer.loop import raster_mode
+    from splat_train.trainer.step.plan import raster_mode
 
     cfg = parse_args(["default", *flags])
     assert cfg.raster == (flags[1] if flags[:1] == ["--raster"] else "auto")
@@ -232,12 +232,12 @@ def test_raster_auto_is_fused_on_a_gpu_unless_the_run_needs_the_image(flags, dev
         calls.append(1)
         return ready
 
-    assert raster_mode(cfg, device, masked, kernel_ready) == expected
+    assert raster_mode(cfg, device, masked, kernel_ready)[0] == expected
     assert len(calls) == int(asked)
 
 
 def test_raster_fused_refuses_loss_masks():
-    from splat_train.trainer.loop import raster_mode
+    from splat_train.trainer.step.plan import raster_mode
 
     with pytest.raises(ValueError, match="--raster fused cannot apply"):
         raster_mode(parse_args(["default", "--raster", "fused"]), "cuda", True, lambda: True)

@@ -190,7 +190,9 @@ def test_training_steps_equal_single_process(tmp_path, variant):
 
     cfg = parse_args(["default", *flags, "--batch_size", str(world_size)])  # same BS = 2 x 1
     single = Trainer(cfg, DistContext(), build_scene(cfg))
-    single.sampler = _UnionSampler([CameraSampler(single.trainset, 1, cfg.seed, r) for r in range(world_size)])
+    single.sampler = single.samplers[0] = _UnionSampler(
+        [CameraSampler(single.trainset, 1, cfg.seed, r) for r in range(world_size)]
+    )
     order = shard_order(single.params["means"].shape[0], world_size)
     single.params = torch.nn.ParameterDict(
         {k: torch.nn.Parameter(v.detach()[order].clone()) for k, v in single.params.items()}
@@ -335,18 +337,14 @@ def test_control_values_agree_across_ranks(tmp_path):
 
 
 def _raster_rank(ctx: DistContext, out_dir, missing_on):
-    import types
-
     from splat_train.kernels import native
     from splat_train.trainer.cli import parse_args
-    from splat_train.trainer.loop import Trainer
+    from splat_train.trainer.step.plan import native_kernel_everywhere, plan_step
 
     native.load = lambda quiet=False: None if ctx.rank in missing_on else object()  # this rank's build
-    said = []
-    trainer = types.SimpleNamespace(
-        ctx=ctx, device=torch.device("cuda"), report=types.SimpleNamespace(warn=said.append)
-    )
-    mode = Trainer._raster_mode(trainer, parse_args(["default"]), masked=False)
+    said: list = []
+    ready = lambda: native_kernel_everywhere(ctx, "auto", said.append)  # noqa: E731
+    mode = plan_step(parse_args(["default"]), "cuda", ctx.world_size, masked=False, kernel_ready=ready).raster
     torch.save(dict(mode=mode, said=said), f"{out_dir}/raster_{ctx.rank}.pt")
 
 
@@ -354,7 +352,7 @@ def _raster_rank(ctx: DistContext, out_dir, missing_on):
 def test_every_rank_takes_the_same_step(tmp_path, missing_on):
     """--raster auto on GPUs: the step is fused only when every rank built the native kernel (one
     all_reduce at start); a rank that lacks it says why, the others that another rank lacks it.
-    (A torch.device("cuda") object on CPU ranks: only the decision is exercised, over gloo.)"""
+    (The plan of a "cuda" device on CPU ranks: only the decision is exercised, over gloo.)"""
     assert launch(_raster_rank, (str(tmp_path), missing_on), nproc_per_node=2, device="cpu") == 0
     got = [torch.load(tmp_path / f"raster_{r}.pt") for r in range(2)]
     assert {g["mode"] for g in got} == {"unfused" if missing_on else "fused"}

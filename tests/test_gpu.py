@@ -310,7 +310,7 @@ def test_steady_state_step_synchronizes_only_for_data_dependent_sizes(tmp_path, 
     }[layout]
     cfg = parse_args(flags)
     trainer = Trainer(cfg, DistContext(device=torch.device("cuda")), build_scene(cfg))
-    assert trainer.views.where == "device" and trainer.loss_backend == "fused_l1_ssim"
+    assert trainer.views.where == "device" and trainer.loss.backend == "fused_l1_ssim"
     assert trainer.raster == ("fused" if layout.startswith("fused") else "unfused")
     for step in range(1, 4):  # warm-up: compilation, allocator
         trainer.train_step(step)
@@ -331,7 +331,7 @@ def test_steady_state_step_synchronizes_only_for_data_dependent_sizes(tmp_path, 
     print(f"{layout}: per step {syncs:.1f} host syncs, {uploads:.1f} host-to-device copies: {calls}")
     assert syncs <= SYNCS_ALLOWED[layout], calls
     if layout in ("graphs", "fused"):  # the steps above replayed whole-step captures (none refused)
-        g, w = trainer.graphed_head, trainer.graphed_step
+        g, w = trainer.forward_backward.graphed_head, trainer.forward_backward.graphed_step
         assert g is not None and g.captures >= 1 and g.failures == 0 and not g.stopped
         assert w is not None and w.captures >= 1 and w.failures == 0
     if layout == "patch":
@@ -354,11 +354,11 @@ def _raw_gpu_params(n=3000, seed=2):
 
 
 def test_graphed_head_replays_the_eager_pass_on_gpu():
-    """trainer.graphs with real CUDA graphs: over steps with other
+    """trainer/step/capture.py with real CUDA graphs: over steps with other
     cameras each time and an in-place parameter update between them, the replayed activation +
     projection + SH equal the eager pass bit for bit (the same kernels on the same inputs), and
     the parameter gradients, given the same upstream gradient, equal it to rounding."""
-    from splat_train.trainer.graphs import OUTPUT_KEYS, PARAM_KEYS, GraphedHead
+    from splat_train.trainer.step.capture import OUTPUT_KEYS, PARAM_KEYS, GraphedHead
     from splat_train.trainer.model import activated
     from splat_train.trainer.render import camera_centres, project_and_shade
 
@@ -398,7 +398,7 @@ def test_graphed_head_recaptures_while_old_graphs_wait_for_the_collector():
     succeed and each replay renders."""
     import gc
 
-    from splat_train.trainer.graphs import GraphedHead
+    from splat_train.trainer.step.capture import GraphedHead
     from splat_train.trainer.render import camera_centres
 
     params = _raw_gpu_params()
@@ -423,7 +423,7 @@ def test_graphed_head_recaptures_while_old_graphs_wait_for_the_collector():
 def test_a_refused_capture_leaves_cuda_usable_and_runs_eagerly():
     """A capture that CUDA refuses (here: a host synchronization inside it) is answered by the
     eager pass for that shape, and the next shape captures and replays normally."""
-    from splat_train.trainer.graphs import OUTPUT_KEYS, GraphedHead, capture_graphs
+    from splat_train.trainer.step.capture import OUTPUT_KEYS, GraphedHead, capture_graphs
     from splat_train.trainer.model import activated
     from splat_train.trainer.render import camera_centres, project_and_shade
 
@@ -461,8 +461,8 @@ def test_superseded_captures_are_freed_without_the_garbage_collector(monkeypatch
     most the slack and one pool."""
     import gc
 
-    from splat_train.trainer import graphs
-    from splat_train.trainer.graphs import GraphedHead
+    from splat_train.trainer.step import capture as graphs
+    from splat_train.trainer.step.capture import GraphedHead
 
     if slack is not None:
         monkeypatch.setattr(graphs, "DEAD_POOL_SLACK", slack)
@@ -501,7 +501,7 @@ def test_superseded_captures_are_freed_without_the_garbage_collector(monkeypatch
 
 @pytest.mark.parametrize("absgrad, raster", [(False, "unfused"), (True, "unfused"), (False, "fused")])
 def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absgrad, raster):
-    """trainer.step_graphs with real CUDA graphs and gsplat's kernels (or the native fused kernel):
+    """trainer/step/graphed.py with real CUDA graphs and gsplat's kernels (or the native fused kernel):
     over steps with other cameras (so other intersection counts: stale entries past the count in
     the padded tile lists, and a recapture when the count outgrows the capacity), random
     backgrounds on some, and an in-place parameter update between them, the replayed step's loss
@@ -511,10 +511,10 @@ def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absg
 
     from splat_train.kernels.fused_raster import fused_raster_loss
     from splat_train.kernels.fused_ssim import fused_l1_ssim_loss, uint8_to_unit
-    from splat_train.trainer.graphs import GraphedHead
+    from splat_train.trainer.step.capture import GraphedHead
     from splat_train.trainer.model import activated
     from splat_train.trainer.render import camera_centres
-    from splat_train.trainer.step_graphs import GraphedStep, capacity_for
+    from splat_train.trainer.step.graphed import GraphedStep, capacity_for
 
     def loss_fn(colors, gts):
         return fused_l1_ssim_loss(colors, gts, 0.2, padding="valid")

@@ -1,4 +1,4 @@
-"""trainer.graphs: the CUDA-graph head (activation + projection + SH) replays the eager pass, is
+"""trainer/step/capture.py: the CUDA-graph head (activation + projection + SH) replays the eager pass, is
 captured again exactly when its shapes or parameters change, and is what the trainer's step runs
 under --cuda_graphs. On the CPU the capture is a stand-in that calls the function (the real
 replay runs in tests/test_gpu.py)."""
@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from splat_train.kernels import reference
-from splat_train.trainer import graphs, loop
-from splat_train.trainer.graphs import GraphedHead, graphable
+from splat_train.trainer.step import capture as graphs
+from splat_train.trainer.step import plan
+from splat_train.trainer.step.capture import GraphedHead
 from splat_train.trainer.launch import DistContext
 from splat_train.trainer.model import activated
 from splat_train.trainer.render import CameraBatch, render
@@ -147,12 +148,27 @@ def test_shapes_that_keep_changing_stop_the_captures_for_the_run():
     ]
 
 
-def test_graphable_needs_cuda_dense_and_one_image_size():
-    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert graphable(cuda, False, [(32, 24), (32, 24)])
-    assert not graphable(cpu, False, [(32, 24)])
-    assert not graphable(cuda, True, [(32, 24)])
-    assert not graphable(cuda, False, [(32, 24), (24, 32)])
+def test_the_plan_graphs_only_dense_one_process_cuda_steps(monkeypatch):
+    """step/plan.graphs_mode: whole steps for one CUDA process training the photometric loss; the
+    head alone where more trains or several processes run with --cuda_graphs on; none on the CPU,
+    --packed, gsplat's pass or a moving tile grid. Each with its reason."""
+    from splat_train.trainer.cli import parse_args
+
+    monkeypatch.setattr(torch.version, "hip", None)
+
+    def mode(*flags, device="cuda", world_size=1, raster="unfused", aux=()):
+        return plan.graphs_mode(parse_args(["default", *flags]), device, world_size, raster, aux)
+
+    assert mode() == ("whole", "--cuda_graphs auto")
+    assert mode(device="cpu") == ("off", "a CPU run")
+    assert mode("--packed") == ("off", "--packed")
+    assert mode("--pipeline", "gsplat-dist") == ("off", "--pipeline gsplat-dist")
+    assert mode("--random_tile_shift", raster="fused") == ("off", "--random_tile_shift")
+    assert mode("--random_tile_shift", raster="unfused")[0] == "whole"  # the tiles do not move unfused
+    assert mode(world_size=2) == ("off", "--cuda_graphs auto: 2 processes")
+    assert mode("--cuda_graphs", "on", world_size=2) == ("head", "2 processes")
+    assert mode(aux=("app",)) == ("head", "--app_opt trains besides the photometric loss")
+    assert mode("--cuda_graphs", "off") == ("off", "--cuda_graphs off")
 
 
 def test_training_step_runs_the_head_and_trains_as_without_it(monkeypatch):
@@ -160,13 +176,12 @@ def test_training_step_runs_the_head_and_trains_as_without_it(monkeypatch):
     stand-in capture) and trains exactly as the eager step; densification's new tensors make it
     capture again."""
     flags = ["--refine_start_iter", "2", "--refine_every", "3", "--grow_grad2d", "0.00002", "--max_steps", "9"]
-    monkeypatch.setattr(loop, "graphable", lambda device, packed, sizes: not packed and len(set(sizes)) == 1)
     runs = []
     for use_head in (False, True):  # one after the other: densification draws from the global RNG
         t = trainer(*flags)  # seeds it
         if use_head:
             capture = FakeCapture()
-            t.graphed_head = GraphedHead(t.ops, 0.01, 1e10, capture=capture)
+            t.forward_backward.graphed_head = GraphedHead(t.ops, 0.01, 1e10, capture=capture)
         steps = []
         for step in range(9):
             t.train_step(step)
@@ -178,25 +193,26 @@ def test_training_step_runs_the_head_and_trains_as_without_it(monkeypatch):
             torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=f"{k} at step {step}")
     assert capture.replays == 9
     assert len(set(counts)) > 1  # densification ran
-    assert t.graphed_head is not None and t.graphed_head.captures >= 2
+    head = t.forward_backward.graphed_head
+    assert head is not None and head.captures >= 2
 
 
 def test_cuda_graphs_setting_auto_is_on_for_one_cuda_process_only(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", None)
-    assert graphs.use_cuda_graphs("auto", 1) and not graphs.use_cuda_graphs("auto", 2)
-    assert graphs.use_cuda_graphs("on", 1) and graphs.use_cuda_graphs("on", 4)
-    assert not graphs.use_cuda_graphs("off", 1)
+    assert plan.use_cuda_graphs("auto", 1) and not plan.use_cuda_graphs("auto", 2)
+    assert plan.use_cuda_graphs("on", 1) and plan.use_cuda_graphs("on", 4)
+    assert not plan.use_cuda_graphs("off", 1)
     monkeypatch.setattr(torch.version, "hip", "6.2")  # ROCm: only when asked for
-    assert not graphs.use_cuda_graphs("auto", 1) and graphs.use_cuda_graphs("on", 1)
+    assert not plan.use_cuda_graphs("auto", 1) and plan.use_cuda_graphs("on", 1)
     with pytest.raises(ValueError, match="--cuda_graphs must be auto, on or off"):
-        graphs.use_cuda_graphs("yes", 1)
+        plan.use_cuda_graphs("yes", 1)
 
 
 def test_cuda_graphs_flag_is_inert_on_the_cpu(capsys):
     assert trainer().cfg.cuda_graphs == "auto"  # the default
     assert "--cuda_graphs on" not in capsys.readouterr().err  # auto says nothing
     t = trainer("--cuda_graphs", "on")
-    assert t.cfg.cuda_graphs == "on" and t.graphed_head is None
+    assert t.cfg.cuda_graphs == "on" and t.forward_backward.graphed_head is None
     assert "--cuda_graphs on: graphs do not apply to this run (a CPU run)" in capsys.readouterr().err
     t.train_step(0)
 

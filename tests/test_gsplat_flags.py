@@ -373,7 +373,7 @@ def test_visible_adam_moves_only_the_visible_gaussians():
     for k in t.params:
         still = ~((t.params[k] != before[k]).reshape(len(moved), -1).any(-1))
         assert still[~moved].all(), k
-    assert parse_args(["default", "--sparse_grad"]).sparse_grad and trainer("--sparse_grad").selective_adam
+    assert parse_args(["default", "--sparse_grad"]).sparse_grad and trainer("--sparse_grad").plan.selective_adam
 
 
 # ---------------------------------------------------------------------------------- bilateral grid
@@ -422,7 +422,7 @@ def test_patch_size_trains_on_crops_drawn_from_the_seed_step_and_rank():
     assert patch_window(1, 0, 0, 0, 12, 30, 16)[2:] == (12, 16)  # no larger than the image
     t = trainer("--patch_size", "16")
     t.train_step(0)
-    x0, y0, w, h = t.windows(0, 0, t.sampler.batch_at(0))[0]
+    x0, y0, w, h = t.batches.windows(0, 0, t.sampler.batch_at(0))[0]
     assert (w, h) == (16, 16)
 
 

@@ -112,9 +112,9 @@ def test_gsplat_options_at_two_ranks_equal_one_process(tmp_path, capture, varian
     cfg = parse_args(["default", *flags, "--batch_size", str(world_size)])
     single = Trainer(cfg, DistContext(), build_scene(cfg))
     samplers = [CameraSampler(single.trainset, 1, cfg.seed, r) for r in range(world_size)]
-    single.sampler = _UnionSampler(samplers)
-    ranks_windows = single.windows  # each image keeps the crop its rank draws (position 0 of a batch of one)
-    single.windows = lambda step, rank, items: [
+    single.sampler = single.samplers[0] = _UnionSampler(samplers)
+    ranks_windows = single.batches.windows  # each image keeps the crop its rank draws (position 0 of a batch of one)
+    single.batches.windows = lambda step, rank, items: [  # type: ignore[method-assign]
         w for r, s in enumerate(samplers) for w in ranks_windows(step, r, s.batch_at(step))
     ]
     order = shard_order(single.params["means"].shape[0], world_size)

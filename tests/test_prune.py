@@ -181,7 +181,7 @@ def test_measurement_sums_the_over_budget_tiles_and_sizes_the_round():
     m = prune.measure(tr.shard, tr.setup, tr.trainset, budget, composite=False)
     excess = over = 0
     for i in range(len(tr.trainset)):
-        cam = tr.camera_batch(tr.trainset.batch([i]))
+        cam = tr.setup.camera_batch(tr.trainset.batch([i]))
         res = render(
             activated(tr.params),
             cam,

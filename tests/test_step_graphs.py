@@ -1,4 +1,4 @@
-"""trainer.step_graphs: the whole one-process step replayed around the tile intersection gives the
+"""trainer/step/graphed.py: the whole one-process step replayed around the tile intersection gives the
 eager step's loss and gradients, also when the tile lists are padded with stale entries, and is
 captured again exactly when the head or the capacity changes. On the CPU the captures are eager
 stand-ins with the same static buffers (the CUDA replay runs in tests/test_gpu.py)."""
@@ -10,14 +10,15 @@ import torch
 from splat_train.kernels import reference
 from splat_train.kernels.constants import TILE_SIZE
 from splat_train.kernels.fused_ssim import uint8_to_unit
-from splat_train.trainer import graphs, loop
-from splat_train.trainer.graphs import GraphedHead, _Replay
+from splat_train.trainer.step import capture as graphs
+from splat_train.trainer.step.capture import GraphedHead, _Replay
 from splat_train.trainer.launch import DistContext
 from splat_train.trainer.losses import photometric_loss
 from splat_train.trainer.model import activated
 from splat_train.trainer.render import CameraBatch, render
 from splat_train.trainer.cli import parse_args
-from splat_train.trainer.step_graphs import GraphedStep, _extra_row_starts, applies, capacity_for
+from splat_train.trainer.step.graphed import GraphedStep, _extra_row_starts, capacity_for
+from splat_train.trainer.step.plan import graphs_mode
 
 from scenes import make_cameras, make_scene
 from test_gsplat_flags import trainer
@@ -347,14 +348,14 @@ def test_training_steps_graphed_whole_train_as_the_eager_steps_with_other_flags(
 
 
 def _train_both_ways(monkeypatch, flags):
-    monkeypatch.setattr(loop, "graphable", lambda device, packed, sizes: not packed and len(set(sizes)) == 1)
     runs, losses = [], []
     for graphed in (False, True):  # one after the other: densification draws from the global RNG
         t = trainer(*flags)  # seeds it
-        assert t.graphed_step is None  # a CPU run
+        fb = t.forward_backward
+        assert fb.graphed_step is None  # a CPU run
         if graphed:
-            t.graphed_head = GraphedHead(t.ops, 0.01, 1e10, capture=EagerGraphs)
-            t.graphed_step = GraphedStep(t.graphed_head, t.ops, t.photometric, t.cfg.densify.absgrad, capture=EagerCall)
+            fb.graphed_head = GraphedHead(t.ops, 0.01, 1e10, capture=EagerGraphs)
+            fb.graphed_step = GraphedStep(fb.graphed_head, t.ops, t.loss, t.cfg.densify.absgrad, capture=EagerCall)
         steps, run_losses = [], []
         for i in range(9):
             out = t.train_step(i)
@@ -369,22 +370,24 @@ def _train_both_ways(monkeypatch, flags):
             torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6, msg=f"{k} at step {i}")
     counts = [s["means"].shape[0] for s in runs[1]]
     assert len(set(counts)) > 1  # densification ran
-    assert t.graphed_step.captures >= 2 and t.graphed_head.captures >= 2 and t.graphed_step.failures == 0
+    fb = t.forward_backward
+    assert fb.graphed_step.captures >= 2 and fb.graphed_head.captures >= 2 and fb.graphed_step.failures == 0
 
 
-def test_whole_steps_are_graphed_only_where_nothing_but_the_photometric_loss_trains():
+def test_whole_steps_are_graphed_only_where_nothing_but_the_photometric_loss_trains(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None)
 
-    def cfg(*flags):
-        return parse_args(["default", *flags])
+    def mode(*flags, world_size=1, raster="unfused", aux=()):
+        return graphs_mode(parse_args(["default", *flags]), "cuda", world_size, raster, aux)[0]
 
-    assert applies(cfg(), 1, "unfused", {})
-    assert applies(cfg("--absgrad", "--random_bkgd", "--batch_size", "2"), 1, "unfused", {})
-    assert not applies(cfg(), 2, "unfused", {})
-    assert applies(cfg(), 1, "fused", {})
-    assert not applies(cfg("--raster", "fused", "--random_tile_shift"), 1, "fused", {})  # renders change size
-    assert not applies(cfg(), 1, "unfused", {"app": object()})
+    assert mode() == "whole"
+    assert mode("--absgrad", "--random_bkgd", "--batch_size", "2") == "whole"
+    assert mode("--cuda_graphs", "on", world_size=2) == "head"
+    assert mode(raster="fused") == "whole"
+    assert mode("--raster", "fused", "--random_tile_shift", raster="fused") == "off"  # renders change size
+    assert mode(aux=("app",)) == "head"
     for flags in (["--opacity_reg", "0.01"], ["--scale_reg", "0.01"], ["--depth_loss"], ["--tb_save_image"]):
-        assert not applies(cfg(*flags), 1, "unfused", {}), flags
+        assert mode(*flags) == "head", flags
 
 
 def test_a_capture_that_fails_without_its_warm_up_is_tried_once_more_with_it():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from splat_train.kernels import reference
-from splat_train.trainer import densify, loop
+from splat_train.trainer import densify
 from splat_train.trainer.launch import DistContext
 from splat_train.trainer.render import CameraBatch, render, shift_cameras
 
@@ -56,14 +56,14 @@ def _trainer(flags):
 
 def test_shift_is_uniform_reproducible_and_off_by_default():
     on = _trainer(FLAGS + ["--random_tile_shift"])
-    shifts = [on.tile_shift(s) for s in range(400)]
+    shifts = [on.batches.origin(s) for s in range(400)]
     assert all(0 <= ox < 16 and 0 <= oy < 16 for ox, oy in shifts)
     assert len(set(shifts)) > 150 and {ox for ox, _ in shifts} == set(range(16)) == {oy for _, oy in shifts}
     again = _trainer(FLAGS + ["--random_tile_shift"])  # another rank, or a resumed run
-    assert [again.tile_shift(s) for s in range(400)] == shifts
+    assert [again.batches.origin(s) for s in range(400)] == shifts
     other_seed = _trainer(FLAGS + ["--random_tile_shift", "--seed", "7"])
-    assert [other_seed.tile_shift(s) for s in range(400)] != shifts
-    assert {_trainer(FLAGS).tile_shift(s) for s in range(50)} == {(0, 0)}
+    assert [other_seed.batches.origin(s) for s in range(400)] != shifts
+    assert {_trainer(FLAGS).batches.origin(s) for s in range(50)} == {(0, 0)}
 
 
 def test_training_step_scores_the_shifted_render(monkeypatch):
@@ -81,7 +81,9 @@ def test_training_step_scores_the_shifted_render(monkeypatch):
     monkeypatch.setattr(fused_raster, "fused_raster_loss", spy)
     trainer = _trainer(FLAGS + ["--random_tile_shift"])
     seen, masked = [], []
-    real_info, real_mask = densify.strategy_info, loop.padding_only_radii
+    from splat_train.trainer import render as render_module
+
+    real_info, real_mask = densify.strategy_info, render_module.padding_only_radii
 
     def info_spy(info):
         seen.append((info.widths, info.heights, info.radii.clone(), info.means2d.detach().clone()))
@@ -92,11 +94,11 @@ def test_training_step_scores_the_shifted_render(monkeypatch):
         return real_mask(radii, means2d, ox, oy)
 
     monkeypatch.setattr(densify, "strategy_info", info_spy)  # the strategy step reads it there
-    monkeypatch.setattr(loop, "padding_only_radii", mask_spy)
+    monkeypatch.setattr(render_module, "padding_only_radii", mask_spy)  # the render drops them
     for step in range(3):
         out = trainer.train_step(step)
         assert torch.isfinite(out["loss"])
-        ox, oy = trainer.tile_shift(step)
+        ox, oy = trainer.batches.origin(step)
         c = calls[-1]
         assert c["origin"] == (ox, oy) and (c["width"], c["height"]) == (40 + ox, 40 + oy)
         assert c["gts"][1:] == (40, 40, 3)

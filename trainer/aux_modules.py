@@ -71,3 +71,34 @@ class AppearanceModule(torch.nn.Module):
         p = self.affine(image_ids)  # [C, 12]
         A, b = p[:, :9].view(-1, 3, 3), p[:, 9:]
         return torch.einsum("chwj,cij->chwi", images, A) + b[:, None, None, :]
+
+
+def make_aux_modules(cfg, num_images: int, ctx) -> tuple[dict, dict, dict]:
+    """The run's --pose_opt / --app_opt / --use_bilateral_grid modules (DDP-wrapped when W > 1,
+    exchange.replicate), their Adams at the batch rule's learning rates (model.batch_rule), and
+    the grids' learning-rate schedule (trainer/bilagrid.py): (modules, optimizers, schedulers),
+    each a dict keyed "pose", "app", "bilagrid"."""
+    from .bilagrid import LR as BILAGRID_LR
+    from .bilagrid import BilateralGrid
+    from .bilagrid import lr_lambda as bilagrid_lr_lambda
+    from .exchange import replicate
+    from .model import batch_rule
+
+    aux: dict = {}
+    opts: dict = {}
+    schedulers: dict = {}
+    lr_mult = batch_rule(cfg.batch_size, ctx.world_size)[0]
+    for name, enabled, cls, lr, reg in (
+        ("pose", cfg.pose_opt, PoseOptModule, cfg.optim.pose_opt_lr, cfg.optim.pose_opt_reg),
+        ("app", cfg.app_opt, AppearanceModule, cfg.optim.app_opt_lr, cfg.optim.app_opt_reg),
+    ):
+        if enabled:
+            aux[name] = replicate(cls(num_images), ctx)
+            opts[name] = torch.optim.Adam(aux[name].parameters(), lr=lr * lr_mult, weight_decay=reg)
+    if cfg.use_bilateral_grid:
+        aux["bilagrid"] = replicate(BilateralGrid(num_images, *cfg.bilateral_grid_shape), ctx)
+        opts["bilagrid"] = torch.optim.Adam(aux["bilagrid"].parameters(), lr=BILAGRID_LR * lr_mult, eps=1e-15)
+        schedulers["bilagrid"] = torch.optim.lr_scheduler.LambdaLR(
+            opts["bilagrid"], bilagrid_lr_lambda(cfg.schedule.bilateral_grid_warmup, cfg.schedule.max_steps)
+        )
+    return aux, opts, schedulers

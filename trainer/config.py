@@ -180,7 +180,7 @@ class Config:
     packed: bool = False
     """Packed exchange and rasterization: only visible (camera, Gaussian) records travel."""
     cuda_graphs: Literal["auto", "on", "off"] = "auto"
-    """Replay each step's activation, projection and SH colours, forward and backward, as CUDA graphs, captured again whenever the shard, the SH degree or the image size changes (trainer/graphs.py). auto: on for a one-process run on an NVIDIA GPU (not yet run with several GPUs or on ROCm, where NCCL's watchdog and HIP's capture rules differ), on: at any world size, off: never. Applies to dense steps whose cameras share one size; elsewhere (CPU, --packed, mixed sizes, --random_tile_shift, --pipeline gsplat-dist) the step runs as without it, and a run whose shapes change too often to repay a capture stops capturing."""
+    """Replay each step's activation, projection and SH colours, forward and backward, as CUDA graphs, captured again whenever the shard, the SH degree or the image size changes (trainer/step/capture.py). auto: on for a one-process run on an NVIDIA GPU (not yet run with several GPUs or on ROCm, where NCCL's watchdog and HIP's capture rules differ), on: at any world size, off: never. Applies to dense steps whose cameras share one size; elsewhere (CPU, --packed, mixed sizes, --random_tile_shift, --pipeline gsplat-dist) the step runs as without it, and a run whose shapes change too often to repay a capture stops capturing."""
     backend: Literal["auto", "gsplat", "reference"] = "auto"
     """Projection/rasterization ops: gsplat's CUDA ops, or the plain-PyTorch reference (auto: gsplat on CUDA)."""
     pose_opt: bool = False

@@ -281,3 +281,28 @@ def scale_reg(scales_activated: torch.Tensor, weight: float) -> torch.Tensor:
     if scales_activated.numel() == 0:
         return scales_activated.sum() * weight
     return weight * scales_activated.abs().mean()
+
+
+class TrainingLoss:
+    """The training step's photometric loss: ``loss(colors, gts)`` of renders ``colors``
+    [C, H, W, 3] against uint8 ground truth ``gts`` [C, H, W, 3] is (1 - --ssim_lambda) L1 +
+    --ssim_lambda D-SSIM (valid-padded SSIM, as gsplat simple_trainer's fused_ssim call), returned
+    with its parts {"l1", "ssim"}. ``backend``: :func:`training_loss_backend` of the device and
+    --ssim_backend ("fused_l1_ssim": L1 + D-SSIM in two kernels reading the uint8 images)."""
+
+    def __init__(self, device: torch.device | str, ssim_backend_flag: str, ssim_lambda: float):
+        self.backend = training_loss_backend(device, ssim_backend_flag)
+        self.ssim_lambda = ssim_lambda
+
+    def __call__(self, colors: torch.Tensor, gts: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        from ..kernels.fused_ssim import fused_l1_ssim_loss, uint8_to_unit
+
+        if self.backend == "fused_l1_ssim":
+            return fused_l1_ssim_loss(colors, gts, self.ssim_lambda, padding="valid")
+        return photometric_loss(
+            colors,
+            uint8_to_unit(gts),
+            self.ssim_lambda,
+            ssim_padding="valid",
+            ssim_backend_name=None if self.backend == "auto" else self.backend,
+        )

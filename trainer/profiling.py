@@ -5,7 +5,7 @@ A step is cut into consecutive phases by :meth:`PhaseTimer.begin` calls, in data
     projection -> forward_exchange -> rasterization -> loss -> backward_raster
     -> backward_exchange -> backward_projection -> optimizer -> densification
 
-(a step replayed by trainer/step_graphs.py has projection -> rasterization (the tile
+(a step replayed by trainer/step/graphed.py has projection -> rasterization (the tile
 intersection alone) -> raster_loss_backward (its tail graph: the rasterizer, the loss and their
 backward) -> backward_projection -> optimizer -> densification.)
 

@@ -69,12 +69,15 @@ def rigid_inverse(transforms: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class CameraBatch:
-    """A rank's cameras for one pass; all of one image size."""
+    """A rank's cameras for one pass; all of one image size. ``origin`` (ox, oy): the images were
+    moved that many pixels right and down against the tile grid and padded by as much
+    (:func:`shift_cameras`): ``width`` x ``height`` is the padded render's size."""
 
     viewmats: torch.Tensor  # [C, 4, 4] world-to-camera
     Ks: torch.Tensor  # [C, 3, 3] pixels
     width: int
     height: int
+    origin: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -118,7 +121,13 @@ def shift_cameras(cams: CameraBatch, ox: int, oy: int) -> CameraBatch:
     Exact for the means; the EWA Jacobian's clamp of off-screen Gaussians (gsplat's persp_proj,
     limits from cx and width with a 30% margin) moves with the larger image, so the 2D
     covariance of a Gaussian that far outside the view can differ slightly."""
-    return CameraBatch(cams.viewmats, shift_intrinsics(cams.Ks, ox, oy), cams.width + ox, cams.height + oy)
+    return CameraBatch(
+        cams.viewmats,
+        shift_intrinsics(cams.Ks, ox, oy),
+        cams.width + ox,
+        cams.height + oy,
+        (cams.origin[0] + ox, cams.origin[1] + oy),
+    )
 
 
 def padding_only_radii(radii: torch.Tensor, means2d: torch.Tensor, ox: int, oy: int) -> torch.Tensor:
@@ -316,7 +325,7 @@ def project_and_shade(
     Returns {"radii" int32 [C_all, N, 2], "means2d" [.., 2], "depths" [..], "conics" [.., 3],
     "opacities" [..] (times the compensations when ``antialiased``), "colors" [.., 3]}, dense
     [C_all, N, ...] or, ``packed``, [nnz, ...] with "camera_ids" and "gaussian_ids" (int64 [nnz]).
-    Static shapes when dense and every camera has one size: trainer/graphs.py replays it as a
+    Static shapes when dense and every camera has one size: trainer/step/capture.py replays it as a
     CUDA graph."""
     proj = project_all(ops, gaussians, viewmats, Ks, sizes, near, far, packed, camera_model, antialiased)
     coeffs = gaussians["colors"][:, : (sh_degree + 1) ** 2]
@@ -397,7 +406,11 @@ def render(
     (pre-exchange) 2D means for densification (``info.means2d.grad`` after backward).
     ``timer`` (profiling.PhaseTimer) is told where each phase begins, forward and backward.
     ``rasterize=False`` stops after tile intersection (colors/alphas None): ``info.records``
-    (the received records) and ``info.tiles`` feed a fused rasterize+loss kernel instead.
+    (the received records), ``info.raster_means2d`` (their 2D means as a rasterizer must take them:
+    through :class:`AbsGradRelay` with ``absgrad``) and ``info.tiles`` feed a fused rasterize+loss
+    kernel instead. ``cams.origin`` (render.shift_cameras): ``info`` describes the images, not the
+    padded renders (widths and heights less the origin, radii 0 where a projection reaches only
+    the padding).
     ``info.layout`` describes the exchange, for :func:`route_to_owners`.
     ``layout`` (:class:`PassLayout`): the pass's sizes and cameras as every rank knows them;
     None gathers them (one all_gather of four ints per rank, read on the host, and one of the
@@ -470,12 +483,12 @@ def render(
         gaussian_ids=recv.gaussian_ids,
     )
     offsets = ops.isect_offset_encode(isect_ids, C, tile_w, tile_h)
-    render_colors = render_alphas = render_depths = raster_means2d = None
+    render_colors = render_alphas = render_depths = None
+    raster_means2d = recv.means2d  # what the rasterizer (or a fused loss) takes
+    if absgrad:
+        assert recv.absgrad_lanes is not None
+        raster_means2d = relay_absgrad(recv.means2d, recv.absgrad_lanes)
     if rasterize:
-        raster_means2d = recv.means2d
-        if absgrad:
-            assert recv.absgrad_lanes is not None
-            raster_means2d = relay_absgrad(recv.means2d, recv.absgrad_lanes)
         channels = torch.cat([recv.colors, recv.depths[..., None]], -1) if render_depth else recv.colors
         render_colors, render_alphas = ops.rasterize_to_pixels(
             raster_means2d,
@@ -495,15 +508,19 @@ def render(
             render_depths = render_depths / render_alphas.clamp_min(1e-10)
         # composited here: gsplat 1.5.3 rejects per-image [C, 3] backgrounds when packed
         render_colors = composite_background(render_colors, render_alphas, backgrounds)
+    ox, oy = cams.origin
+    # the images, not the padded renders, for densification: their size (NDC scaling of the 2D-mean
+    # gradients) and only the projections that reach them (padding_only_radii)
+    radii = proj["radii"] if (ox, oy) == (0, 0) else padding_only_radii(proj["radii"], means2d, ox, oy)
     info = RenderInfo(
         means2d=means2d,
-        radii=proj["radii"],
+        radii=radii,
         packed=packed,
         n_cameras=C_all,
         gaussian_ids=proj["gaussian_ids"] if packed else None,
         camera_ids=proj["camera_ids"] if packed else None,
-        widths=[s[0] for s in sizes],
-        heights=[s[1] for s in sizes],
+        widths=[s[0] - ox for s in sizes],
+        heights=[s[1] - oy for s in sizes],
         num_isects=int(isect_ids.numel()),
         N_world=N_world,
         C_world=C_world,
@@ -523,7 +540,8 @@ def render(
 class RenderSetup:
     """What every render of a run shares besides the Gaussians and the cameras: the ranks
     (``ctx``), the rasterizer ops, the full SH degree, packed mode, near/far planes and the
-    camera model options. Evaluation and pruning take one instead of the Trainer."""
+    camera model options; the training step's also absgrad and the zero-eliding exchange.
+    Evaluation and pruning take one instead of the Trainer."""
 
     ctx: DistContext
     ops: ModuleType
@@ -532,9 +550,12 @@ class RenderSetup:
     near: float = 0.01
     far: float = 1e10
     options: dict = field(default_factory=dict)  # camera_model, antialiased
+    absgrad: bool = False  # training passes of --absgrad
+    sparse_grad_comm: bool = False  # training passes of --sparse_grad_comm
 
     def __call__(self, gaussians: dict, cams: CameraBatch, sh_degree: Optional[int] = None, **kwargs) -> RenderResult:
-        """:func:`render` with this setup (SH degree ``sh_degree``, default the full one)."""
+        """:func:`render` with this setup (SH degree ``sh_degree``, default the full one);
+        ``kwargs``: the pass's own arguments (backgrounds, layout, timer, head, rasterize, ...)."""
         return render(
             gaussians,
             cams,
@@ -544,6 +565,8 @@ class RenderSetup:
             packed=self.packed,
             near=self.near,
             far=self.far,
+            absgrad=self.absgrad,
+            sparse_grad_comm=self.sparse_grad_comm,
             **self.options,
             **kwargs,
         )

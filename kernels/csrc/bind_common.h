@@ -43,7 +43,7 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
                   flatten_ids.device() == dev, "flatten_ids must be contiguous int32 on ", dev);
   TORCH_CHECK(window.size() == 2 * WIN_HALF + 1, "window must have 11 taps");
   // the tile rows come from the offsets: as many as the image needs, or more (rows below the image,
-  // without pixels: trainer/step_graphs.py's padded lists)
+  // without pixels: trainer/step/graphed.py's padded lists)
   const int64_t tiles_x = (width + TILE - 1) / TILE, tiles_y_image = (height + TILE - 1) / TILE;
   const int64_t tiles_y = num_images > 0 ? offsets.numel() / (num_images * tiles_x) : tiles_y_image;
   TORCH_CHECK(offsets.numel() == num_images * tiles_x * tiles_y && tiles_y >= tiles_y_image,

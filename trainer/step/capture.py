@@ -8,9 +8,10 @@ graph and a backward graph sharing one memory pool, :func:`capture_graphs`) and 
 step: its few dozen PyTorch operators and gsplat launches, forward and backward, become two graph
 launches, which is host time a host-bound step gets back.
 
-Where it applies (:func:`graphable`): a CUDA device, the dense layout (``--packed``'s record count is
-data-dependent) and one image size for every camera of the pass (several sizes are projected in
-groups indexed from the host). Elsewhere the same function runs eagerly. A replay runs the same
+Where it applies (step/plan.py decides for the run, step/forward.py for each step): a CUDA device,
+the dense layout (``--packed``'s record count is data-dependent) and one image size for every
+camera of the pass (several sizes are projected in groups indexed from the host). Elsewhere the
+same function runs eagerly. A replay runs the same
 kernels on the same inputs: its outputs equal the eager pass's bit for bit, its gradients to
 rounding (gsplat's projection backward sums over cameras with atomics; tests/test_gpu.py).
 
@@ -37,26 +38,11 @@ from typing import Callable, Mapping, Optional
 
 import torch
 
-from .model import activated
-from .render import project_and_shade
+from ..model import activated
+from ..render import project_and_shade
 
 PARAM_KEYS = ("means", "quats", "scales", "opacities", "sh0", "shN")
 OUTPUT_KEYS = ("radii", "means2d", "depths", "conics", "opacities", "colors")
-
-
-def use_cuda_graphs(setting: str, world_size: int) -> bool:
-    """Whether --cuda_graphs ``setting`` ("auto", "on", "off") asks for graphs in a run of
-    ``world_size`` processes: "auto" is on for one process on CUDA (not on a ROCm build of torch)."""
-    if setting not in ("auto", "on", "off"):
-        raise ValueError(f"--cuda_graphs must be auto, on or off, got {setting!r}")
-    if setting == "auto":
-        return world_size == 1 and torch.version.hip is None
-    return setting == "on"
-
-
-def graphable(device: torch.device, packed: bool, sizes: list[tuple[int, int]]) -> bool:
-    """Whether a pass can replay :class:`GraphedHead`: CUDA, dense, one image size."""
-    return device.type == "cuda" and not packed and len(set(sizes)) == 1
 
 
 DEAD_POOL_SLACK = 1 << 30  # bytes the caching allocator may hold unused before a capture empties it

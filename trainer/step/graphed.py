@@ -1,21 +1,21 @@
 """A one-process training step as three CUDA-graph replays around gsplat's tile intersection.
 
-With trainer/graphs.py's head captured, a step still runs the rasterizer, the loss and autograd's
+With step/capture.py's head captured, a step still runs the rasterizer, the loss and autograd's
 backward eagerly: a few hundred operator calls and Triton launches of host time, more than the
 GPU's own work on a small scene (docs/gpu-bound-step.md). For the common run (one process, dense
 records, the photometric loss alone) :class:`GraphedStep` runs a step as
 
-  1. the head's forward graph: activation, projection, SH (graphs.CapturedGraphs);
+  1. the head's forward graph: activation, projection, SH (capture.CapturedGraphs);
   2. gsplat's tile intersection, eagerly: isect_tiles reads its intersection count on the host
      (the step's one synchronization) and sizes its outputs by it;
-  3. the tail graph (graphs.CapturedCall): rasterize_to_pixels, the background, the loss, and the
+  3. the tail graph (capture.CapturedCall): rasterize_to_pixels, the background, the loss, and the
      loss's and rasterizer's backward, which writes the gradients of the head's outputs straight
      into the head's static gradient buffers (with --raster fused: the fused kernel, which does
      all of that in one launch);
   4. the head's backward graph: the parameters' gradients.
 
 No autograd graph is built on the host. The optimizer, densification's statistics and everything
-after them are the eager step's own code (trainer/loop.py).
+after them are the training step's own code (trainer/loop.py).
 
 The tail's shapes are static; the number of intersections is not. The tail reads the tile lists
 from static buffers: ``flatten_ids`` with ``capacity`` entries (the step's count, then stale or
@@ -42,33 +42,15 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..kernels.constants import TILE_SIZE
-from ..kernels.fused_raster import fits_one_launch
-from ..kernels.fused_ssim import uint8_to_unit
-from ..kernels.reference import composite_background
-from .graphs import OUTPUT_KEYS, PARAM_KEYS, CapturedCall, GraphedHead, collector_held
-from .render import RenderInfo
+from ...kernels.constants import TILE_SIZE
+from ...kernels.fused_raster import fits_one_launch
+from ...kernels.fused_ssim import uint8_to_unit
+from ...kernels.reference import composite_background
+from ..render import RenderInfo
+from .capture import OUTPUT_KEYS, PARAM_KEYS, CapturedCall, GraphedHead, collector_held
 
 RASTER_KEYS = ("means2d", "conics", "colors", "opacities")  # the head outputs the rasterizer reads
 CAPACITY_ROUND = 4096  # the tail's flatten_ids capacity is a multiple of this many entries
-
-
-def applies(cfg, world_size: int, raster: str, aux: dict) -> bool:
-    """Whether a run of Config ``cfg`` on ``world_size`` processes, rasterizing ``raster``
-    ("unfused" | "fused") with the auxiliary modules ``aux`` (trainer/aux_modules.py), trains
-    nothing but the photometric loss of one process's dense pass: what :class:`GraphedStep`
-    replays (fused: without --random_tile_shift, whose padded renders change size from step to
-    step). (Whether graphs are on at all, a CUDA device and dense records are
-    :class:`graphs.GraphedHead`'s conditions.)"""
-    return (
-        world_size == 1
-        and (raster == "unfused" or (raster == "fused" and not cfg.random_tile_shift))
-        and not aux
-        and not cfg.depth_loss
-        and cfg.opacity_reg == 0
-        and cfg.scale_reg == 0
-        and not cfg.tb_save_image
-    )
 
 
 def capacity_for(n_isects: int) -> int:
@@ -183,13 +165,13 @@ class _Tail:
 
 
 class GraphedStep:
-    """Steps 1-4 of the module docstring for a :class:`graphs.GraphedHead` ``head``.
+    """Steps 1-4 of the module docstring for a :class:`capture.GraphedHead` ``head``.
 
     ``ops``: gsplat's CUDA ops (or the reference's, with stand-in captures, in tests);
     ``loss_fn`` and ``fused`` (--raster fused): as :func:`tail_function`'s; ``absgrad``:
     --absgrad. ``capture``: turns the tail
     function and its static inputs into an object whose ``replay()`` returns the static outputs
-    (:class:`graphs.CapturedCall`; tests pass an eager stand-in). ``warn``: told once, in one line,
+    (:class:`capture.CapturedCall`; tests pass an eager stand-in). ``warn``: told once, in one line,
     when a capture fails; the run then goes on with the eager step (``__call__`` returns None).
     ``captures``, ``failures`` and ``capture_seconds`` count the tail's own captures; ``declined``
     the fused steps left to the eager step because the kernel would need several launches

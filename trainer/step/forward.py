@@ -1,0 +1,90 @@
+"""A training step's forward, loss and backward as the run's StepPlan says: :class:`ForwardBackward`.
+
+It holds the run's CUDA-graph state (the graphed head and the whole-step replay, made when the plan
+has graphs) and the eager step, and picks one for each step from what only the step's data can
+say: a step whose images carry loss masks or whose cameras differ in size runs eagerly; a step
+the whole-step replay declines (a capture failed, the fused kernel would need several launches)
+too. The optimizer, densification and everything after them are trainer/loop.py's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+from ...kernels.constants import TILE_SIZE
+from ..render import RenderSetup
+from .batch import StepBatch
+from .capture import GraphedHead
+from .eager import EagerStep
+from .graphed import GraphedStep, StepOutputs
+from .plan import StepPlan
+
+
+class ForwardBackward:
+    """``forward_backward(batch, params, sh_degree, timer)``: one step's forward, loss and backward
+    (the parameters' ``.grad`` set; with graphs, static buffers the optimizer must consume and
+    drop before the next step). Returns step/graphed.StepOutputs, whose tensors a graphed step
+    overwrites at the next one: read them before it.
+
+    ``plan``: the run's StepPlan; ``cfg``, ``setup`` (the training passes' RenderSetup), ``loss``
+    (losses.TrainingLoss), ``aux``, ``depth_targets``, ``scene_scale``, ``tb_wanted``: as
+    step/eager.EagerStep's; ``warn``: one-line warnings (a capture that failed). ``graphed_head``
+    and ``graphed_step`` (None where the plan has none; tests may set their own) and
+    ``last_fused_stats`` (the fused kernel's tile statistics of the last step) are public."""
+
+    def __init__(
+        self,
+        plan: StepPlan,
+        cfg,
+        setup: RenderSetup,
+        loss: Callable,
+        aux: dict,
+        depth_targets=None,
+        scene_scale: float = 1.0,
+        tb_wanted: Callable[[int], bool] = lambda step: False,
+        warn: Optional[Callable[[str], None]] = None,
+    ):
+        self.plan = plan
+        self.eager = EagerStep(plan, cfg, setup, loss, aux, depth_targets, scene_scale, tb_wanted)
+        self.graphed_head: Optional[GraphedHead] = (
+            GraphedHead(setup.ops, setup.near, setup.far, **setup.options, warn=warn) if plan.graphs != "off" else None
+        )
+        self.graphed_step: Optional[GraphedStep] = (
+            GraphedStep(self.graphed_head, setup.ops, loss, setup.absgrad, warn=warn, fused=self.eager.fused_loss)
+            if self.graphed_head is not None and plan.graphs == "whole"
+            else None
+        )
+        self.last_fused_stats: dict = {}
+
+    def __call__(self, batch: StepBatch, params, sh_degree: int, timer) -> StepOutputs:
+        one_size = batch.one_size()
+        if self.graphed_step is not None and batch.keep is None and one_size:
+            layout = batch.layout
+            assert layout is not None and layout.viewmats is not None  # a whole-step plan: cameras not learned
+            out = self.graphed_step(
+                params,
+                layout.viewmats,
+                layout.Ks,
+                layout.campos,
+                batch.cams.width,
+                batch.cams.height,
+                sh_degree,
+                batch.gts,
+                batch.backgrounds,
+                timer,
+            )  # None: this step runs eagerly (step/graphed.py)
+            if out is not None:
+                if self.plan.fused:  # every tile in the kernel
+                    tiles = batch.num_cameras * math.ceil(batch.width / TILE_SIZE) * math.ceil(batch.height / TILE_SIZE)
+                    self.last_fused_stats = dict(fraction_fused=1.0, fraction_isects_fused=1.0, num_tiles=tiles)
+                return out
+        head = self.graphed_head.head(params) if self.graphed_head is not None and one_size else None
+        out = self.eager(batch, params, sh_degree, timer, head=head)
+        self.last_fused_stats = self.eager.last_fused_stats
+        return out
+
+    def take_tb_image(self):
+        """The last step's ground truth | render for TensorBoard (--tb_save_image), once; or None."""
+        image, self.eager.tb_image = self.eager.tb_image, None
+        return image

@@ -1,0 +1,180 @@
+"""Which training step a run takes, decided once: :class:`StepPlan`.
+
+A step has three independent choices, each made here and nowhere else, each with its reason:
+
+- the rasterization (``raster``): the fused native kernel (forward compositing, tile-local loss
+  and backward in one launch; kernels/fused_raster.py) or the unfused step (gsplat's rasterizer,
+  the full-image loss, autograd);
+- the pass (``pipeline``): this trainer's exchange (dense or ``--packed``) or gsplat's own
+  ``rasterization(distributed=True)`` (the benchmark's baseline);
+- the CUDA graphs (``graphs``): the whole step as three replays around the tile intersection
+  (``"whole"``, step/graphed.py), only the activation, projection and SH (``"head"``,
+  step/capture.py), or none (``"off"``).
+
+What still varies from step to step is the data: a step whose cameras differ in size, or whose
+images carry loss masks, runs its forward eagerly even under a graph plan (step/forward.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ..config import Config, fused_conflicts
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The step of a run: built once by :func:`plan_step`, read by every step."""
+
+    raster: str  # "fused" | "unfused"
+    raster_why: str
+    graphs: str  # "whole" | "head" | "off"
+    graphs_why: str
+    pipeline: str = "ours"  # "ours" | "gsplat-dist"
+    packed: bool = False
+    tile_shift: bool = False  # --random_tile_shift moves the fused step's tile grid every step
+    selective_adam: bool = False  # --visible_adam / --sparse_grad: only visible Gaussians step
+
+    @property
+    def fused(self) -> bool:
+        return self.raster == "fused"
+
+    def describe(self) -> str:
+        """One console line: the step and why."""
+        exchange = "gsplat's distributed pass" if self.pipeline != "ours" else ("packed" if self.packed else "dense")
+        graphs = {"whole": "whole-step CUDA graphs", "head": "CUDA graphs of the projection", "off": "no CUDA graphs"}
+        return (
+            f"step: {self.raster} rasterization ({self.raster_why}), {exchange} records, "
+            f"{graphs[self.graphs]} ({self.graphs_why})"
+        )
+
+
+def raster_mode(cfg: Config, device_type: str, masked: bool, kernel_ready: Callable[[], bool]) -> tuple[str, str]:
+    """(the step's rasterization, why) from --raster: auto is fused on a GPU unless the run needs
+    the rendered image (config.fused_conflicts) or its training views have loss masks
+    (``masked``), and unfused on the CPU; --raster fused on the CPU runs the kernel's PyTorch
+    reference. A fused step on a GPU where the native kernel cannot be built (``kernel_ready()``,
+    called only then, is False) is unfused: full-image SSIM, no --random_tile_shift.
+    Raises ValueError for --raster fused with masks."""
+    if cfg.raster == "fused" and masked:
+        raise ValueError(
+            "the training views have loss masks (masks/ files, alpha channels or fisheye borders), "
+            "which --raster fused cannot apply (its tile-local loss reads the images as they are): "
+            "use --raster unfused, or --no-alpha_as_mask when the masks are alpha channels"
+        )
+    if cfg.raster == "unfused":
+        return "unfused", "--raster unfused"
+    if cfg.raster == "auto":
+        if device_type != "cuda":
+            return "unfused", "--raster auto on the CPU"
+        if cfg.ckpt:
+            return "unfused", "--ckpt: evaluation only"
+        if masked:
+            return "unfused", "--raster auto: the training views have loss masks"
+        if fused_conflicts(cfg):
+            return "unfused", f"--raster auto: {', '.join(fused_conflicts(cfg))} needs the rendered image"
+    if device_type != "cuda":
+        return "fused", "--raster fused on the CPU: the kernel's PyTorch reference"
+    if not kernel_ready():
+        return "unfused", f"--raster {cfg.raster}: the native kernel is unavailable"
+    return "fused", f"--raster {cfg.raster} on a GPU"
+
+
+def native_kernel_everywhere(ctx, raster_flag: str, warn: Callable[[str], None]) -> bool:
+    """Whether every rank of ``ctx`` can run the native fused kernel (kernels/native.py builds it
+    here on first use; one all_reduce of a flag, exchange.any_rank). A fused step is unfused on
+    every rank when any rank cannot build it; ``warn`` says why in one line (``raster_flag``:
+    --raster, for the line)."""
+    from ...kernels import native
+    from .. import exchange
+
+    here = native.load(quiet=True) is not None
+    if not exchange.any_rank(ctx, [not here])[0]:
+        return True
+    warn(
+        native.unavailable_warning(raster_flag)
+        if not here
+        else f"warning: --raster {raster_flag}: the native kernel is unavailable on another rank; "
+        "every rank takes the unfused step"
+    )
+    return False
+
+
+def use_cuda_graphs(setting: str, world_size: int) -> bool:
+    """Whether --cuda_graphs ``setting`` ("auto", "on", "off") asks for graphs in a run of
+    ``world_size`` processes: "auto" is on for one process on CUDA (not on a ROCm build of torch)."""
+    if setting not in ("auto", "on", "off"):
+        raise ValueError(f"--cuda_graphs must be auto, on or off, got {setting!r}")
+    if setting == "auto":
+        return world_size == 1 and torch.version.hip is None
+    return setting == "on"
+
+
+def trains_photometric_only(cfg: Config, aux: tuple[str, ...]) -> Optional[str]:
+    """None when a step trains nothing but the photometric loss (what a whole-step graph replays),
+    else the first flag that adds something (``aux``: the names of the auxiliary modules,
+    trainer/aux_modules.py)."""
+    if aux:
+        return {"pose": "--pose_opt", "app": "--app_opt", "bilagrid": "--use_bilateral_grid"}.get(aux[0], aux[0])
+    for flag, on in (
+        ("--depth_loss", cfg.depth_loss),
+        ("--opacity_reg", cfg.opacity_reg > 0),
+        ("--scale_reg", cfg.scale_reg > 0),
+        ("--tb_save_image", cfg.tb_save_image),
+    ):
+        if on:
+            return flag
+    return None
+
+
+def graphs_mode(cfg: Config, device_type: str, world_size: int, raster: str, aux: tuple[str, ...]) -> tuple[str, str]:
+    """(the step's CUDA graphs, why): "whole" (the step as three replays around the tile
+    intersection: one process, dense records, nothing but the photometric loss, no tile shift),
+    "head" (the activation, projection and SH replayed, the rest eager) or "off"."""
+    if cfg.cuda_graphs == "off":
+        return "off", "--cuda_graphs off"
+    if device_type != "cuda":
+        return "off", "a CPU run"
+    if not use_cuda_graphs(cfg.cuda_graphs, world_size):
+        return "off", "--cuda_graphs auto: " + ("a ROCm build" if world_size == 1 else f"{world_size} processes")
+    if cfg.pipeline != "ours":
+        return "off", "--pipeline gsplat-dist"
+    if cfg.packed:
+        return "off", "--packed"
+    if cfg.random_tile_shift and raster == "fused":
+        return "off", "--random_tile_shift"
+    if world_size > 1:
+        return "head", f"{world_size} processes"
+    extra = trains_photometric_only(cfg, aux)
+    if extra is not None:
+        return "head", f"{extra} trains besides the photometric loss"
+    return "whole", f"--cuda_graphs {cfg.cuda_graphs}"
+
+
+def plan_step(
+    cfg: Config,
+    device_type: str,
+    world_size: int,
+    masked: bool,
+    aux: tuple[str, ...] = (),
+    kernel_ready: Callable[[], bool] = lambda: True,
+) -> StepPlan:
+    """The :class:`StepPlan` of a run of ``cfg`` on ``device_type`` ("cuda" | "cpu") with
+    ``world_size`` processes; ``masked``: the training views have loss masks; ``aux``: the
+    auxiliary modules it trains; ``kernel_ready``: whether every rank can run the native kernel
+    (asked only for a fused step on a GPU). Raises ValueError as :func:`raster_mode`."""
+    raster, raster_why = raster_mode(cfg, device_type, masked, kernel_ready)
+    graphs, graphs_why = graphs_mode(cfg, device_type, world_size, raster, aux)
+    return StepPlan(
+        raster=raster,
+        raster_why=raster_why,
+        graphs=graphs,
+        graphs_why=graphs_why,
+        pipeline=cfg.pipeline,
+        packed=cfg.packed,
+        tile_shift=cfg.random_tile_shift and raster == "fused",
+        selective_adam=cfg.visible_adam or cfg.sparse_grad,
+    )
