@@ -335,6 +335,25 @@ if triton is not None:
         )  # fmt: skip
 
     @triton.jit
+    def _sqrt_ieee(x):
+        """Correctly rounded square root (what the CPU reference computes) for float32; any other
+        dtype (float64: the tests' exact-arithmetic runs under the interpreter) as tl.sqrt."""
+        y = tl.sqrt(x)
+        if x.dtype == tl.float32:
+            y = tl.sqrt_rn(x)
+        return y
+
+    @triton.jit
+    def _determinants(a00, a01, a02, a10, a11, a12, e00, e11, eps2d):
+        """det(A A^T) as |a0 x a1|^2 (Lagrange's identity: no cancellation for thin Gaussians, where
+        c00 c11 - c01^2 loses digits) and the determinant after add_blur, det + eps (c00 + c11) + eps^2."""
+        x = a01 * a12 - a02 * a11
+        y = a02 * a10 - a00 * a12
+        z = a00 * a11 - a01 * a10
+        det = x * x + y * y + z * z
+        return det, det + eps2d * (e00 + e11) + eps2d * eps2d
+
+    @triton.jit
     def _precull(mx, my, mz, smax, op, live, vm_ptr, ks_ptr, C, W, H, near, far, eps2d, SLACK: tl.constexpr):
         """Bit c set where camera c may see the Gaussian (never clear where the projection gives
         radii > 0): near/far as the projection tests it, the image bounds with the radius bound
@@ -416,10 +435,9 @@ if triton is not None:
             e00 = a00 * a00 + a01 * a01 + a02 * a02
             e01 = a00 * a10 + a01 * a11 + a02 * a12
             e11 = a10 * a10 + a11 * a11 + a12 * a12
-            det_orig = e00 * e11 - e01 * e01
+            det_orig, det = _determinants(a00, a01, a02, a10, a11, a12, e00, e11, eps2d)
             e00 = e00 + eps2d  # add_blur
             e11 = e11 + eps2d
-            det = e00 * e11 - e01 * e01
             valid = valid & (det > 0)
             det = tl.where(valid, det, 1.0)
             opacity = op
@@ -429,8 +447,8 @@ if triton is not None:
             valid = valid & (opacity >= thr)
             safe = tl.where(valid, opacity, 1.0)
             extent = tl.minimum(tl.sqrt(2.0 * tl.log(safe / thr)), EXTENT)
-            rx = tl.ceil(extent * tl.sqrt_rn(tl.maximum(e00, 0.0)))
-            ry = tl.ceil(extent * tl.sqrt_rn(tl.maximum(e11, 0.0)))
+            rx = tl.ceil(extent * _sqrt_ieee(tl.maximum(e00, 0.0)))
+            ry = tl.ceil(extent * _sqrt_ieee(tl.maximum(e11, 0.0)))
             valid = valid & ((rx > 0) | (ry > 0))
             valid = valid & (m2x + rx > 0) & (m2x - rx < W) & (m2y + ry > 0) & (m2y - ry < H)
             rec = cam * N.to(tl.int64) + offs
@@ -592,7 +610,8 @@ if triton is not None:
             e11 = a10 * a10 + a11 * a11 + a12 * a12
             f00 = e00 + eps2d
             f11 = e11 + eps2d
-            det = tl.where(vis, f00 * f11 - e01 * e01, 1.0)
+            det_orig, det = _determinants(a00, a01, a02, a10, a11, a12, e00, e11, eps2d)
+            det = tl.where(vis, det, 1.0)
             ca = f11 / det
             cb = -e01 / det
             cc = f00 / det
@@ -619,7 +638,7 @@ if triton is not None:
             h01 = -(p00 * cb + p01 * cc)
             h11 = -(p10 * cb + p11 * cc)
             if AA:  # opacity x compensation, compensation = sqrt(max(0, det_orig / det))
-                ratio_raw = (e00 * e11 - e01 * e01) / det
+                ratio_raw = det_orig / det
                 ratio = tl.maximum(ratio_raw, 0.0)
                 comp = tl.sqrt(ratio)
                 vsig += go * comp
@@ -665,18 +684,8 @@ if triton is not None:
             g20 += r02 * w0 + r12 * y0 + r22 * z0
             g21 += r02 * w1 + r12 * y1 + r22 * z1
             g22 += r02 * w2 + r12 * y2 + r22 * z2
-        for ch in tl.static_range(3):
-            if HAS_COLORS:
-                dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr,
-                                          v_sh0_ptr, v_shn_ptr, N, C, KR, ch, DEG)  # fmt: skip
-                vmx += dx
-                vmy += dy
-                vmz += dz
-            else:
-                tl.store(v_sh0_ptr + offs * 3 + ch, zero, mask=live)
-                for j in range(0, KR):
-                    tl.store(v_shn_ptr + offs * (KR * 3) + j * 3 + ch, zero, mask=live)
         # M = R S: dL/dS_j = sum_i dL/dM_ij R_ij, dL/dR_ij = dL/dM_ij S_j; log-scales through exp
+        q00, q01, q02, q10, q11, q12, q20, q21, q22, w, x, y, z, inv = _rotation(qw, qx, qy, qz)  # fewer live values
         vs0 = (g00 * q00 + g10 * q10 + g20 * q20) * s0
         vs1 = (g01 * q01 + g11 * q11 + g21 * q21) * s1
         vs2 = (g02 * q02 + g12 * q12 + g22 * q22) * s2
@@ -695,10 +704,22 @@ if triton is not None:
         tl.store(v_scales_ptr + offs * 3, tl.where(act, vs0, 0.0), mask=live)
         tl.store(v_scales_ptr + offs * 3 + 1, tl.where(act, vs1, 0.0), mask=live)
         tl.store(v_scales_ptr + offs * 3 + 2, tl.where(act, vs2, 0.0), mask=live)
+        tl.store(v_logits_ptr + offs, tl.where(act, vsig * op * (1.0 - op), 0.0), mask=live)
+        # the SH after the rest: the geometry's values are no longer live
+        for ch in tl.static_range(3):
+            if HAS_COLORS:
+                dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr,
+                                          v_sh0_ptr, v_shn_ptr, N, C, KR, ch, DEG)  # fmt: skip
+                vmx += dx
+                vmy += dy
+                vmz += dz
+            else:
+                tl.store(v_sh0_ptr + offs * 3 + ch, zero, mask=live)
+                for j in range(0, KR):
+                    tl.store(v_shn_ptr + offs * (KR * 3) + j * 3 + ch, zero, mask=live)
         tl.store(v_means_ptr + offs * 3, tl.where(act, vmx, 0.0), mask=live)
         tl.store(v_means_ptr + offs * 3 + 1, tl.where(act, vmy, 0.0), mask=live)
         tl.store(v_means_ptr + offs * 3 + 2, tl.where(act, vmz, 0.0), mask=live)
-        tl.store(v_logits_ptr + offs, tl.where(act, vsig * op * (1.0 - op), 0.0), mask=live)
 
 
 def kernel_specs() -> dict:
@@ -883,10 +904,10 @@ def project_and_shade_fused(
     pinhole, cameras requiring a gradient, SH degree > 3, ...) and ValueError for shapes that
     disagree or an SH degree beyond the stored bases.
     """
+    _check(params, viewmats, Ks, campos, sh_degree)
     reason = unsupported(params, viewmats, Ks, campos, sh_degree, camera_model)
     if reason is not None:
         raise NotImplementedError(f"project_and_shade_fused: {reason}")
-    _check(params, viewmats, Ks, campos, sh_degree)
     setup = Setup(int(width), int(height), int(sh_degree), float(near), float(far), bool(antialiased))
     tensors = [params[k].contiguous() for k in PARAM_KEYS]
     outs = _ProjectShade.apply(setup, *tensors, viewmats.contiguous(), Ks.contiguous(), campos.contiguous())
