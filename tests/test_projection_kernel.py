@@ -8,6 +8,7 @@ cameras, beyond the far plane, at the near plane, just outside the image with ra
 it, tiny and huge, below the opacity threshold. On a GPU (``-m gpu``) the same checks run against
 gsplat's CUDA ops at 200k Gaussians, and forward + backward are replayed from a CUDA graph."""
 
+import json
 import math
 import sys
 
@@ -206,15 +207,27 @@ except ImportError:  # pragma: no cover - CPU-only torch wheels
 # ------------------------------------------------------------------------------------------------
 
 
-def radii_mismatch(got, want, per=500):
+def radii_mismatch(got, want, per=500, excused=None):
     """Records whose radii differ ([C, N] bool). Allowed: at most 1 + records/per of them, each by one
-    pixel (float rounding at a ceil, or at the image-bounds test)."""
+    pixel (float rounding at a ceil, or at the image-bounds test), besides ``excused`` records
+    ([C, N] bool), which may differ in any way."""
     diff = (got != want).any(-1)
+    counted = diff if excused is None else diff & ~excused
     total = want.shape[0] * want.shape[1]
-    assert int(diff.sum()) <= 1 + total // per, f"{int(diff.sum())} of {total} records' radii differ"
+    assert int(counted.sum()) <= 1 + total // per, f"{int(counted.sum())} of {total} records' radii differ"
     by_one = ((got - want).abs() <= 1).all(-1) | (got == 0).all(-1) | (want == 0).all(-1)
-    assert not (diff & ~by_one).any(), "radii differ by more than a pixel"
+    assert not (counted & ~by_one).any(), "radii differ by more than a pixel"
     return diff
+
+
+def thin(want, limit=1e4):
+    """[C, N] bool: visible records whose blurred 2D covariance has a condition number above
+    ``limit`` (from the float64 reference's conics). gsplat's det = c00 c11 - c01^2 in float32
+    loses most digits there, so its antialiased compensation, and with it the opacity-aware radius,
+    can be far off (the kernel's determinant does not cancel)."""
+    a, b, c = want["conics"].double().unbind(-1)
+    mean, half = (a + c) / 2, torch.sqrt(((a - c) / 2) ** 2 + b * b)
+    return (want["radii"] > 0).all(-1) & ((mean + half) > limit * (mean - half))
 
 
 def check_forward(got, want, rel=1e-5):
@@ -418,6 +431,13 @@ def test_unsupported_passes_are_refused_with_the_reason():
         call(cams=[args[0], args[1][:1], args[2]])
 
 
+def test_bench_script_refuses_bad_arguments(capsys):
+    from splat_train.scripts import bench_projection
+
+    assert bench_projection.main(["--resolution", "1920by1080"]) == 2
+    assert "--resolution" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------------
@@ -446,20 +466,22 @@ def _gsplat_pass(scene, deg, aa, grads):
 @needs_cuda
 @needs_triton
 @pytest.mark.parametrize("deg,aa,C", [(3, False, 1), (3, True, 2), (1, False, 3), (0, True, 1)])
-def test_gpu_matches_gsplat_at_200k_gaussians(deg, aa, C):
+def test_gpu_matches_the_reference_and_gsplat_at_200k_gaussians(deg, aa, C):
+    """On the GPU: outputs against the float64 reference (as on the CPU), radii against gsplat's
+    CUDA ops (at most 1 in 500 records differ, by a pixel: gsplat computes with fast math; with
+    ``antialiased`` besides the :func:`thin` records), and gradients against the float64 reference
+    within 1e-4 or 4x gsplat's own float32 error."""
     N, K = 200_000, 16
     scene = make_scene(7, N, C, K, width=640, height=480)
     grads = upstream(scene, C, N, 8)
-    want, want_grads = _gsplat_pass(scene, deg, aa, grads)
+    want, want_grads = run_reference(scene, deg, aa, grads, device="cuda")
+    gs, gs_grads = _gsplat_pass(scene, deg, aa, grads)
     got, got_grads = run_fused(scene, deg, aa, [masked(grads, want["radii"])], "cuda")[0]
-    seen = (want["radii"] > 0).all(-1)
-    diff = radii_mismatch(got["radii"], want["radii"])
-    keep = seen & ~diff  # gsplat leaves culled records' other outputs uninitialized
-    for k in projection.OUTPUT_KEYS[1:]:
-        a, b = got[k][keep], want[k][keep]
-        scale = float(b.abs().max())
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * scale), (k, float((a - b).abs().max()), scale)
-    check_grads(got_grads, want_grads, ignore=diff.any(0), rel=1e-3)
+    diff = check_forward(got, want)
+    excused = thin(want) if aa else None
+    gs_diff = radii_mismatch(gs["radii"], want["radii"], excused=excused)
+    radii_mismatch(got["radii"], gs["radii"], excused=excused)
+    check_grads(got_grads, want_grads, gs_grads, ignore=(diff | gs_diff).any(0))
 
 
 @pytest.mark.gpu
@@ -497,6 +519,20 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph():
     for a, b in zip(static_out + static_grads, eager_out + eager_grads):
         assert torch.equal(a, b)
     assert (eager_out[0] > 0).any()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+def test_gpu_bench_script_runs(tmp_path):
+    from splat_train.scripts import bench_projection
+
+    out = tmp_path / "bench.json"
+    args = ["--gaussians", "100000", "--cameras", "2", "--layout", "tenth", "--repeats", "2", "--json", str(out)]
+    assert bench_projection.main(args) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["path"] for r in rows] == ["gsplat (activated + project_and_shade)", "fused"]
+    assert all(r["forward_ms"] > 0 and r["backward_gbs"] > 0 for r in rows)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
