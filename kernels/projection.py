@@ -33,6 +33,11 @@ it, times the camera rotation) and R orthonormal, the projected variance is |w R
 one of the uncompensated opacity (compensation <= 1). The bound is widened by 0.1% and one pixel
 (the ceil, rounding). Outputs equal those of the unculled computation.
 
+Numerics: the 2D determinant is |a0 x a1|^2 (A = J Rv R S, cov2d = A A^T; Lagrange's identity)
+instead of gsplat's c00 c11 - c01^2, which cancels for thin Gaussians: with ``antialiased``,
+gsplat's compensations of needle-like Gaussians (2D condition number ~1e5) can be off by ~10%, and
+their opacity-aware radii by tens of pixels; here they match the reference evaluated in float64.
+
 Gradient semantics: gsplat's backward (radii, culling and the extent are constants; the
 Jacobian clamp's gradient as persp_proj_vjp), which autograd through the reference reproduces.
 One difference in what is read: the gradient arriving at a culled (camera, Gaussian) record is
