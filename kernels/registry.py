@@ -10,6 +10,7 @@ from typing import Optional, Union
 from . import adam
 from . import densify_stats as ds
 from . import fused_ssim as fs
+from . import projection as pj
 from . import sparse_comm as sc
 from .resources import compile_spec
 
@@ -27,6 +28,7 @@ def kernel_specs() -> dict:
         vis="*u8",
     )
     ssim = fs.kernel_specs()
+    proj = pj.kernel_specs()
     return {
         **{k: ssim[k] for k in ("ssim_forward", "ssim_backward", "l1_ssim_forward", "l1_ssim_backward")},
         "adam": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=False), {}, adam_args, 4),
@@ -35,6 +37,9 @@ def kernel_specs() -> dict:
         "densify_dense": (ds._dense_kernel, dict(BLOCK=ds.BLOCK), {"radii_ptr": "*i32"}, {}, 4),
         "densify_packed": (ds._packed_kernel, dict(BLOCK=ds.BLOCK), {"ids_ptr": "*i64", "cams_ptr": "*i64"}, {}, 4),
         "loss_combine": ssim["loss_combine"],
+        # fused projection + SH of the dense pass and its per-Gaussian backward (SH degree 3)
+        "projection_forward": proj["projection_forward"],
+        "projection_backward": proj["projection_backward"],
         "sparse_mark": (sc._mark_kernel, rows, ints, {}, 4),
         "sparse_count": (sc._count_kernel, dict(BLOCK_R=sc.BLOCK_ROWS), ints, {}, 4),
         "sparse_compact": (sc._compact_kernel, rows, ints, {}, 4),

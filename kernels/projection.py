@@ -1,0 +1,919 @@
+"""Projection + SH colours of the dense pass in one Triton launch, and its per-Gaussian backward.
+
+:func:`project_and_shade_fused` takes a shard's RAW parameters and returns what
+``render.project_and_shade(ops, model.activated(params), ...)`` returns for a dense pass whose C
+cameras share one image size: the activations (exp of the log-scales, sigmoid of the logit
+opacities, quaternion normalization), gsplat 1.5.3's fully_fused_projection (pinhole camera,
+opacity-aware extent, ``antialiased`` compensations) and spherical_harmonics (+0.5, clamped at
+0), fused. The plain-PyTorch reference is that composition with ``kernels/reference.py``'s ops
+(tests/test_projection_kernel.py); the formulas are gsplat's (ProjectionEWA3DGSFused.cu,
+Utils.cuh persp_proj / add_blur / quat_to_rotmat, SphericalHarmonicsCUDA.cu), as reference.py
+documents them.
+
+Kernels (one program per BLOCK Gaussians, one Gaussian per lane; C, the cameras, loop inside):
+    forward: read each Gaussian's mean, log-scales and logit opacity; per camera, a conservative
+    frustum test (below) sets bit c of ``pre``; the quaternion is read only for lanes with a bit
+    set; per camera the full projection writes radii, means2d, depths, conics and opacities and
+    sets bit c of ``bits`` (int32 [N], saved for the backward: radii > 0 in camera c); the SH
+    coefficients are read only for lanes with a bit of ``bits`` set, and colours written, one
+    colour channel at a time (16 coefficients live, not 48).
+    backward: read ``bits``; a lane with none set reads nothing more and writes exact zeros;
+    the others read their parameters once, loop over the cameras whose bit is set (reading those
+    records' gradients only), recompute the projection and accumulate the gradient of the mean,
+    of M = R S (R from the normalized quaternion) and of the opacity in registers, then the SH
+    gradients per colour channel, and write the gradients of the six raw parameters once,
+    through the activations. No atomics: a Gaussian's cameras are summed by its own lane (the
+    per-Gaussian backward of Taming 3DGS, Mallick et al. 2024, and Faster-GS).
+
+Culling before projecting (conservative: a Gaussian the full projection gives radii > 0 in a
+camera always passes): near/far is the projection's own test; the image test bounds the radius
+from the scales alone. With w = J_row Rv (the pinhole Jacobian row, clamped as persp_proj clamps
+it, times the camera rotation) and R orthonormal, the projected variance is |w R S|^2 <=
+|w|^2 max(scales)^2, so radius <= extent * sqrt(|w|^2 max(s)^2 + 0.3), extent the opacity-aware
+one of the uncompensated opacity (compensation <= 1). The bound is widened by 0.1% and one pixel
+(the ceil, rounding). Outputs equal those of the unculled computation.
+
+Numerics: the 2D determinant is |a0 x a1|^2 (A = J Rv R S, cov2d = A A^T; Lagrange's identity)
+instead of gsplat's c00 c11 - c01^2, which cancels for thin Gaussians: with ``antialiased``,
+gsplat's compensations of needle-like Gaussians (2D condition number ~1e5) can be off by ~10%, and
+their opacity-aware radii by tens of pixels; here they match the reference evaluated in float64.
+
+Gradient semantics: gsplat's backward (radii, culling and the extent are constants; the
+Jacobian clamp's gradient as persp_proj_vjp), which autograd through the reference reproduces.
+One difference in what is read: the gradient arriving at a culled (camera, Gaussian) record is
+ignored for every output, the opacities included, so a Gaussian no camera sees gets exact zero
+gradients. Autograd through the reference would pass a culled record's opacity gradient to the
+logit (render.project_and_shade expands the opacities unmasked); in a training step that
+gradient is zero (a culled record is in no tile), so the step is unchanged. Not supported (raise;
+the caller takes the gsplat / reference path): camera models other than pinhole, gradients for
+viewmats / Ks / campos (``--pose_opt``), SH degree 4, more than :data:`MAX_CAMERAS` cameras,
+float64. Culled records hold radii 0, means2d / depths / conics 0, colour 0.5 (masked SH 0, +0.5)
+and opacity sigmoid(logit) (antialiased: 0), the reference's values.
+
+Memory traffic: :func:`traffic`. Triton decides compiled-vs-interpreted when a kernel is defined:
+set ``TRITON_INTERPRET=1`` before importing this module to run it on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import torch
+from torch import Tensor
+
+from .reference import ALPHA_THRESHOLD, EXTENT_SIGMAS
+
+try:  # the CPU-only torch wheel may ship without Triton
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the environment
+    triton = None
+
+BLOCK = 128  # Gaussians per program: one per lane of 4 warps
+NUM_WARPS = 4
+EPS2D = 0.3  # px^2 low-pass blur (gsplat's eps2d default, as render._project uses)
+MAX_CAMERAS = 32  # bits of the int32 visibility mask
+MAX_SH_DEGREE = 3
+CULL_SLACK = 1e-3  # relative widening of the conservative radius bound (plus one pixel)
+PARAM_KEYS = ("means", "quats", "scales", "opacities", "sh0", "shN")
+OUTPUT_KEYS = ("radii", "means2d", "depths", "conics", "opacities", "colors")
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def available() -> bool:
+    """Whether Triton imported (the kernels still need a CUDA/ROCm tensor or the interpreter)."""
+    return triton is not None
+
+
+# ------------------------------------------------------------------------------------------------
+# Bytes model
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes the kernels must move between DRAM and the chip (float32, each byte once)."""
+
+    forward_read: int
+    forward_write: int
+    backward_read: int
+    backward_write: int
+
+    @property
+    def forward(self) -> int:
+        return self.forward_read + self.forward_write
+
+    @property
+    def backward(self) -> int:
+        return self.backward_read + self.backward_write
+
+
+def traffic(
+    n: int,
+    cameras: int,
+    num_bases: int,
+    sh_degree: Optional[int] = None,
+    visible: Optional[int] = None,
+    visible_records: Optional[int] = None,
+    depth_grad: bool = False,
+) -> Traffic:
+    """The bytes model of one forward and one backward over ``n`` Gaussians, ``cameras`` cameras,
+    ``num_bases`` = K stored SH bases (shN holds K - 1), degree ``sh_degree`` in use (default the
+    full one); ``visible``: Gaussians some camera sees (default all), ``visible_records``: visible
+    (camera, Gaussian) pairs (default visible x cameras); ``depth_grad``: the depths receive a
+    gradient (rendered depth).
+
+    Forward: reads means, log-scales, logit opacity (28 B) of every Gaussian, the quaternion (16 B)
+    and the (sh_degree + 1)^2 coefficients in use (12 B each) of the visible ones (the frustum test
+    is conservative: a few more pass it); writes a 48-byte record per camera (radii 8, means2d 8,
+    depth 4, conic 12, opacity 4, colour 12) and the 4-byte visibility mask. Backward: reads the
+    mask, the parameters of the visible Gaussians (44 B + coefficients) and the gradients of their
+    visible records (means2d, conic, opacity, colour: 36 B, + 4 with depth_grad); writes the
+    gradient of every parameter (44 + 12 K bytes per Gaussian). The cameras' few bytes are left out.
+    SH degree 3, K = 16, all visible, C = 1: forward 288 B, backward 512 B per Gaussian.
+    """
+    degree = _degree_of(num_bases) if sh_degree is None else sh_degree
+    used = (degree + 1) ** 2
+    if used > num_bases or n < 0 or cameras < 1:
+        raise ValueError(f"traffic: n={n}, cameras={cameras}, K={num_bases}, sh_degree={degree} are inconsistent")
+    visible = n if visible is None else visible
+    visible_records = visible * cameras if visible_records is None else visible_records
+    geometry = 4 * (3 + 3 + 1)  # means, log-scales, logit opacity
+    return Traffic(
+        forward_read=n * geometry + visible * (16 + 12 * used),
+        forward_write=n * (48 * cameras + 4),
+        backward_read=n * 4 + visible * (geometry + 16 + 12 * used) + visible_records * (40 if depth_grad else 36),
+        backward_write=n * (geometry + 16 + 12 * num_bases),
+    )
+
+
+def _degree_of(num_bases: int) -> int:
+    degree = int(round(num_bases**0.5)) - 1
+    if (degree + 1) ** 2 != num_bases:
+        raise ValueError(f"K={num_bases} SH bases is not a square (degree + 1)^2")
+    return degree
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernels
+# ------------------------------------------------------------------------------------------------
+
+if triton is not None:
+    # real SH constants: Sloan 2013 with gsplat's signs (reference._sh_bases)
+    SH_C0 = tl.constexpr(0.2820947917738781)
+    SH_C1 = tl.constexpr(0.48860251190292)
+    SH_C2A = tl.constexpr(0.5462742152960395)
+    SH_C2B = tl.constexpr(1.092548430592079)
+    SH_C2C = tl.constexpr(0.9461746957575601)
+    SH_C2D = tl.constexpr(0.3153915652525201)
+    SH_C3A = tl.constexpr(0.5900435899266435)
+    SH_C3B = tl.constexpr(1.445305721320277)
+    SH_C3C = tl.constexpr(2.285228997322329)
+    SH_C3D = tl.constexpr(0.4570457994644658)
+    SH_C3E = tl.constexpr(1.865881662950577)
+    SH_C3F = tl.constexpr(1.119528997770346)
+    THRESHOLD = tl.constexpr(ALPHA_THRESHOLD)
+    EXTENT = tl.constexpr(EXTENT_SIGMAS)
+
+    @triton.jit
+    def _camera(vm_ptr, ks_ptr, cam):
+        """Camera ``cam``: rotation rows and translation of the [4, 4] world-to-camera matrix,
+        then fx, cx, fy, cy of the [3, 3] intrinsics."""
+        v = vm_ptr + cam * 16
+        k = ks_ptr + cam * 9
+        return (
+            tl.load(v), tl.load(v + 1), tl.load(v + 2), tl.load(v + 3),
+            tl.load(v + 4), tl.load(v + 5), tl.load(v + 6), tl.load(v + 7),
+            tl.load(v + 8), tl.load(v + 9), tl.load(v + 10), tl.load(v + 11),
+            tl.load(k), tl.load(k + 2), tl.load(k + 4), tl.load(k + 5),
+        )  # fmt: skip
+
+    @triton.jit
+    def _fov_clamp(xc, yc, rz, fx, cx, fy, cy, W, H):
+        """persp_proj's clamp of x/z and y/z to 1.3x the field of view: the clamped values and
+        whether each was inside (where the clamp passes a gradient)."""
+        lxp = (W - cx) / fx + 0.3 * (0.5 * W / fx)
+        lxn = cx / fx + 0.3 * (0.5 * W / fx)
+        lyp = (H - cy) / fy + 0.3 * (0.5 * H / fy)
+        lyn = cy / fy + 0.3 * (0.5 * H / fy)
+        u = xc * rz
+        v = yc * rz
+        xin = (u >= -lxn) & (u <= lxp)
+        yin = (v >= -lyn) & (v <= lyp)
+        return tl.minimum(tl.maximum(u, -lxn), lxp), tl.minimum(tl.maximum(v, -lyn), lyp), xin, yin
+
+    @triton.jit
+    def _rotation(qw, qx, qy, qz):
+        """Rotation matrix (row-major) of the normalized quaternion, then the normalized
+        quaternion and 1/|q| (reference.quat_to_rotmat)."""
+        inv = 1.0 / tl.sqrt(qw * qw + qx * qx + qy * qy + qz * qz)
+        w = qw * inv
+        x = qx * inv
+        y = qy * inv
+        z = qz * inv
+        return (
+            1.0 - 2.0 * (y * y + z * z), 2.0 * (x * y - w * z), 2.0 * (x * z + w * y),
+            2.0 * (x * y + w * z), 1.0 - 2.0 * (x * x + z * z), 2.0 * (y * z - w * x),
+            2.0 * (x * z - w * y), 2.0 * (y * z + w * x), 1.0 - 2.0 * (x * x + y * y),
+            w, x, y, z, inv,
+        )  # fmt: skip
+
+    @triton.jit
+    def _unit_dir(mx, my, mz, cam_ptr, cam):
+        """The direction from camera ``cam``'s centre to the mean, normalized (clamped as the
+        reference: |d|^2 >= 1e-30), its 1/|d| and whether the clamp was inactive."""
+        dx = mx - tl.load(cam_ptr + cam * 3)
+        dy = my - tl.load(cam_ptr + cam * 3 + 1)
+        dz = mz - tl.load(cam_ptr + cam * 3 + 2)
+        n2 = dx * dx + dy * dy + dz * dz
+        inv = 1.0 / tl.sqrt(tl.maximum(n2, 1e-30))
+        return dx * inv, dy * inv, dz * inv, inv, n2 >= 1e-30
+
+    @triton.jit
+    def _band1(x, y, z):
+        return -SH_C1 * y, SH_C1 * z, -SH_C1 * x
+
+    @triton.jit
+    def _band2(x, y, z):
+        return (
+            SH_C2A * (2.0 * x * y),
+            -SH_C2B * z * y,
+            SH_C2C * z * z - SH_C2D,
+            -SH_C2B * z * x,
+            SH_C2A * (x * x - y * y),
+        )
+
+    @triton.jit
+    def _band3(x, y, z):
+        cos1 = x * x - y * y
+        sin1 = 2.0 * x * y
+        p3 = -SH_C3C * z * z + SH_C3D
+        return (
+            -SH_C3A * (x * sin1 + y * cos1),
+            SH_C3B * z * sin1,
+            p3 * y,
+            z * (SH_C3E * z * z - SH_C3F),
+            p3 * x,
+            SH_C3B * z * cos1,
+            -SH_C3A * (x * cos1 - y * sin1),
+        )
+
+    @triton.jit
+    def _sh_color(x, y, z, k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15, DEG: tl.constexpr):
+        """One colour channel of the SH expansion of degree DEG at unit direction (x, y, z)."""
+        col = SH_C0 * k0
+        if DEG >= 1:
+            b1, b2, b3 = _band1(x, y, z)
+            col += b1 * k1 + b2 * k2 + b3 * k3
+        if DEG >= 2:
+            b4, b5, b6, b7, b8 = _band2(x, y, z)
+            col += b4 * k4 + b5 * k5 + b6 * k6 + b7 * k7 + b8 * k8
+        if DEG >= 3:
+            b9, b10, b11, b12, b13, b14, b15 = _band3(x, y, z)
+            col += b9 * k9 + b10 * k10 + b11 * k11 + b12 * k12 + b13 * k13 + b14 * k14 + b15 * k15
+        return col
+
+    @triton.jit
+    def _sh_dir_grad(x, y, z, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15, DEG: tl.constexpr):
+        """d colour / d (x, y, z) of one channel at unit direction (x, y, z) (DEG >= 1)."""
+        gx = -SH_C1 * k3
+        gy = -SH_C1 * k1
+        gz = SH_C1 * k2
+        if DEG >= 2:
+            gx += SH_C2B * (k4 * y - k7 * z) + 2.0 * SH_C2A * k8 * x
+            gy += SH_C2B * (k4 * x - k5 * z) - 2.0 * SH_C2A * k8 * y
+            gz += -SH_C2B * (k5 * y + k7 * x) + 2.0 * SH_C2C * k6 * z
+        if DEG >= 3:
+            p3 = -SH_C3C * z * z + SH_C3D
+            dp3 = -2.0 * SH_C3C * z
+            d2 = 3.0 * (x * x - y * y)
+            gx += -SH_C3A * (6.0 * x * y * k9 + d2 * k15) + 2.0 * SH_C3B * z * (y * k10 + x * k14) + p3 * k13
+            gy += -SH_C3A * (d2 * k9 - 6.0 * x * y * k15) + 2.0 * SH_C3B * z * (x * k10 - y * k14) + p3 * k11
+            gz += (
+                SH_C3B * (2.0 * x * y * k10 + (x * x - y * y) * k14)
+                + dp3 * (y * k11 + x * k13)
+                + (3.0 * SH_C3E * z * z - SH_C3F) * k12
+            )
+        return gx, gy, gz
+
+    @triton.jit
+    def _load_coeffs(sh0_ptr, shn_ptr, offs, KR, ch, mask, DEG: tl.constexpr):
+        """Channel ``ch`` of the (DEG + 1)^2 coefficients in use; 0 beyond (and where ~mask)."""
+        k0 = tl.load(sh0_ptr + offs * 3 + ch, mask=mask, other=0.0)
+        base = shn_ptr + offs * (KR * 3) + ch
+        zero = tl.zeros_like(k0)
+        k1, k2, k3, k4, k5, k6, k7, k8 = zero, zero, zero, zero, zero, zero, zero, zero
+        k9, k10, k11, k12, k13, k14, k15 = zero, zero, zero, zero, zero, zero, zero
+        if DEG >= 1:
+            k1 = tl.load(base, mask=mask, other=0.0)
+            k2 = tl.load(base + 3, mask=mask, other=0.0)
+            k3 = tl.load(base + 6, mask=mask, other=0.0)
+        if DEG >= 2:
+            k4 = tl.load(base + 9, mask=mask, other=0.0)
+            k5 = tl.load(base + 12, mask=mask, other=0.0)
+            k6 = tl.load(base + 15, mask=mask, other=0.0)
+            k7 = tl.load(base + 18, mask=mask, other=0.0)
+            k8 = tl.load(base + 21, mask=mask, other=0.0)
+        if DEG >= 3:
+            k9 = tl.load(base + 24, mask=mask, other=0.0)
+            k10 = tl.load(base + 27, mask=mask, other=0.0)
+            k11 = tl.load(base + 30, mask=mask, other=0.0)
+            k12 = tl.load(base + 33, mask=mask, other=0.0)
+            k13 = tl.load(base + 36, mask=mask, other=0.0)
+            k14 = tl.load(base + 39, mask=mask, other=0.0)
+            k15 = tl.load(base + 42, mask=mask, other=0.0)
+        return k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15
+
+    @triton.jit
+    def _jacobian(xc, yc, zs, fx, cx, fy, cy, W, H):
+        """Pinhole projection at camera-space (xc, yc, zs): 1/z, the Jacobian's entries J00,
+        J02, J11, J12 (x/z, y/z clamped), tx, ty, the clamps' in-range flags, means2d."""
+        rz = 1.0 / zs
+        uc, vc, xin, yin = _fov_clamp(xc, yc, rz, fx, cx, fy, cy, W, H)
+        tx = zs * uc
+        ty = zs * vc
+        return (
+            rz, fx * rz, -fx * tx * rz * rz, fy * rz, -fy * ty * rz * rz, tx, ty, xin, yin,
+            fx * xc * rz + cx, fy * yc * rz + cy,
+        )  # fmt: skip
+
+    @triton.jit
+    def _sqrt_ieee(x):
+        """Correctly rounded square root (what the CPU reference computes) for float32; any other
+        dtype (float64: the tests' exact-arithmetic runs under the interpreter) as tl.sqrt."""
+        y = tl.sqrt(x)
+        if x.dtype == tl.float32:
+            y = tl.sqrt_rn(x)
+        return y
+
+    @triton.jit
+    def _determinants(a00, a01, a02, a10, a11, a12, e00, e11, eps2d):
+        """det(A A^T) as |a0 x a1|^2 (Lagrange's identity: no cancellation for thin Gaussians, where
+        c00 c11 - c01^2 loses digits) and the determinant after add_blur, det + eps (c00 + c11) + eps^2."""
+        x = a01 * a12 - a02 * a11
+        y = a02 * a10 - a00 * a12
+        z = a00 * a11 - a01 * a10
+        det = x * x + y * y + z * z
+        return det, det + eps2d * (e00 + e11) + eps2d * eps2d
+
+    @triton.jit
+    def _precull(mx, my, mz, smax, op, live, vm_ptr, ks_ptr, C, W, H, near, far, eps2d, SLACK: tl.constexpr):
+        """Bit c set where camera c may see the Gaussian (never clear where the projection gives
+        radii > 0): near/far as the projection tests it, the image bounds with the radius bound
+        of the module docstring."""
+        thr: tl.constexpr = THRESHOLD
+        ext = tl.minimum(tl.sqrt(tl.maximum(2.0 * tl.log(op / thr), 0.0)), EXTENT)
+        ext = tl.where(op >= thr, ext * (1.0 + SLACK), 0.0)
+        s2 = smax * smax
+        pre = tl.zeros(mx.shape, dtype=tl.int32)
+        for cam in range(C):
+            r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, cx, fy, cy = _camera(vm_ptr, ks_ptr, cam)
+            xc = r00 * mx + r01 * my + r02 * mz + t0
+            yc = r10 * mx + r11 * my + r12 * mz + t1
+            zc = r20 * mx + r21 * my + r22 * mz + t2
+            ok = live & (op >= thr) & (zc >= near) & (zc <= far)
+            zs = tl.where(ok, zc, 1.0)
+            rz, j00, j02, j11, j12, tx, ty, xin, yin, m2x, m2y = _jacobian(xc, yc, zs, fx, cx, fy, cy, W, H)
+            w0 = j00 * r00 + j02 * r20
+            w1 = j00 * r01 + j02 * r21
+            w2 = j00 * r02 + j02 * r22
+            v0 = j11 * r10 + j12 * r20
+            v1 = j11 * r11 + j12 * r21
+            v2 = j11 * r12 + j12 * r22
+            rx = ext * tl.sqrt((w0 * w0 + w1 * w1 + w2 * w2) * s2 + eps2d) + 1.0
+            ry = ext * tl.sqrt((v0 * v0 + v1 * v1 + v2 * v2) * s2 + eps2d) + 1.0
+            ok = ok & (m2x + rx > 0) & (m2x - rx < W) & (m2y + ry > 0) & (m2y - ry < H)
+            pre = pre | (ok.to(tl.int32) << cam)
+        return pre
+
+    @triton.jit(do_not_specialize=["N", "KR"])
+    def _forward_kernel(
+        means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
+        radii_ptr, means2d_ptr, depths_ptr, conics_ptr, opac_out_ptr, colors_ptr, bits_ptr,
+        N, C, KR, W, H, near, far, eps2d,
+        DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr, SLACK: tl.constexpr,
+    ):  # fmt: skip
+        thr: tl.constexpr = THRESHOLD
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        live = offs < N
+        mx = tl.load(means_ptr + offs * 3, mask=live, other=0.0)
+        my = tl.load(means_ptr + offs * 3 + 1, mask=live, other=0.0)
+        mz = tl.load(means_ptr + offs * 3 + 2, mask=live, other=0.0)
+        s0 = tl.exp(tl.load(scales_ptr + offs * 3, mask=live, other=0.0))
+        s1 = tl.exp(tl.load(scales_ptr + offs * 3 + 1, mask=live, other=0.0))
+        s2 = tl.exp(tl.load(scales_ptr + offs * 3 + 2, mask=live, other=0.0))
+        op = 1.0 / (1.0 + tl.exp(-tl.load(opac_ptr + offs, mask=live, other=0.0)))
+        pre = _precull(mx, my, mz, tl.maximum(tl.maximum(s0, s1), s2), op, live, vm_ptr, ks_ptr, C, W, H, near, far,
+                       eps2d, SLACK)  # fmt: skip
+        maybe = pre != 0
+        qw = tl.load(quats_ptr + offs * 4, mask=maybe, other=1.0)
+        qx = tl.load(quats_ptr + offs * 4 + 1, mask=maybe, other=0.0)
+        qy = tl.load(quats_ptr + offs * 4 + 2, mask=maybe, other=0.0)
+        qz = tl.load(quats_ptr + offs * 4 + 3, mask=maybe, other=0.0)
+        q00, q01, q02, q10, q11, q12, q20, q21, q22, _w, _x, _y, _z, _inv = _rotation(qw, qx, qy, qz)
+        m00, m01, m02 = q00 * s0, q01 * s1, q02 * s2  # M = R S
+        m10, m11, m12 = q10 * s0, q11 * s1, q12 * s2
+        m20, m21, m22 = q20 * s0, q21 * s1, q22 * s2
+        bits = tl.zeros([BLOCK], dtype=tl.int32)
+        for cam in range(C):
+            r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, cx, fy, cy = _camera(vm_ptr, ks_ptr, cam)
+            xc = r00 * mx + r01 * my + r02 * mz + t0
+            yc = r10 * mx + r11 * my + r12 * mz + t1
+            zc = r20 * mx + r21 * my + r22 * mz + t2
+            valid = (((pre >> cam) & 1) != 0) & (zc >= near) & (zc <= far)
+            zs = tl.where(valid, zc, 1.0)
+            rz, j00, j02, j11, j12, tx, ty, xin, yin, m2x, m2y = _jacobian(xc, yc, zs, fx, cx, fy, cy, W, H)
+            # A = J Rv M: cov2d = A A^T (= J Rv Sigma Rv^T J^T)
+            c0 = r00 * m00 + r01 * m10 + r02 * m20
+            c1 = r00 * m01 + r01 * m11 + r02 * m21
+            c2 = r00 * m02 + r01 * m12 + r02 * m22
+            d0 = r20 * m00 + r21 * m10 + r22 * m20
+            d1 = r20 * m01 + r21 * m11 + r22 * m21
+            d2 = r20 * m02 + r21 * m12 + r22 * m22
+            a00, a01, a02 = j00 * c0 + j02 * d0, j00 * c1 + j02 * d1, j00 * c2 + j02 * d2
+            c0 = r10 * m00 + r11 * m10 + r12 * m20
+            c1 = r10 * m01 + r11 * m11 + r12 * m21
+            c2 = r10 * m02 + r11 * m12 + r12 * m22
+            a10, a11, a12 = j11 * c0 + j12 * d0, j11 * c1 + j12 * d1, j11 * c2 + j12 * d2
+            e00 = a00 * a00 + a01 * a01 + a02 * a02
+            e01 = a00 * a10 + a01 * a11 + a02 * a12
+            e11 = a10 * a10 + a11 * a11 + a12 * a12
+            det_orig, det = _determinants(a00, a01, a02, a10, a11, a12, e00, e11, eps2d)
+            e00 = e00 + eps2d  # add_blur
+            e11 = e11 + eps2d
+            valid = valid & (det > 0)
+            det = tl.where(valid, det, 1.0)
+            opacity = op
+            if AA:
+                comp = tl.sqrt(tl.maximum(det_orig / det, 0.0))
+                opacity = op * comp
+            valid = valid & (opacity >= thr)
+            safe = tl.where(valid, opacity, 1.0)
+            extent = tl.minimum(tl.sqrt(2.0 * tl.log(safe / thr)), EXTENT)
+            rx = tl.ceil(extent * _sqrt_ieee(tl.maximum(e00, 0.0)))
+            ry = tl.ceil(extent * _sqrt_ieee(tl.maximum(e11, 0.0)))
+            valid = valid & ((rx > 0) | (ry > 0))
+            valid = valid & (m2x + rx > 0) & (m2x - rx < W) & (m2y + ry > 0) & (m2y - ry < H)
+            rec = cam * N.to(tl.int64) + offs
+            tl.store(radii_ptr + rec * 2, tl.where(valid, rx, 0.0).to(tl.int32), mask=live)
+            tl.store(radii_ptr + rec * 2 + 1, tl.where(valid, ry, 0.0).to(tl.int32), mask=live)
+            tl.store(means2d_ptr + rec * 2, tl.where(valid, m2x, 0.0), mask=live)
+            tl.store(means2d_ptr + rec * 2 + 1, tl.where(valid, m2y, 0.0), mask=live)
+            tl.store(depths_ptr + rec, tl.where(valid, zc, 0.0), mask=live)
+            tl.store(conics_ptr + rec * 3, tl.where(valid, e11 / det, 0.0), mask=live)
+            tl.store(conics_ptr + rec * 3 + 1, tl.where(valid, -e01 / det, 0.0), mask=live)
+            tl.store(conics_ptr + rec * 3 + 2, tl.where(valid, e00 / det, 0.0), mask=live)
+            if AA:
+                tl.store(opac_out_ptr + rec, tl.where(valid, opacity, 0.0), mask=live)
+            else:
+                tl.store(opac_out_ptr + rec, op, mask=live)
+            bits = bits | (valid.to(tl.int32) << cam)
+        tl.store(bits_ptr + offs, bits, mask=live)
+        seen = bits != 0
+        for ch in tl.static_range(3):
+            k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15 = _load_coeffs(
+                sh0_ptr, shn_ptr, offs, KR, ch, seen, DEG
+            )
+            for cam in range(C):
+                x, y, z = mx, my, mz
+                if DEG >= 1:
+                    x, y, z, _inv, _full = _unit_dir(mx, my, mz, campos_ptr, cam)
+                col = _sh_color(x, y, z, k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15, DEG)
+                col = tl.where(((bits >> cam) & 1) != 0, col, 0.0) + 0.5
+                tl.store(colors_ptr + (cam * N.to(tl.int64) + offs) * 3 + ch, tl.maximum(col, 0.0), mask=live)
+
+    @triton.jit
+    def _sh_backward(
+        mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr, v_sh0_ptr, v_shn_ptr,
+        N, C, KR, ch, DEG: tl.constexpr,
+    ):  # fmt: skip
+        """Colour channel ``ch``: writes the gradients of its coefficients; returns the gradient
+        of the mean through the view directions, summed over the cameras."""
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15 = _load_coeffs(
+            sh0_ptr, shn_ptr, offs, KR, ch, act, DEG
+        )
+        zero = tl.zeros_like(mx)
+        a0, a1, a2, a3, a4, a5, a6, a7 = zero, zero, zero, zero, zero, zero, zero, zero
+        a8, a9, a10, a11, a12, a13, a14, a15 = zero, zero, zero, zero, zero, zero, zero, zero
+        vx, vy, vz = zero, zero, zero
+        for cam in range(C):
+            vis = act & (((bits >> cam) & 1) != 0)
+            g = tl.load(v_colors_ptr + (cam * N.to(tl.int64) + offs) * 3 + ch, mask=vis, other=0.0)
+            x, y, z, inv, full = mx, my, mz, zero, vis
+            if DEG >= 1:
+                x, y, z, inv, full = _unit_dir(mx, my, mz, campos_ptr, cam)
+            col = _sh_color(x, y, z, k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15, DEG)
+            g = tl.where(vis & (col + 0.5 >= 0.0), g, 0.0)  # clamp_min(colour + 0.5, 0)'s gradient
+            a0 += SH_C0 * g
+            if DEG >= 1:
+                b1, b2, b3 = _band1(x, y, z)
+                a1 += b1 * g
+                a2 += b2 * g
+                a3 += b3 * g
+            if DEG >= 2:
+                b4, b5, b6, b7, b8 = _band2(x, y, z)
+                a4 += b4 * g
+                a5 += b5 * g
+                a6 += b6 * g
+                a7 += b7 * g
+                a8 += b8 * g
+            if DEG >= 3:
+                b9, b10, b11, b12, b13, b14, b15 = _band3(x, y, z)
+                a9 += b9 * g
+                a10 += b10 * g
+                a11 += b11 * g
+                a12 += b12 * g
+                a13 += b13 * g
+                a14 += b14 * g
+                a15 += b15 * g
+            if DEG >= 1:  # through the normalization of d = mean - campos
+                gx, gy, gz = _sh_dir_grad(x, y, z, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15,
+                                          DEG)  # fmt: skip
+                gx, gy, gz = gx * g, gy * g, gz * g
+                dot = tl.where(full, gx * x + gy * y + gz * z, 0.0)
+                vx += (gx - dot * x) * inv
+                vy += (gy - dot * y) * inv
+                vz += (gz - dot * z) * inv
+        live = offs < N
+        kr = tl.zeros_like(offs) + KR  # shN rows per Gaussian, as a tensor for the masks
+        tl.store(v_sh0_ptr + offs * 3 + ch, a0, mask=live)
+        base = v_shn_ptr + offs * (KR * 3) + ch
+        tl.store(base, a1, mask=live & (kr > 0))
+        tl.store(base + 3, a2, mask=live & (kr > 1))
+        tl.store(base + 6, a3, mask=live & (kr > 2))
+        tl.store(base + 9, a4, mask=live & (kr > 3))
+        tl.store(base + 12, a5, mask=live & (kr > 4))
+        tl.store(base + 15, a6, mask=live & (kr > 5))
+        tl.store(base + 18, a7, mask=live & (kr > 6))
+        tl.store(base + 21, a8, mask=live & (kr > 7))
+        tl.store(base + 24, a9, mask=live & (kr > 8))
+        tl.store(base + 27, a10, mask=live & (kr > 9))
+        tl.store(base + 30, a11, mask=live & (kr > 10))
+        tl.store(base + 33, a12, mask=live & (kr > 11))
+        tl.store(base + 36, a13, mask=live & (kr > 12))
+        tl.store(base + 39, a14, mask=live & (kr > 13))
+        tl.store(base + 42, a15, mask=live & (kr > 14))
+        for j in range(15, KR):  # stored bases beyond degree 3 (K = 25)
+            tl.store(base + j * 3, zero, mask=live)
+        return vx, vy, vz
+
+    @triton.jit(do_not_specialize=["N", "KR"])
+    def _backward_kernel(
+        means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr, bits_ptr,
+        v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
+        v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
+        N, C, KR, W, H, eps2d,
+        DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr,
+        HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
+        HAS_COLORS: tl.constexpr,
+    ):  # fmt: skip
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        live = offs < N
+        bits = tl.load(bits_ptr + offs, mask=live, other=0)
+        act = live & (bits != 0)
+        mx = tl.load(means_ptr + offs * 3, mask=act, other=0.0)
+        my = tl.load(means_ptr + offs * 3 + 1, mask=act, other=0.0)
+        mz = tl.load(means_ptr + offs * 3 + 2, mask=act, other=0.0)
+        s0 = tl.exp(tl.load(scales_ptr + offs * 3, mask=act, other=0.0))
+        s1 = tl.exp(tl.load(scales_ptr + offs * 3 + 1, mask=act, other=0.0))
+        s2 = tl.exp(tl.load(scales_ptr + offs * 3 + 2, mask=act, other=0.0))
+        op = 1.0 / (1.0 + tl.exp(-tl.load(opac_ptr + offs, mask=act, other=0.0)))
+        qw = tl.load(quats_ptr + offs * 4, mask=act, other=1.0)
+        qx = tl.load(quats_ptr + offs * 4 + 1, mask=act, other=0.0)
+        qy = tl.load(quats_ptr + offs * 4 + 2, mask=act, other=0.0)
+        qz = tl.load(quats_ptr + offs * 4 + 3, mask=act, other=0.0)
+        q00, q01, q02, q10, q11, q12, q20, q21, q22, w, x, y, z, inv = _rotation(qw, qx, qy, qz)
+        m00, m01, m02 = q00 * s0, q01 * s1, q02 * s2
+        m10, m11, m12 = q10 * s0, q11 * s1, q12 * s2
+        m20, m21, m22 = q20 * s0, q21 * s1, q22 * s2
+        zero = tl.zeros_like(mx)
+        vmx, vmy, vmz, vsig = zero, zero, zero, zero
+        g00, g01, g02, g10, g11, g12, g20, g21, g22 = zero, zero, zero, zero, zero, zero, zero, zero, zero  # dL/dM
+        for cam in range(C):
+            vis = act & (((bits >> cam) & 1) != 0)
+            r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, cx, fy, cy = _camera(vm_ptr, ks_ptr, cam)
+            xc = r00 * mx + r01 * my + r02 * mz + t0
+            yc = r10 * mx + r11 * my + r12 * mz + t1
+            zc = r20 * mx + r21 * my + r22 * mz + t2
+            zs = tl.where(vis, zc, 1.0)
+            rz, j00, j02, j11, j12, tx, ty, xin, yin, m2x, m2y = _jacobian(xc, yc, zs, fx, cx, fy, cy, W, H)
+            b00 = r00 * m00 + r01 * m10 + r02 * m20  # B = Rv M
+            b01 = r00 * m01 + r01 * m11 + r02 * m21
+            b02 = r00 * m02 + r01 * m12 + r02 * m22
+            b10 = r10 * m00 + r11 * m10 + r12 * m20
+            b11 = r10 * m01 + r11 * m11 + r12 * m21
+            b12 = r10 * m02 + r11 * m12 + r12 * m22
+            b20 = r20 * m00 + r21 * m10 + r22 * m20
+            b21 = r20 * m01 + r21 * m11 + r22 * m21
+            b22 = r20 * m02 + r21 * m12 + r22 * m22
+            a00, a01, a02 = j00 * b00 + j02 * b20, j00 * b01 + j02 * b21, j00 * b02 + j02 * b22  # A = J B
+            a10, a11, a12 = j11 * b10 + j12 * b20, j11 * b11 + j12 * b21, j11 * b12 + j12 * b22
+            e00 = a00 * a00 + a01 * a01 + a02 * a02
+            e01 = a00 * a10 + a01 * a11 + a02 * a12
+            e11 = a10 * a10 + a11 * a11 + a12 * a12
+            f00 = e00 + eps2d
+            f11 = e11 + eps2d
+            det_orig, det = _determinants(a00, a01, a02, a10, a11, a12, e00, e11, eps2d)
+            det = tl.where(vis, det, 1.0)
+            ca = f11 / det
+            cb = -e01 / det
+            cc = f00 / det
+            rec = cam * N.to(tl.int64) + offs
+            gx, gy, gd, ga, gb, gc, go = zero, zero, zero, zero, zero, zero, zero
+            if HAS_MEANS2D:
+                gx = tl.load(v_means2d_ptr + rec * 2, mask=vis, other=0.0)
+                gy = tl.load(v_means2d_ptr + rec * 2 + 1, mask=vis, other=0.0)
+            if HAS_DEPTHS:
+                gd = tl.load(v_depths_ptr + rec, mask=vis, other=0.0)
+            if HAS_CONICS:
+                ga = tl.load(v_conics_ptr + rec * 3, mask=vis, other=0.0)
+                gb = tl.load(v_conics_ptr + rec * 3 + 1, mask=vis, other=0.0)
+                gc = tl.load(v_conics_ptr + rec * 3 + 2, mask=vis, other=0.0)
+            if HAS_OPAC:
+                go = tl.load(v_opac_ptr + rec, mask=vis, other=0.0)
+            # conic = inverse(cov2d): dL/dcov2d = -P V P (inverse_vjp), V the symmetric conic gradient
+            hb = 0.5 * gb
+            p00 = ca * ga + cb * hb
+            p01 = ca * hb + cb * gc
+            p10 = cb * ga + cc * hb
+            p11 = cb * hb + cc * gc
+            h00 = -(p00 * ca + p01 * cb)
+            h01 = -(p00 * cb + p01 * cc)
+            h11 = -(p10 * cb + p11 * cc)
+            if AA:  # opacity x compensation, compensation = sqrt(max(0, det_orig / det))
+                ratio_raw = det_orig / det
+                ratio = tl.maximum(ratio_raw, 0.0)
+                comp = tl.sqrt(ratio)
+                vsig += go * comp
+                dr = tl.where(ratio_raw >= 0.0, go * op * 0.5 / (comp + 1e-6), 0.0) / det
+                h00 += dr * (e11 - ratio * f11)
+                h11 += dr * (e00 - ratio * f00)
+                h01 -= dr * e01 * (1.0 - ratio)
+            else:
+                vsig += go
+            # cov2d = A A^T
+            u00, u01, u02 = 2.0 * (h00 * a00 + h01 * a10), 2.0 * (h00 * a01 + h01 * a11), 2.0 * (h00 * a02 + h01 * a12)
+            u10, u11, u12 = 2.0 * (h01 * a00 + h11 * a10), 2.0 * (h01 * a01 + h11 * a11), 2.0 * (h01 * a02 + h11 * a12)
+            vj00 = u00 * b00 + u01 * b01 + u02 * b02
+            vj02 = u00 * b20 + u01 * b21 + u02 * b22
+            vj11 = u10 * b10 + u11 * b11 + u12 * b12
+            vj12 = u10 * b20 + u11 * b21 + u12 * b22
+            # persp_proj_vjp: J and means2d -> camera-space mean
+            rz2 = rz * rz
+            rz3 = rz2 * rz
+            vxc = gx * fx * rz + tl.where(xin, -fx * rz2 * vj02, 0.0)
+            vyc = gy * fy * rz + tl.where(yin, -fy * rz2 * vj12, 0.0)
+            vzc = (
+                gd
+                - (fx * xc * gx + fy * yc * gy) * rz2
+                - fx * rz2 * vj00
+                - fy * rz2 * vj11
+                + fx * tx * rz3 * vj02 * tl.where(xin, 2.0, 1.0)
+                + fy * ty * rz3 * vj12 * tl.where(yin, 2.0, 1.0)
+            )
+            vmx += r00 * vxc + r10 * vyc + r20 * vzc
+            vmy += r01 * vxc + r11 * vyc + r21 * vzc
+            vmz += r02 * vxc + r12 * vyc + r22 * vzc
+            # B = Rv M, rows of dL/dB: (u0 J00), (u1 J11), (u0 J02 + u1 J12)
+            w0, w1, w2 = u00 * j00, u01 * j00, u02 * j00
+            y0, y1, y2 = u10 * j11, u11 * j11, u12 * j11
+            z0, z1, z2 = u00 * j02 + u10 * j12, u01 * j02 + u11 * j12, u02 * j02 + u12 * j12
+            g00 += r00 * w0 + r10 * y0 + r20 * z0
+            g01 += r00 * w1 + r10 * y1 + r20 * z1
+            g02 += r00 * w2 + r10 * y2 + r20 * z2
+            g10 += r01 * w0 + r11 * y0 + r21 * z0
+            g11 += r01 * w1 + r11 * y1 + r21 * z1
+            g12 += r01 * w2 + r11 * y2 + r21 * z2
+            g20 += r02 * w0 + r12 * y0 + r22 * z0
+            g21 += r02 * w1 + r12 * y1 + r22 * z1
+            g22 += r02 * w2 + r12 * y2 + r22 * z2
+        # M = R S: dL/dS_j = sum_i dL/dM_ij R_ij, dL/dR_ij = dL/dM_ij S_j; log-scales through exp
+        q00, q01, q02, q10, q11, q12, q20, q21, q22, w, x, y, z, inv = _rotation(qw, qx, qy, qz)  # fewer live values
+        vs0 = (g00 * q00 + g10 * q10 + g20 * q20) * s0
+        vs1 = (g01 * q01 + g11 * q11 + g21 * q21) * s1
+        vs2 = (g02 * q02 + g12 * q12 + g22 * q22) * s2
+        e00, e01, e02 = g00 * s0, g01 * s1, g02 * s2  # dL/dR
+        e10, e11, e12 = g10 * s0, g11 * s1, g12 * s2
+        e20, e21, e22 = g20 * s0, g21 * s1, g22 * s2
+        vw = 2.0 * (z * (e10 - e01) + y * (e02 - e20) + x * (e21 - e12))
+        vx = 2.0 * (y * (e01 + e10) + z * (e02 + e20) + w * (e21 - e12) - 2.0 * x * (e11 + e22))
+        vy = 2.0 * (x * (e01 + e10) + z * (e12 + e21) + w * (e02 - e20) - 2.0 * y * (e00 + e22))
+        vz = 2.0 * (x * (e02 + e20) + y * (e12 + e21) + w * (e10 - e01) - 2.0 * z * (e00 + e11))
+        dot = vw * w + vx * x + vy * y + vz * z  # through the normalization of the quaternion
+        tl.store(v_quats_ptr + offs * 4, tl.where(act, (vw - dot * w) * inv, 0.0), mask=live)
+        tl.store(v_quats_ptr + offs * 4 + 1, tl.where(act, (vx - dot * x) * inv, 0.0), mask=live)
+        tl.store(v_quats_ptr + offs * 4 + 2, tl.where(act, (vy - dot * y) * inv, 0.0), mask=live)
+        tl.store(v_quats_ptr + offs * 4 + 3, tl.where(act, (vz - dot * z) * inv, 0.0), mask=live)
+        tl.store(v_scales_ptr + offs * 3, tl.where(act, vs0, 0.0), mask=live)
+        tl.store(v_scales_ptr + offs * 3 + 1, tl.where(act, vs1, 0.0), mask=live)
+        tl.store(v_scales_ptr + offs * 3 + 2, tl.where(act, vs2, 0.0), mask=live)
+        tl.store(v_logits_ptr + offs, tl.where(act, vsig * op * (1.0 - op), 0.0), mask=live)
+        # the SH after the rest: the geometry's values are no longer live
+        for ch in tl.static_range(3):
+            if HAS_COLORS:
+                dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr,
+                                          v_sh0_ptr, v_shn_ptr, N, C, KR, ch, DEG)  # fmt: skip
+                vmx += dx
+                vmy += dy
+                vmz += dz
+            else:
+                tl.store(v_sh0_ptr + offs * 3 + ch, zero, mask=live)
+                for j in range(0, KR):
+                    tl.store(v_shn_ptr + offs * (KR * 3) + j * 3 + ch, zero, mask=live)
+        tl.store(v_means_ptr + offs * 3, tl.where(act, vmx, 0.0), mask=live)
+        tl.store(v_means_ptr + offs * 3 + 1, tl.where(act, vmy, 0.0), mask=live)
+        tl.store(v_means_ptr + offs * 3 + 2, tl.where(act, vmz, 0.0), mask=live)
+
+
+def kernel_specs() -> dict:
+    """This module's kernels at the configuration :func:`project_and_shade_fused` launches for
+    SH degree 3 (the format of kernels/registry.py)."""
+    fwd_ints = {"radii_ptr": "*i32", "bits_ptr": "*i32"}
+    floats = {n: "fp32" for n in ("near", "far", "eps2d")}
+    bwd_flags = dict(HAS_MEANS2D=True, HAS_DEPTHS=False, HAS_CONICS=True, HAS_OPAC=True, HAS_COLORS=True)
+    fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK)
+    bwd = dict(DEG=3, BLOCK=BLOCK, **bwd_flags)
+    return {
+        "projection_forward": (_forward_kernel, dict(fwd, AA=False), fwd_ints, floats, NUM_WARPS),
+        "projection_forward_aa": (_forward_kernel, dict(fwd, AA=True), fwd_ints, floats, NUM_WARPS),
+        "projection_backward": (_backward_kernel, dict(bwd, AA=False), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
+        "projection_backward_aa": (_backward_kernel, dict(bwd, AA=True), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Host side
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a pass fixes besides the tensors: image size (pixels), SH degree, near/far planes
+    (scene units), antialiased compensation."""
+
+    width: int
+    height: int
+    sh_degree: int
+    near: float
+    far: float
+    antialiased: bool
+
+
+def unsupported(
+    params: Mapping[str, Tensor], viewmats: Tensor, Ks: Tensor, campos: Tensor, sh_degree: int, camera_model: str
+) -> Optional[str]:
+    """Why :func:`project_and_shade_fused` cannot run this pass (None when it can): the caller
+    then takes the activated + render.project_and_shade path."""
+    if triton is None:
+        return "Triton is not installed"
+    if camera_model != "pinhole":
+        return f"camera_model {camera_model!r}: the fused projection is pinhole only"
+    if any(t.requires_grad for t in (viewmats, Ks, campos)):
+        return "viewmats / Ks / campos require a gradient (--pose_opt): the fused backward has none for cameras"
+    if not 0 <= sh_degree <= MAX_SH_DEGREE:
+        return f"sh_degree {sh_degree}: the fused projection evaluates degrees 0..{MAX_SH_DEGREE}"
+    C = viewmats.shape[0]
+    if not 1 <= C <= MAX_CAMERAS:
+        return f"{C} cameras: the fused projection takes 1..{MAX_CAMERAS}"
+    tensors = [params[k] for k in PARAM_KEYS] + [viewmats, Ks, campos]
+    if any(t.dtype != torch.float32 for t in tensors):
+        return "the fused projection is float32 only"
+    device = params["means"].device
+    if device.type != "cuda" and not _INTERPRETED:
+        return f"tensors on {device}: the fused projection needs a CUDA/ROCm device (or TRITON_INTERPRET=1)"
+    return None
+
+
+def _check(params: Mapping[str, Tensor], viewmats: Tensor, Ks: Tensor, campos: Tensor, sh_degree: int) -> None:
+    N = params["means"].shape[0]
+    K = params["sh0"].shape[1] + params["shN"].shape[1] if params["shN"].dim() == 3 else -1
+    shapes = dict(means=(N, 3), quats=(N, 4), scales=(N, 3), opacities=(N,), sh0=(N, 1, 3), shN=(N, K - 1, 3))
+    for k, shape in shapes.items():
+        if tuple(params[k].shape) != shape:
+            raise ValueError(f"project_and_shade_fused: {k} must be {shape}, got {tuple(params[k].shape)}")
+    C = viewmats.shape[0]
+    for name, t, shape in (("viewmats", viewmats, (C, 4, 4)), ("Ks", Ks, (C, 3, 3)), ("campos", campos, (C, 3))):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"project_and_shade_fused: {name} must be {shape}, got {tuple(t.shape)}")
+    if (sh_degree + 1) ** 2 > K:
+        raise ValueError(f"project_and_shade_fused: SH degree {sh_degree} needs {(sh_degree + 1) ** 2} bases, K={K}")
+
+
+def forward_into(params: Mapping[str, Tensor], viewmats, Ks, campos, setup: Setup, out: dict) -> None:
+    """Launch the forward kernel, writing every element of ``out`` (:data:`OUTPUT_KEYS` as
+    :func:`project_and_shade_fused` returns them, and "bits", int32 [N]). Contiguous float32
+    tensors on one device."""
+    means = params["means"]
+    N, C = means.shape[0], viewmats.shape[0]
+    if N == 0:
+        return
+    _forward_kernel[(triton.cdiv(N, BLOCK),)](
+        *(params[k] for k in PARAM_KEYS), viewmats, Ks, campos,
+        *(out[k] for k in OUTPUT_KEYS), out["bits"],
+        N, C, params["shN"].shape[1], setup.width, setup.height, float(setup.near), float(setup.far), EPS2D,
+        DEG=setup.sh_degree, AA=setup.antialiased, BLOCK=BLOCK, SLACK=CULL_SLACK, num_warps=NUM_WARPS,
+    )  # fmt: skip
+
+
+def backward_into(params, viewmats, Ks, campos, bits: Tensor, setup: Setup, grads: dict, out: dict) -> None:
+    """Launch the backward kernel: ``grads`` maps the differentiable outputs of
+    :data:`OUTPUT_KEYS` to their contiguous gradients (missing or None: zero); every element of
+    ``out`` (the raw parameters' gradients, keys :data:`PARAM_KEYS`) is written."""
+    means = params["means"]
+    N, C = means.shape[0], viewmats.shape[0]
+    if N == 0:
+        return
+    names = ("means2d", "depths", "conics", "opacities", "colors")
+    given = [grads.get(k) for k in names]
+    _backward_kernel[(triton.cdiv(N, BLOCK),)](
+        *(params[k] for k in PARAM_KEYS), viewmats, Ks, campos, bits,
+        *(g if g is not None else means for g in given),
+        *(out[k] for k in PARAM_KEYS),
+        N, C, params["shN"].shape[1], setup.width, setup.height, EPS2D,
+        DEG=setup.sh_degree, AA=setup.antialiased, BLOCK=BLOCK,
+        HAS_MEANS2D=given[0] is not None, HAS_DEPTHS=given[1] is not None, HAS_CONICS=given[2] is not None,
+        HAS_OPAC=given[3] is not None, HAS_COLORS=given[4] is not None, num_warps=NUM_WARPS,
+    )  # fmt: skip
+
+
+def empty_outputs(N: int, C: int, device) -> dict:
+    """Uninitialized forward outputs (and "bits") for :func:`forward_into`."""
+    f = dict(dtype=torch.float32, device=device)
+    return dict(
+        radii=torch.empty(C, N, 2, dtype=torch.int32, device=device),
+        means2d=torch.empty(C, N, 2, **f),
+        depths=torch.empty(C, N, **f),
+        conics=torch.empty(C, N, 3, **f),
+        opacities=torch.empty(C, N, **f),
+        colors=torch.empty(C, N, 3, **f),
+        bits=torch.empty(N, dtype=torch.int32, device=device),
+    )
+
+
+class _ProjectShade(torch.autograd.Function):
+    """Forward and backward kernels as one autograd node; saves the raw parameters (no copy),
+    the cameras and the visibility mask."""
+
+    @staticmethod
+    def forward(ctx, setup: Setup, means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos):
+        params = dict(means=means, quats=quats, scales=scales, opacities=opacities, sh0=sh0, shN=shN)
+        out = empty_outputs(means.shape[0], viewmats.shape[0], means.device)
+        forward_into(params, viewmats, Ks, campos, setup, out)
+        ctx.setup = setup
+        ctx.save_for_backward(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos, out["bits"])
+        ctx.mark_non_differentiable(out["radii"])
+        ctx.set_materialize_grads(False)
+        return tuple(out[k] for k in OUTPUT_KEYS)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, _radii, *grads):
+        *tensors, viewmats, Ks, campos, bits = ctx.saved_tensors
+        params = dict(zip(PARAM_KEYS, tensors))
+        given = {k: None if g is None else g.contiguous() for k, g in zip(OUTPUT_KEYS[1:], grads)}
+        out = {k: torch.empty_like(params[k]) for k in PARAM_KEYS}
+        backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out)
+        wanted = ctx.needs_input_grad[1:7]
+        return (None, *(out[k] if w else None for k, w in zip(PARAM_KEYS, wanted)), None, None, None)
+
+
+def project_and_shade_fused(
+    params: Mapping[str, Tensor],
+    viewmats: Tensor,
+    Ks: Tensor,
+    campos: Tensor,
+    width: int,
+    height: int,
+    sh_degree: int,
+    near: float,
+    far: float,
+    camera_model: str = "pinhole",
+    antialiased: bool = False,
+) -> dict[str, Tensor]:
+    """``render.project_and_shade(ops, model.activated(params), viewmats, Ks, campos,
+    [(width, height)] * C, sh_degree, near, far, packed=False, camera_model, antialiased)`` in one
+    forward launch and one backward launch (module docstring).
+
+    params: the shard's raw parameters (:data:`PARAM_KEYS`): means [N, 3] (scene units), quats
+    [N, 4] (unnormalized, w first), scales [N, 3] (log), opacities [N] (logit), sh0 [N, 1, 3],
+    shN [N, K - 1, 3]; viewmats [C, 4, 4] world-to-camera, Ks [C, 3, 3] (pixels), campos [C, 3]
+    camera centres; width, height: the image size of every camera (pixels).
+    Returns {"radii" int32 [C, N, 2], "means2d" [C, N, 2], "depths" [C, N], "conics" [C, N, 3],
+    "opacities" [C, N] (times the compensations when ``antialiased``), "colors" [C, N, 3]},
+    differentiable w.r.t. the six parameters (not the cameras). Static shapes, no host
+    synchronization: capturable in a CUDA graph.
+
+    Raises NotImplementedError for what :func:`unsupported` names (camera models other than
+    pinhole, cameras requiring a gradient, SH degree > 3, ...) and ValueError for shapes that
+    disagree or an SH degree beyond the stored bases.
+    """
+    _check(params, viewmats, Ks, campos, sh_degree)
+    reason = unsupported(params, viewmats, Ks, campos, sh_degree, camera_model)
+    if reason is not None:
+        raise NotImplementedError(f"project_and_shade_fused: {reason}")
+    setup = Setup(int(width), int(height), int(sh_degree), float(near), float(far), bool(antialiased))
+    tensors = [params[k].contiguous() for k in PARAM_KEYS]
+    outs = _ProjectShade.apply(setup, *tensors, viewmats.contiguous(), Ks.contiguous(), campos.contiguous())
+    return dict(zip(OUTPUT_KEYS, outs))
