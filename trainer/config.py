@@ -181,6 +181,8 @@ class Config:
     """Packed exchange and rasterization: only visible (camera, Gaussian) records travel."""
     cuda_graphs: Literal["auto", "on", "off"] = "auto"
     """Replay each step's activation, projection and SH colours, forward and backward, as CUDA graphs, captured again whenever the shard, the SH degree or the image size changes (trainer/step/capture.py). auto: on for a one-process run on an NVIDIA GPU (not yet run with several GPUs or on ROCm, where NCCL's watchdog and HIP's capture rules differ), on: at any world size, off: never. Applies to dense steps whose cameras share one size; elsewhere (CPU, --packed, mixed sizes, --random_tile_shift, --pipeline gsplat-dist) the step runs as without it, and a run whose shapes change too often to repay a capture stops capturing."""
+    projection: Literal["auto", "triton", "gsplat"] = "auto"
+    """The training step's activation, projection and SH colours: triton (kernels/projection.py: one kernel forward reading the raw parameters once and writing the records, one per-Gaussian backward writing the parameters' gradients; pinhole cameras, dense records, no --pose_opt), gsplat (the parameters' activations, gsplat's fully_fused_projection and spherical_harmonics), or auto: triton on a GPU where it applies, else gsplat."""
     backend: Literal["auto", "gsplat", "reference"] = "auto"
     """Projection/rasterization ops: gsplat's CUDA ops, or the plain-PyTorch reference (auto: gsplat on CUDA)."""
     pose_opt: bool = False

@@ -38,6 +38,7 @@ from typing import Callable, Mapping, Optional
 
 import torch
 
+from ...kernels.projection import project_and_shade_fused
 from ..model import activated
 from ..render import project_and_shade
 
@@ -199,16 +200,38 @@ def capture_graphs(fn: Callable, inputs: tuple) -> CapturedGraphs:
     return CapturedGraphs(fn, inputs)
 
 
-def head_function(ops, sizes, sh_degree, near, far, camera_model, antialiased) -> Callable:
+def head_function(ops, sizes, sh_degree, near, far, camera_model, antialiased, projection="gsplat") -> Callable:
     """The captured function: (means, quats, scales, opacities, sh0, shN — raw parameters —,
-    viewmats, Ks, campos) -> the tensors of :data:`OUTPUT_KEYS`, dense [C_all, N, ...]."""
+    viewmats, Ks, campos) -> the tensors of :data:`OUTPUT_KEYS`, dense [C_all, N, ...].
+    ``projection`` (StepPlan.projection): "triton", kernels/projection.py's fused kernels (one
+    image size); "gsplat", model.activated + render.project_and_shade with ``ops``."""
 
     def head(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos):
-        gaussians = activated(dict(means=means, quats=quats, scales=scales, opacities=opacities, sh0=sh0, shN=shN))
-        out = project_and_shade(
-            ops, gaussians, viewmats, Ks, campos, sizes, sh_degree, near, far, False, camera_model, antialiased
-        )
+        raw = dict(means=means, quats=quats, scales=scales, opacities=opacities, sh0=sh0, shN=shN)
+        if projection == "triton":
+            ((width, height),) = set(sizes)
+            out = project_and_shade_fused(
+                raw, viewmats, Ks, campos, width, height, sh_degree, near, far, camera_model, antialiased
+            )
+        else:
+            out = project_and_shade(
+                ops, activated(raw), viewmats, Ks, campos, sizes, sh_degree, near, far, False, camera_model, antialiased
+            )
         return tuple(out[k] for k in OUTPUT_KEYS)
+
+    return head
+
+
+def eager_head(params: Mapping[str, torch.Tensor], near: float, far: float, camera_model: str, antialiased: bool):
+    """render.render's ``head`` for kernels/projection.py's kernels without a capture (steps that
+    run eagerly: several processes, --cuda_graphs off): (viewmats, Ks, campos, sizes, sh_degree)
+    -> {output: tensor}, one image size."""
+
+    def head(viewmats, Ks, campos, sizes, sh_degree):
+        ((width, height),) = set(sizes)
+        return project_and_shade_fused(
+            params, viewmats, Ks, campos, width, height, sh_degree, near, far, camera_model, antialiased
+        )
 
     return head
 
@@ -217,7 +240,7 @@ class GraphedHead:
     """Activation + projection + SH of a dense pass, forward and backward, as CUDA graphs.
 
     ``ops``: the projection backend (gsplat's CUDA ops); ``near``, ``far`` (scene units),
-    ``camera_model``, ``antialiased``: as render.render. ``capture``: what turns the function and
+    ``camera_model``, ``antialiased``: as render.render; ``projection``: as :func:`head_function`. ``capture``: what turns the function and
     its static inputs into a replayable callable (:func:`capture_graphs`; tests substitute a
     counting stand-in). One capture is used at a time; a new key drops this object's reference to
     the old one, which is freed when the last step that replayed it is.
@@ -248,9 +271,10 @@ class GraphedHead:
         antialiased: bool = False,
         capture=None,
         warn: Optional[Callable[[str], None]] = None,
+        projection: str = "gsplat",
     ):
         self.ops, self.near, self.far = ops, near, far
-        self.camera_model, self.antialiased = camera_model, antialiased
+        self.camera_model, self.antialiased, self.projection = camera_model, antialiased, projection
         self.capture = capture or capture_graphs
         self.warn = warn
         self.captures = self.failures = self.calls = 0
@@ -328,7 +352,14 @@ class GraphedHead:
         if key != self._key:
             self._replay = self._eager = None
             fn = head_function(
-                self.ops, list(sizes), sh_degree, self.near, self.far, self.camera_model, self.antialiased
+                self.ops,
+                list(sizes),
+                sh_degree,
+                self.near,
+                self.far,
+                self.camera_model,
+                self.antialiased,
+                self.projection,
             )
             self._key = key
             self._recent = [c for c in self._recent if c > self.calls - self.window]

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from ...kernels.constants import TILE_SIZE
 from ..render import RenderSetup
 from .batch import StepBatch
-from .capture import GraphedHead
+from .capture import GraphedHead, eager_head
 from .eager import EagerStep
 from .graphed import GraphedStep, StepOutputs
 from .plan import StepPlan
@@ -48,8 +48,11 @@ class ForwardBackward:
         self.plan = plan
         self.eager = EagerStep(plan, cfg, setup, loss, aux, depth_targets, scene_scale, tb_wanted)
         self.graphed_head: Optional[GraphedHead] = (
-            GraphedHead(setup.ops, setup.near, setup.far, **setup.options, warn=warn) if plan.graphs != "off" else None
+            GraphedHead(setup.ops, setup.near, setup.far, **setup.options, warn=warn, projection=plan.projection)
+            if plan.graphs != "off"
+            else None
         )
+        self.setup = setup
         self.graphed_step: Optional[GraphedStep] = (
             GraphedStep(self.graphed_head, setup.ops, loss, setup.absgrad, warn=warn, fused=self.eager.fused_loss)
             if self.graphed_head is not None and plan.graphs == "whole"
@@ -79,7 +82,12 @@ class ForwardBackward:
                     tiles = batch.num_cameras * math.ceil(batch.width / TILE_SIZE) * math.ceil(batch.height / TILE_SIZE)
                     self.last_fused_stats = dict(fraction_fused=1.0, fraction_isects_fused=1.0, num_tiles=tiles)
                 return out
-        head = self.graphed_head.head(params) if self.graphed_head is not None and one_size else None
+        head = None
+        if self.graphed_head is not None and one_size:
+            head = self.graphed_head.head(params)
+        elif self.plan.projection == "triton" and one_size:  # the same kernels, without a capture
+            s = self.setup
+            head = eager_head(params, s.near, s.far, **s.options)
         out = self.eager(batch, params, sh_degree, timer, head=head)
         self.last_fused_stats = self.eager.last_fused_stats
         return out

@@ -1,6 +1,10 @@
 """Which training step a run takes, decided once: :class:`StepPlan`.
 
-A step has three independent choices, each made here and nowhere else, each with its reason:
+A step has four independent choices, each made here and nowhere else, each with its reason:
+
+- the projection (``projection``): kernels/projection.py's Triton kernels on the raw parameters
+  (activation, projection and SH in one launch, a per-Gaussian backward in another) or the
+  activations and gsplat's projection and SH ops;
 
 - the rasterization (``raster``): the fused native kernel (forward compositing, tile-local loss
   and backward in one launch; kernels/fused_raster.py) or the unfused step (gsplat's rasterizer,
@@ -37,6 +41,8 @@ class StepPlan:
     packed: bool = False
     tile_shift: bool = False  # --random_tile_shift moves the fused step's tile grid every step
     selective_adam: bool = False  # --visible_adam / --sparse_grad: only visible Gaussians step
+    projection: str = "gsplat"  # "triton" (kernels/projection.py) | "gsplat"
+    projection_why: str = ""
 
     @property
     def fused(self) -> bool:
@@ -47,8 +53,8 @@ class StepPlan:
         exchange = "gsplat's distributed pass" if self.pipeline != "ours" else ("packed" if self.packed else "dense")
         graphs = {"whole": "whole-step CUDA graphs", "head": "CUDA graphs of the projection", "off": "no CUDA graphs"}
         return (
-            f"step: {self.raster} rasterization ({self.raster_why}), {exchange} records, "
-            f"{graphs[self.graphs]} ({self.graphs_why})"
+            f"step: {self.projection} projection ({self.projection_why}), {self.raster} rasterization "
+            f"({self.raster_why}), {exchange} records, {graphs[self.graphs]} ({self.graphs_why})"
         )
 
 
@@ -154,6 +160,37 @@ def graphs_mode(cfg: Config, device_type: str, world_size: int, raster: str, aux
     return "whole", f"--cuda_graphs {cfg.cuda_graphs}"
 
 
+def projection_mode(cfg: Config, device_type: str, world_size: int, aux: tuple[str, ...]) -> tuple[str, str]:
+    """(the step's projection, why): "triton" (kernels/projection.py's fused kernels, on the raw
+    parameters) where they apply: a CUDA device with Triton, pinhole cameras, dense records of
+    this trainer's pass, cameras not learned (--pose_opt), at most projection.MAX_CAMERAS cameras
+    a step; else "gsplat". Raises ValueError for --projection triton where it cannot run."""
+    from ...kernels import projection
+
+    why_not = None
+    if device_type != "cuda":
+        why_not = "a CPU run"
+    elif not projection.available():
+        why_not = "Triton is not installed"
+    elif cfg.camera_model != "pinhole":
+        why_not = f"--camera_model {cfg.camera_model}"
+    elif cfg.packed:
+        why_not = "--packed"
+    elif cfg.pipeline != "ours":
+        why_not = "--pipeline gsplat-dist"
+    elif "pose" in aux:
+        why_not = "--pose_opt"
+    elif cfg.batch_size * world_size > projection.MAX_CAMERAS:
+        why_not = f"{cfg.batch_size * world_size} cameras a step (at most {projection.MAX_CAMERAS})"
+    if cfg.projection == "gsplat":
+        return "gsplat", "--projection gsplat"
+    if why_not is None:
+        return "triton", f"--projection {cfg.projection}"
+    if cfg.projection == "triton":
+        raise ValueError(f"--projection triton cannot run this pass ({why_not}); use --projection auto or gsplat")
+    return "gsplat", f"--projection auto: {why_not}"
+
+
 def plan_step(
     cfg: Config,
     device_type: str,
@@ -168,6 +205,7 @@ def plan_step(
     (asked only for a fused step on a GPU). Raises ValueError as :func:`raster_mode`."""
     raster, raster_why = raster_mode(cfg, device_type, masked, kernel_ready)
     graphs, graphs_why = graphs_mode(cfg, device_type, world_size, raster, aux)
+    projection, projection_why = projection_mode(cfg, device_type, world_size, aux)
     return StepPlan(
         raster=raster,
         raster_why=raster_why,
@@ -177,4 +215,6 @@ def plan_step(
         packed=cfg.packed,
         tile_shift=cfg.random_tile_shift and raster == "fused",
         selective_adam=cfg.visible_adam or cfg.sparse_grad,
+        projection=projection,
+        projection_why=projection_why,
     )

@@ -1,0 +1,124 @@
+"""The training step's --projection triton path (kernels/projection.py's kernels inside the graphed
+head, the eager head and the trainer's step) gives what the activations + project_and_shade path
+gives. The kernels run under TRITON_INTERPRET=1 in a child process (``python
+tests/test_projection_wiring.py check``); the plan's choice itself is tested in-process."""
+
+import dataclasses
+import sys
+
+import pytest
+import torch
+
+from interpreted import run_interpreted
+
+from splat_train.trainer.cli import parse_args
+from splat_train.trainer.step import plan
+
+
+def _close(a, b, what, rtol=1e-4, atol=1e-5):
+    torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=what)
+
+
+def check() -> None:
+    """The child's checks (TRITON_INTERPRET=1)."""
+    from splat_train.kernels import reference
+    from splat_train.trainer.launch import DistContext
+    from splat_train.trainer.model import activated
+    from splat_train.trainer.render import camera_centres, render
+    from splat_train.trainer.step import ForwardBackward
+    from splat_train.trainer.step.capture import GraphedHead, eager_head
+
+    from test_graphs import FakeCapture, _cams, _raw_params
+    from test_gsplat_flags import trainer
+
+    params = _raw_params(n=150)
+    cams = _cams()
+    campos = camera_centres(cams.viewmats)
+    sizes = [(cams.width, cams.height)] * cams.viewmats.shape[0]
+    heads = {p: GraphedHead(reference, 0.01, 1e10, capture=FakeCapture(), projection=p) for p in ("gsplat", "triton")}
+    outs = {p: h(params, cams.viewmats, cams.Ks, campos, sizes, 1) for p, h in heads.items()}
+    assert outs["triton"]["radii"].dtype == torch.int32
+    assert (outs["triton"]["radii"] != outs["gsplat"]["radii"]).sum() <= 1  # a ceil at the edge, at most
+    for k in ("means2d", "depths", "conics", "colors"):
+        visible = (outs["gsplat"]["radii"] > 0).all(-1)
+        _close(outs["triton"][k][visible], outs["gsplat"][k][visible], k)
+
+    # the eager head inside render(): same image, same gradients of the raw parameters
+    results = {}
+    for name in ("gsplat", "triton"):
+        leaves = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+        if name == "triton":
+            res = render(
+                leaves, cams, DistContext(), reference, 1, head=eager_head(leaves, 0.01, 1e10, "pinhole", False)
+            )
+        else:
+            res = render(activated(leaves), cams, DistContext(), reference, 1)
+        res.colors.square().mean().backward()
+        results[name] = (res.colors.detach(), {k: v.grad for k, v in leaves.items()})
+    _close(results["triton"][0], results["gsplat"][0], "image")
+    for k in params:
+        _close(results["triton"][1][k], results["gsplat"][1][k], f"grad {k}", rtol=1e-3, atol=1e-6)
+
+    # the trainer's step with the plan's projection switched: the same gradients at the first
+    # step (the initial Gaussians are isotropic, so the quaternions' gradients are rounding noise
+    # on both paths: held to the scale of the others) and the same losses over three steps
+    from splat_train.trainer import loop
+
+    grads, losses = [], []
+    real_step = loop.optimizer_step
+
+    def spy(optimizers, visible=None):
+        grads.append({k: o.param_groups[0]["params"][0].grad.clone() for k, o in optimizers.items()})
+        return real_step(optimizers, visible)
+
+    loop.optimizer_step = spy
+    for name in ("gsplat", "triton"):
+        t = trainer("--max_steps", "3")
+        t.plan = dataclasses.replace(t.plan, projection=name)
+        t.forward_backward = ForwardBackward(t.plan, t.cfg, t.forward_backward.eager.setup, t.loss, t.aux)
+        losses.append([float(t.train_step(step)["loss"]) for step in range(3)])
+    first = {k: (grads[0][k], grads[3][k]) for k in grads[0]}
+    for k, (ref, got) in first.items():
+        scale = max(float(v.abs().max()) for v in (first["means"][0], first["opacities"][0], ref) if v.numel())
+        _close(got, ref, f"first step's grad of {k}", rtol=1e-3, atol=1e-5 * scale)
+    _close(torch.tensor(losses[1]), torch.tensor(losses[0]), "losses", rtol=1e-5, atol=0)
+    print("ok")
+
+
+def test_the_triton_projection_path_trains_as_the_gsplat_path():
+    assert run_interpreted(__file__, "check").stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize(
+    "flags, device, aux, expected",
+    [
+        ([], "cuda", (), ("triton", "--projection auto")),
+        ([], "cpu", (), ("gsplat", "--projection auto: a CPU run")),
+        (["--packed"], "cuda", (), ("gsplat", "--projection auto: --packed")),
+        (["--camera_model", "fisheye"], "cuda", (), ("gsplat", "--projection auto: --camera_model fisheye")),
+        (["--pipeline", "gsplat-dist"], "cuda", (), ("gsplat", "--projection auto: --pipeline gsplat-dist")),
+        ([], "cuda", ("pose",), ("gsplat", "--projection auto: --pose_opt")),
+        (["--batch_size", "40"], "cuda", (), ("gsplat", "--projection auto: 40 cameras a step (at most 32)")),
+        (["--projection", "gsplat"], "cuda", (), ("gsplat", "--projection gsplat")),
+        (["--projection", "triton"], "cuda", (), ("triton", "--projection triton")),
+    ],
+)
+def test_the_plan_projects_with_triton_where_it_applies(monkeypatch, flags, device, aux, expected):
+    from splat_train.kernels import projection
+
+    monkeypatch.setattr(projection, "available", lambda: True)
+    assert plan.projection_mode(parse_args(["default", *flags]), device, 1, aux) == expected
+
+
+def test_projection_triton_where_it_cannot_run_is_one_clear_error(monkeypatch):
+    from splat_train.kernels import projection
+
+    monkeypatch.setattr(projection, "available", lambda: False)
+    with pytest.raises(ValueError, match=r"--projection triton cannot run this pass \(Triton is not installed\)"):
+        plan.projection_mode(parse_args(["default", "--projection", "triton"]), "cuda", 1, ())
+    with pytest.raises(ValueError, match=r"\(a CPU run\)"):
+        plan.projection_mode(parse_args(["default", "--projection", "triton"]), "cpu", 1, ())
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["check"]:
+    check()
