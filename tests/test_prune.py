@@ -401,7 +401,7 @@ def test_distributed_pruning_equals_single_process(tmp_path, world_size, packed,
 
 def test_cli_runs_both_stages(tmp_path, capsys):
     """Both stages run from the preset's command line, each line ending in the stage's seconds,
-    which its stats file records."""
+    which its stats file records; at W = 1 the preset trains dense records and says so."""
     import re
 
     from splat_train.trainer.cli import main
@@ -438,8 +438,54 @@ def test_cli_runs_both_stages(tmp_path, capsys):
         assert stats["seconds"] >= stats["seconds_pruning"] > 0
         (line,) = re.findall(rf"prune stage {k} after step {step}: .*", out)
         assert line.endswith(f" ({stats['seconds']:.1f} s)"), line
+    exchange_lines = [ln for ln in out.splitlines() if ln.startswith("exchange: ")]
+    assert exchange_lines == [exchange_lines[0]] and exchange_lines[0].startswith(
+        "exchange: dense records at world size 1"
+    )
     cfg = (tmp_path / "cfg.yml").read_text()
     assert "sparse_grad_comm: true" in cfg
+    assert "\npacked: false\n" in cfg and "\npacked_auto: false\n" in cfg  # a rerun of cfg.yml trains dense
+
+
+def test_preset_picks_the_exchange_by_world_size_unless_told():
+    """bytesplat: dense records at W = 1, packed at W > 1 (dense with gsplat's own pipeline, which
+    has no packed exchange), one line saying which; --packed / --no_packed (either spelling) win
+    at any world size; presets without packed_auto keep their value."""
+    from splat_train.trainer.config import from_argv, resolve_packed
+
+    cfg = from_argv(["bytesplat"])
+    assert cfg.packed_auto
+    one, line1 = resolve_packed(cfg, 1)
+    two, line2 = resolve_packed(cfg, 2)
+    assert (one.packed, two.packed, one.packed_auto, two.packed_auto) == (False, True, False, False)
+    assert line1.startswith("exchange: dense records at world size 1") and "--packed overrides" in line1
+    assert line2.startswith("exchange: packed records at world size 2") and "--no_packed overrides" in line2
+    dist, _ = resolve_packed(
+        from_argv(["bytesplat", "--raster", "unfused", "--pipeline", "gsplat-dist", "--no_sparse_grad_comm"]), 4
+    )
+    assert not dist.packed
+    for flag, packed in (("--packed", True), ("--no_packed", False), ("--no-packed", False)):
+        told = from_argv(["bytesplat", flag])
+        assert not told.packed_auto and told.packed == packed
+        for world_size in (1, 2):
+            assert resolve_packed(told, world_size) == (told, None)
+    default = from_argv(["default"])
+    assert resolve_packed(default, 2) == (default, None) and not default.packed
+    assert resolve_packed(from_argv(["default", "--packed_auto"]), 2)[0].packed  # the flag alone, any preset
+
+
+def test_preset_trains_packed_records_at_two_ranks(tmp_path, capfd):
+    from splat_train.trainer.cli import main
+
+    out_dir = tmp_path / "run"
+    flags = ["--max_steps", "2", "--nproc_per_node", "2", "--device", "cpu", "--result_dir", str(out_dir)]
+    assert main(["bytesplat", *FLAGS, *flags]) == 0
+    out = capfd.readouterr().out  # the spawned ranks write to the process's stdout
+    assert [ln for ln in out.splitlines() if ln.startswith("exchange: ")] == [
+        "exchange: packed records at world size 2 (--packed_auto: only visible records travel between ranks; "
+        "--no_packed overrides it)"
+    ]
+    assert "\npacked: true\n" in (out_dir / "cfg.yml").read_text()
 
 
 def test_config_stage_steps_scale_and_validate():
