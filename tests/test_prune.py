@@ -309,16 +309,19 @@ def test_batched_measurement_equals_one_view_per_pass(packed):
     assert not tiles_only.wins.any() and torch.equal(tiles_only.overload, want.overload)
 
 
-def test_views_per_pass_fills_the_memory_share(monkeypatch):
+def test_views_per_pass_fills_the_memory_share():
     """As many views as PASS_MEMORY_SHARE of the free memory holds, at least 1, at most
-    MAX_VIEWS_PER_PASS; a CPU rank counts HOST_PASS_BYTES as free."""
+    MAX_VIEWS_PER_PASS and no more than int32 counts; a CPU rank counts HOST_PASS_BYTES as free."""
     from splat_train.trainer.launch import DistContext
 
     ctx = DistContext()
     assert prune.free_bytes(torch.device("cpu")) == prune.HOST_PASS_BYTES
-    assert prune.views_per_pass(ctx, per_view=2**20, free=16 * 2**20) == 4  # a quarter of 16 MiB / 1 MiB
-    assert prune.views_per_pass(ctx, per_view=2**30, free=2**20) == 1
-    assert prune.views_per_pass(ctx, per_view=1, free=2**40) == prune.MAX_VIEWS_PER_PASS
+    mib = 2**20 // prune.ISECT_BYTES  # intersections of 1 MiB
+    assert prune.views_per_pass(ctx, (0, mib, 0), 0, free=16 * 2**20) == 4  # a quarter of 16 MiB / 1 MiB
+    assert prune.views_per_pass(ctx, (0, 0, 2**20), 8, free=64 * 2**20) == 2  # 8 bytes per pixel
+    assert prune.views_per_pass(ctx, (0, 1024 * mib, 0), 0, free=2**20) == 1
+    assert prune.views_per_pass(ctx, (1, 1, 1), 0, free=2**50) == prune.MAX_VIEWS_PER_PASS
+    assert prune.views_per_pass(ctx, (2**29, 0, 0), 0, free=2**50) == 3  # 4 x 2^29 records overflow int32
 
 
 def test_view_batches_share_one_image_size():

@@ -136,14 +136,13 @@ def view_batches(items: list[int], views: "Dataset", per_pass: int) -> list[list
     return [g[s : s + per_pass] for g in groups.values() for s in range(0, len(g), per_pass)]
 
 
-def bytes_per_view(info: RenderInfo, pixel_bytes: int) -> int:
-    """A pass's estimated peak bytes per view, from one pass's ``info``: RECORD_BYTES per record,
-    ISECT_BYTES per intersection, ``pixel_bytes`` per pixel."""
+def per_view_sizes(info: RenderInfo) -> tuple[int, int, int]:
+    """(records, tile intersections, pixels) per view of one pass's ``info`` (records: the larger
+    of the received ones and the owner's projected ones)."""
     records = max(info.records.opacities.numel() if info.records is not None else 0, info.means2d.shape[:-1].numel())
     isects = info.tiles.flatten_ids.numel() if info.tiles is not None else 0
     cams = max(info.num_local_cameras, 1)
-    pixels = info.width * info.height
-    return (RECORD_BYTES * records + ISECT_BYTES * isects) // cams + pixel_bytes * pixels
+    return -(-records // cams), -(-isects // cams), info.width * info.height
 
 
 def free_bytes(device: torch.device) -> int:
@@ -155,13 +154,21 @@ def free_bytes(device: torch.device) -> int:
     return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
-def views_per_pass(ctx, per_view: int, free: int) -> int:
-    """Views per scoring pass, the same on every rank: :data:`PASS_MEMORY_SHARE` of the smallest
-    ``free`` over the ranks over the largest ``per_view`` (bytes), in 1..MAX_VIEWS_PER_PASS.
-    Collective."""
-    kib = exchange.gather_metadata(ctx, [min(max(per_view >> 10, 1), 2**31 - 1), min(free >> 10, 2**31 - 1)])
-    share = PASS_MEMORY_SHARE * int(kib[:, 1].min())
-    return int(min(max(share // int(kib[:, 0].max()), 1), MAX_VIEWS_PER_PASS))
+def views_per_pass(ctx, per_view: tuple[int, int, int], pixel_bytes: int, free: int) -> int:
+    """Views per scoring pass, the same on every rank, from each rank's ``per_view`` sizes
+    (:func:`per_view_sizes`) and ``free`` bytes: :data:`PASS_MEMORY_SHARE` of the smallest
+    ``free`` over the largest estimated bytes per view (RECORD_BYTES per record, ISECT_BYTES per
+    intersection, ``pixel_bytes`` per pixel), in 1..MAX_VIEWS_PER_PASS, and no more than keeps a
+    pass's records and intersections countable in int32 (gsplat's tile lists). Collective."""
+    records, isects, pixels = per_view
+    nbytes = RECORD_BYTES * records + ISECT_BYTES * isects + pixel_bytes * pixels
+    clip = 2**31 - 1
+    rows = exchange.gather_metadata(
+        ctx, [min(max(nbytes >> 10, 1), clip), min(free >> 10, clip), min(max(records, isects, 1), clip)]
+    )
+    by_memory = PASS_MEMORY_SHARE * int(rows[:, 1].min()) // int(rows[:, 0].max())
+    by_count = clip // int(rows[:, 2].max())
+    return int(max(min(by_memory, by_count, MAX_VIEWS_PER_PASS), 1))
 
 
 class _Scores:
@@ -219,9 +226,9 @@ def measure(
         pixel_bytes = (
             0 if not composite else KERNEL_PIXEL_BYTES if contributions.runs_on(device) else REFERENCE_PIXEL_BYTES
         )
-        per_view = bytes_per_view(info, pixel_bytes)
+        sizes = per_view_sizes(info)
         del info
-        per_pass = views_per_pass(ctx, per_view, free_bytes(device))
+        per_pass = views_per_pass(ctx, sizes, pixel_bytes, free_bytes(device))
     else:
         del info
     plans = [
