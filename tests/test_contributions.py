@@ -117,9 +117,10 @@ def test_pixel_winner_ties_go_to_the_lower_key():
     assert contributions.winners_per_pixel(pixel_ids, record_ids, weights, keys, 3).tolist() == [4, -1, 0]
 
 
-def statistics_pair():
-    """prune_scores.record_statistics of one dense and one packed two-camera pass, with the kernel
-    and with the reference: {layout: (kernel values, reference values, counts equal)}."""
+def statistics_pair(device="cpu"):
+    """prune_scores.record_statistics of one dense and one packed two-camera pass on ``device``,
+    with the kernel and with the reference: {layout: (kernel values, reference values, counts
+    equal)}, on the CPU."""
     from scenes import make_cameras
     from scenes import make_scene as make_world
 
@@ -127,27 +128,35 @@ def statistics_pair():
     from splat_train.trainer.launch import DistContext
     from splat_train.trainer.render import CameraBatch, render
 
-    params = make_world(seed=3, num_gaussians=200, sh_degree=0)
+    params = {k: v.to(device) for k, v in make_world(seed=3, num_gaussians=200, sh_degree=0).items()}
     params["opacities"] = params["opacities"].clamp(max=0.6)
     cams = make_cameras([(40, 32), (40, 32)])
-    batch = CameraBatch(torch.stack([c[0] for c in cams]), torch.stack([c[1] for c in cams]), 40, 32)
+    viewmats, Ks = (torch.stack([c[i] for c in cams]).to(device) for i in (0, 1))
+    batch = CameraBatch(viewmats, Ks, 40, 32)
     out = {}
     for packed in (False, True):
         info = render(params, batch, DistContext(), reference, 0, rasterize=False, packed=packed).info
         with_kernel, counts_k = prune_scores.record_statistics(info, 10, True, kernel=True)
         with_reference, counts_r = prune_scores.record_statistics(info, 10, True, kernel=False)
-        out["packed" if packed else "dense"] = (with_kernel, with_reference, torch.equal(counts_k, counts_r))
+        out["packed" if packed else "dense"] = (
+            with_kernel.cpu(),
+            with_reference.cpu(),
+            torch.equal(counts_k, counts_r),
+        )
     return out
 
 
-@pytest.mark.parametrize("layout", ["dense", "packed"])
-def test_record_statistics_with_the_kernel_equal_the_reference(interpreted, layout):
-    with_kernel, with_reference, same_counts = interpreted["statistics"][layout]
+def check_statistics(with_kernel, with_reference, same_counts):
     assert same_counts and with_kernel.shape == with_reference.shape
     assert float(with_reference[..., 0].sum()) > 1000  # pixels won: the comparison means something
     assert torch.equal(with_kernel[..., 0], with_reference[..., 0])  # pixels won
     torch.testing.assert_close(with_kernel[..., 1], with_reference[..., 1], rtol=1e-5, atol=1e-6)
     assert torch.equal(with_kernel[..., 2], with_reference[..., 2])  # overload: no compositing
+
+
+@pytest.mark.parametrize("layout", ["dense", "packed"])
+def test_record_statistics_with_the_kernel_equal_the_reference(interpreted, layout):
+    check_statistics(*interpreted["statistics"][layout])
 
 
 @pytest.mark.gpu
@@ -157,6 +166,14 @@ def test_record_statistics_with_the_kernel_equal_the_reference(interpreted, layo
 def test_kernel_on_gpu_matches_reference(name):
     case = make_case(name)
     check(case, run_kernel(case, "cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
+@pytest.mark.skipif(not contributions.available(), reason="needs Triton")
+def test_record_statistics_on_gpu_with_the_kernel_equal_the_reference():
+    for layout, results in statistics_pair("cuda").items():
+        check_statistics(*results)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
