@@ -222,11 +222,140 @@ def test_stage3_removes_no_more_than_needed():
         assert torch.equal(v.detach(), expected[k].detach()), k
 
 
+# ---------------------------------------------------------------- batched passes vs one view per pass
+
+
+def per_view_measure(shard_, setup, views, budget, composite=True):
+    """The measurement one view per pass, its tile statistics read view by view (the stages'
+    earlier implementation): what the batched passes of prune.measure must equal."""
+    from splat_train.trainer import exchange
+    from splat_train.trainer.render import route_to_owners
+
+    ctx = setup.ctx
+    mine, rounds = exchange.deal_views(len(views), ctx)
+    picks = exchange.padded_rounds(mine, rounds)
+    gaussians = shard_.activated()
+    acc = torch.zeros(shard_.num, 3, dtype=torch.float64)
+    tiles = torch.zeros(1, 6, dtype=torch.float64)
+    for r in range(rounds):
+        res = setup(gaussians, setup.camera_batch(views.batch([picks[r]], images=False)), 0, rasterize=False)
+        values, counts = prune.record_statistics(res.info, budget, composite)
+        if r < len(mine):
+            over = counts > budget
+            tiles[0, :3] += torch.tensor([counts.numel(), int((~over).sum()), int(counts.sum())])
+            tiles[0, 3] = max(float(tiles[0, 3]), float(counts.max()) if counts.numel() else 0.0)
+            tiles[0, 4:] += torch.tensor([int((counts[over] - budget).sum()), int(counts[over].sum())])
+        else:
+            values = torch.zeros_like(values)
+        acc += route_to_owners(ctx, res.info, values)
+    tiles = exchange.all_gather_rows(ctx, tiles)
+    num_tiles, num_within, total = (int(v) for v in tiles[:, :3].sum(0))
+    excess, over_isects = (int(v) for v in tiles[:, 4:].sum(0))
+    return prune.Measurement(
+        acc[:, 0], acc[:, 1], acc[:, 2], num_tiles, num_within, total / max(num_tiles, 1), int(tiles[:, 3].max()),
+        excess, over_isects,
+    )  # fmt: skip
+
+
+def per_round_select_top(ctx, scores, candidates, k):
+    """The earlier selection: gathered on the host, sorted by global index, then stably by score."""
+    from splat_train.trainer import exchange
+
+    offset, _ = prune.global_offset(ctx, scores.shape[0])
+    local = candidates.nonzero().squeeze(1)
+    rows = torch.stack([scores[local], (local + offset).double()], dim=1).cpu()
+    everyone = exchange.all_gather_rows(ctx, rows)
+    by_index = everyone[torch.argsort(everyone[:, 1], stable=True)]
+    order = torch.argsort(-by_index[:, 0], stable=True)
+    chosen = by_index[order[:k], 1].long() - offset
+    mask = torch.zeros(scores.shape[0], dtype=torch.bool)
+    mask[chosen[(chosen >= 0) & (chosen < scores.shape[0])]] = True
+    return mask
+
+
+def per_round_stage3(tr):
+    """Stage 3 as the earlier round loop (per-view measurements, the host selection)."""
+    p, ctx = tr.cfg.prune, tr.setup.ctx
+    budget = prune.tile_budget(ctx.device, p.tile_budget)
+    m = per_view_measure(tr.shard, tr.setup, tr.trainset, budget)
+    rounds = 0
+    while rounds < p.prune_rounds and m.max_per_tile > budget:
+        candidates = m.overload > 0
+        k = min(math.ceil(p.prune_fraction * int(candidates.sum())), m.removals_needed(int(candidates.sum())))
+        tr.shard.remove(per_round_select_top(ctx, prune.stage3_scores(m, budget), candidates, k))
+        rounds += 1
+        m = per_view_measure(tr.shard, tr.setup, tr.trainset, budget)
+    return rounds, m
+
+
+def assert_same_measurement(got, want):
+    assert torch.equal(got.wins, want.wins) and torch.equal(got.overload, want.overload)
+    torch.testing.assert_close(got.importance, want.importance, rtol=1e-6, atol=1e-9)
+    for name in ("num_tiles", "num_within", "mean_per_tile", "max_per_tile", "excess", "over_isects"):
+        assert getattr(got, name) == getattr(want, name), name
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_batched_measurement_equals_one_view_per_pass(packed):
+    """Several views per pass (1, 2, 4 and as memory allows: all of them) measure what one view
+    per pass does, view by view: pixels won, overload and tile statistics exactly, importance to
+    float rounding."""
+    tr = make_trainer(["--init_opa", "0.3"] + (["--packed"] if packed else []))
+    want = per_view_measure(tr.shard, tr.setup, tr.trainset, 12)
+    assert want.wins.sum() > 1000 and want.excess > 0 and (want.wins == 0).any()  # means something
+    for per_pass in (1, 2, 4, 0):
+        assert_same_measurement(prune.measure(tr.shard, tr.setup, tr.trainset, 12, per_pass=per_pass), want)
+    tiles_only = prune.measure(tr.shard, tr.setup, tr.trainset, 12, composite=False, per_pass=4)
+    assert not tiles_only.wins.any() and torch.equal(tiles_only.overload, want.overload)
+
+
+def test_views_per_pass_fills_the_memory_share():
+    """As many views as PASS_MEMORY_SHARE of the free memory holds, at least 1, at most
+    MAX_VIEWS_PER_PASS and no more than int32 counts; a CPU rank counts HOST_PASS_BYTES as free."""
+    from splat_train.trainer.launch import DistContext
+
+    ctx = DistContext()
+    assert prune.free_bytes(torch.device("cpu")) == prune.HOST_PASS_BYTES
+    mib = 2**20 // prune.ISECT_BYTES  # intersections of 1 MiB
+    assert prune.views_per_pass(ctx, (0, mib, 0), 0, free=16 * 2**20) == 4  # a quarter of 16 MiB / 1 MiB
+    assert prune.views_per_pass(ctx, (0, 0, 2**20), 8, free=64 * 2**20) == 2  # 8 bytes per pixel
+    assert prune.views_per_pass(ctx, (0, 1024 * mib, 0), 0, free=2**20) == 1
+    assert prune.views_per_pass(ctx, (1, 1, 1), 0, free=2**50) == prune.MAX_VIEWS_PER_PASS
+    assert prune.views_per_pass(ctx, (2**29, 0, 0), 0, free=2**50) == 3  # 4 x 2^29 records overflow int32
+
+
+def test_view_batches_share_one_image_size():
+    class Views:
+        sizes = {0: (32, 32), 1: (40, 30), 2: (32, 32), 3: (32, 32), 4: (40, 30), 5: (32, 32)}
+
+        def size(self, i):
+            return self.sizes[i]
+
+    assert prune.view_batches([0, 1, 2, 3, 4, 5], Views(), 2) == [[0, 2], [3, 5], [1, 4]]
+    assert prune.view_batches([1, 3], Views(), 4) == [[1], [3]]
+    assert prune.view_batches([], Views(), 4) == []
+
+
+def test_stage3_rounds_equal_the_round_loop():
+    """Stage 3 with batched measurements and the device-side selection removes exactly the
+    Gaussians the earlier round loop (one view per pass, selection on the host) removes."""
+    flags = ["--tile_budget", "30", "--prune_rounds", "3", "--prune_fraction", "0.15", "--init_opa", "0.3"]
+    tr, reference_tr = make_trainer(flags), make_trainer(flags)
+    stats = prune.hardware_aware_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 1)
+    rounds, last = per_round_stage3(reference_tr)
+    assert stats["rounds"] == rounds == 3 and stats["num_after"] < stats["num_before"]
+    assert all(r["removed"] < r["candidates"] for r in stats["per_round"])  # the ranking decides
+    for k, v in tr.params.items():
+        assert torch.equal(v.detach(), reference_tr.params[k].detach()), k
+    assert stats["tiles_after"] == last.tile_summary()
+
+
 # ---------------------------------------------------------------- distributed equality
 
 
-def _prune_rank(ctx, flags, out_dir):
+def _prune_rank(ctx, flags, out_dir, per_pass=0):
     torch.set_num_threads(1)
+    prune.MAX_VIEWS_PER_PASS = per_pass or prune.MAX_VIEWS_PER_PASS  # this child's own module
     tr = make_trainer(flags, ctx)
     s2, s3 = (
         prune.initial_pruning(tr.shard, tr.setup, tr.trainset, tr.cfg, 1),
@@ -237,14 +366,19 @@ def _prune_rank(ctx, flags, out_dir):
     )
 
 
-@pytest.mark.parametrize("world_size, packed", [(2, False), (3, True)], ids=["W2-dense", "W3-packed"])
-def test_distributed_pruning_equals_single_process(tmp_path, world_size, packed):
+@pytest.mark.parametrize(
+    "world_size, packed, per_pass, cameras",
+    [(2, False, 0, 6), (2, True, 2, 8), (3, True, 0, 6)],
+    ids=["W2-dense", "W2-packed-2-per-pass", "W3-packed"],
+)
+def test_distributed_pruning_equals_single_process(tmp_path, world_size, packed, per_pass, cameras):
+    """Every rank's shard after both stages is its part of what one process prunes. With 2 views
+    per pass, 7 training views: rank 0 renders 1 + 2 + 1 views, rank 1 1 + 2 and a padding pass."""
     from splat_train.trainer.model import create_optimizers
 
-    flags = ["--tile_budget", "40", "--prune_rounds", "3", "--prune_fraction", "0.2", "--init_opa", "0.3"] + (
-        ["--packed"] if packed else []
-    )
-    assert launch(_prune_rank, (flags, str(tmp_path)), nproc_per_node=world_size, device="cpu") == 0
+    flags = ["--tile_budget", "40", "--prune_rounds", "3", "--prune_fraction", "0.2", "--init_opa", "0.3"]
+    flags += ["--synthetic_num_cameras", str(cameras)] + (["--packed"] if packed else [])
+    assert launch(_prune_rank, (flags, str(tmp_path), per_pass), nproc_per_node=world_size, device="cpu") == 0
     outs = [torch.load(tmp_path / f"prune{r}.pt") for r in range(world_size)]
 
     single = make_trainer(flags)
@@ -268,7 +402,11 @@ def test_distributed_pruning_equals_single_process(tmp_path, world_size, packed)
 # ---------------------------------------------------------------- end to end
 
 
-def test_cli_runs_both_stages(tmp_path):
+def test_cli_runs_both_stages(tmp_path, capsys):
+    """Both stages run from the preset's command line, each line ending in the stage's seconds,
+    which its stats file records; at W = 1 the preset trains dense records and says so."""
+    import re
+
     from splat_train.trainer.cli import main
 
     rc = main(
@@ -294,13 +432,63 @@ def test_cli_runs_both_stages(tmp_path):
         ]
     )
     assert rc == 0
-    for k in (2, 3):
+    out = capsys.readouterr().out
+    for k, step in ((2, 3), (3, 5)):
         stats = json.loads((tmp_path / "stats" / f"prune_stage{k}.json").read_text())
         assert stats["stage"] == k and stats["num_after"] <= stats["num_before"]
         assert 0.0 <= stats["tiles_after"]["fraction_within_budget"] <= 1.0
         assert math.isfinite(stats["test_psnr_after"])
+        assert stats["seconds"] >= stats["seconds_pruning"] > 0
+        (line,) = re.findall(rf"prune stage {k} after step {step}: .*", out)
+        assert line.endswith(f" ({stats['seconds']:.1f} s)"), line
+    exchange_lines = [ln for ln in out.splitlines() if ln.startswith("exchange: ")]
+    assert exchange_lines == [exchange_lines[0]] and exchange_lines[0].startswith(
+        "exchange: dense records at world size 1"
+    )
     cfg = (tmp_path / "cfg.yml").read_text()
     assert "sparse_grad_comm: true" in cfg
+    assert "\npacked: false\n" in cfg and "\npacked_auto: false\n" in cfg  # a rerun of cfg.yml trains dense
+
+
+def test_preset_picks_the_exchange_by_world_size_unless_told():
+    """bytesplat: dense records at W = 1, packed at W > 1 (dense with gsplat's own pipeline, which
+    has no packed exchange), one line saying which; --packed / --no_packed (either spelling) win
+    at any world size; presets without packed_auto keep their value."""
+    from splat_train.trainer.config import from_argv, resolve_packed
+
+    cfg = from_argv(["bytesplat"])
+    assert cfg.packed_auto
+    one, line1 = resolve_packed(cfg, 1)
+    two, line2 = resolve_packed(cfg, 2)
+    assert (one.packed, two.packed, one.packed_auto, two.packed_auto) == (False, True, False, False)
+    assert line1.startswith("exchange: dense records at world size 1") and "--packed overrides" in line1
+    assert line2.startswith("exchange: packed records at world size 2") and "--no_packed overrides" in line2
+    dist, _ = resolve_packed(
+        from_argv(["bytesplat", "--raster", "unfused", "--pipeline", "gsplat-dist", "--no_sparse_grad_comm"]), 4
+    )
+    assert not dist.packed
+    for flag, packed in (("--packed", True), ("--no_packed", False), ("--no-packed", False)):
+        told = from_argv(["bytesplat", flag])
+        assert not told.packed_auto and told.packed == packed
+        for world_size in (1, 2):
+            assert resolve_packed(told, world_size) == (told, None)
+    default = from_argv(["default"])
+    assert resolve_packed(default, 2) == (default, None) and not default.packed
+    assert resolve_packed(from_argv(["default", "--packed_auto"]), 2)[0].packed  # the flag alone, any preset
+
+
+def test_preset_trains_packed_records_at_two_ranks(tmp_path, capfd):
+    from splat_train.trainer.cli import main
+
+    out_dir = tmp_path / "run"
+    flags = ["--max_steps", "2", "--nproc_per_node", "2", "--device", "cpu", "--result_dir", str(out_dir)]
+    assert main(["bytesplat", *FLAGS, *flags]) == 0
+    out = capfd.readouterr().out  # the spawned ranks write to the process's stdout
+    assert [ln for ln in out.splitlines() if ln.startswith("exchange: ")] == [
+        "exchange: packed records at world size 2 (--packed_auto: only visible records travel between ranks; "
+        "--no_packed overrides it)"
+    ]
+    assert "\npacked: true\n" in (out_dir / "cfg.yml").read_text()
 
 
 def test_config_stage_steps_scale_and_validate():

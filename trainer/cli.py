@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..configs import preset_names
-from .config import Config, from_argv
+from .config import Config, from_argv, resolve_packed
 from .launch import DistContext, Interrupted, LaunchError, detect_external, interruptible, launch
 from .log import get_logger
 
@@ -86,11 +86,14 @@ def run(ctx: DistContext, cfg: Config) -> None:
     with interruptible(ctx.stop):  # after the imports: pycolmap's native SIGTERM handler is replaced
         # under an external launcher every process decided on its own (main); rank 0's decision stands
         cfg = dataclasses.replace(cfg, resume=exchange.from_main(ctx, cfg.resume))
+        cfg, packed_line = resolve_packed(cfg, ctx.world_size)  # the bytesplat preset's exchange
         check_training_viewer(cfg, ctx.world_size)
         lpips = require_lpips(cfg) if ctx.is_main else None  # a named backbone file fails here, not at evaluation
         scene = build_scene(cfg, log=_say if ctx.is_main else None)
         camera_line = check_camera_model(scene, cfg.camera_model)  # ValueError before any decode
         if ctx.is_main:
+            if packed_line:
+                _say(packed_line)
             if not (cfg.ckpt or cfg.resume):  # a loaded model is not the initial one
                 _say(check_first_step(cfg, scene, ctx.world_size, ctx.device))
             for line in describe_views(

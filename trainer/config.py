@@ -179,6 +179,8 @@ class Config:
     """Multiply every step-valued setting (the Schedule section) by this, e.g. 0.25 on 4 GPUs."""
     packed: bool = False
     """Packed exchange and rasterization: only visible (camera, Gaussian) records travel."""
+    packed_auto: bool = False
+    """Choose --packed by the world size at the start: packed records at W > 1 (--pipeline ours), dense at W = 1 (the bytesplat preset's setting; config.resolve_packed). --packed or --no_packed on the command line turns it off."""
     cuda_graphs: Literal["auto", "on", "off"] = "auto"
     """Replay each step's activation, projection and SH colours, forward and backward, as CUDA graphs, captured again whenever the shard, the SH degree or the image size changes (trainer/step/capture.py). auto: on for a one-process run on an NVIDIA GPU (not yet run with several GPUs or on ROCm, where NCCL's watchdog and HIP's capture rules differ), on: at any world size, off: never. Applies to dense steps whose cameras share one size; elsewhere (CPU, --packed, mixed sizes, --random_tile_shift, --pipeline gsplat-dist) the step runs as without it, and a run whose shapes change too often to repay a capture stops capturing."""
     projection: Literal["auto", "triton", "gsplat"] = "auto"
@@ -638,5 +640,29 @@ def from_argv(argv: Sequence[str], prog: Optional[str] = None) -> Config:
         prog=prog or f"splat-train {preset or ''}".strip(),
         config=(tyro.conf.OmitArgPrefixes,),
     )
+    if cfg.packed_auto and any(a in PACKED_FLAGS for a in args):
+        cfg = dataclasses.replace(cfg, packed_auto=False)  # the user's --packed / --no_packed wins
     validate(cfg)
     return resolve(cfg)
+
+
+PACKED_FLAGS = ("--packed", "--no_packed", "--no-packed")  # how tyro spells the switch
+
+
+def resolve_packed(cfg: Config, world_size: int) -> tuple[Config, Optional[str]]:
+    """``packed_auto`` (the bytesplat preset's): packed records where they travel between ranks
+    (``world_size`` > 1, --pipeline ours), dense records at W = 1, where nothing travels and
+    packed rendering costs more (docs/bench/native-raster/README.md). Returns the config with
+    ``packed`` set and ``packed_auto`` off (so its cfg.yml reruns the same exchange), and the
+    console line that says so; ``cfg`` and None without ``packed_auto``."""
+    if not cfg.packed_auto:
+        return cfg, None
+    packed = world_size > 1 and cfg.pipeline == "ours"
+    why = (
+        "only visible records travel between ranks" if packed else "no records travel, and packed rendering costs more"
+    )
+    line = (
+        f"exchange: {'packed' if packed else 'dense'} records at world size {world_size} (--packed_auto: {why}; "
+        f"{'--no_packed' if packed else '--packed'} overrides it)"
+    )
+    return dataclasses.replace(cfg, packed=packed, packed_auto=False), line

@@ -35,10 +35,21 @@ them to the Gaussians' owners with :func:`render.route_to_owners`; each rank rem
 its own shard only. The candidates' scores are gathered so every rank applies the same global top-k.
 The result equals one process holding every Gaussian in shard-concatenated order.
 
+Cost: a measurement renders its views several per pass (:func:`measure`: as many as a quarter of
+the free device memory holds, the same number on every rank), scores each pass's pixels in one
+launch of kernels/contributions.py's Triton kernel on a GPU (its PyTorch reference, the
+compositing of kernels/reference.py, elsewhere) and keeps its sums on the device: a pass costs a
+few host synchronizations (gsplat's tile intersection sizes its output; the exchange's counts at
+W > 1), not one per view or per depth wave. A stage-3 round re-measures every view: removing a
+Gaussian raises the transmittance behind it in each of its tiles, so the importance of every
+Gaussian sharing a tile with it changes, and the removed ones are spread over the heavy tiles;
+keeping each (view, tile)'s sums to update only the touched tiles would cost memory in proportion
+to intersections times views for a saving that shrinks as the heavy tiles cover the scene. The
+last round, after which no selection follows, measures only the tiles.
+
 The training views are rendered at their dataset poses (``--pose_opt`` corrections are not
 applied) and colours play no part (SH degree 0). Stage 3 gathers the candidates' scores on every
-rank (16 bytes per candidate); the measurement uses the plain-PyTorch compositing of
-kernels/reference.py on any device.
+rank (16 bytes per candidate).
 
 The per-pass statistics and the scores are pure functions in trainer/prune_scores.py; this module
 runs the collective stages around them (measurement over every view, routing to the owners, the
@@ -46,8 +57,9 @@ global top-k, the removals, the reports).
 
 Tile statistics count the (record, tile) intersections of tile binning (``tile_offsets``): the
 Gaussians a rasterizer loads for the tile, which is what must fit on chip. Each stage writes
-``stats/prune_stage<k>.json`` and TensorBoard scalars ``prune/stage<k>/...`` and prints one line
-(rank 0).
+``stats/prune_stage<k>.json`` (with ``seconds``: the whole stall of training, the two held-out
+PSNR evaluations included, and ``seconds_pruning``: the stage alone) and TensorBoard scalars
+``prune/stage<k>/...`` and prints one line ending in its seconds (rank 0).
 """
 
 from __future__ import annotations
@@ -59,10 +71,11 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from ..kernels import budget as device_budget
+from ..kernels import contributions
 from . import evaluate, exchange, metrics
 from .prune_scores import EPS, pixel_winners, tile_counts  # noqa: F401 (re-exported)
-from .prune_scores import Measurement, record_statistics, stage3_scores
-from .render import RenderSetup, route_to_owners
+from .prune_scores import Measurement, add_tile_sums, record_statistics, stage3_scores, tile_sums
+from .render import RenderInfo, RenderSetup, route_to_owners
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import Config
@@ -101,37 +114,134 @@ def limit_densification(strategy, cfg) -> None:
 
 # ---------------------------------------------------------------- measurement
 
+MAX_VIEWS_PER_PASS = 32
+"""Most training views one scoring pass renders at once."""
+PASS_MEMORY_SHARE = 0.25
+"""Share of the device's free memory (the smallest over the ranks) the views of one pass may take."""
+HOST_PASS_BYTES = 1 << 30
+"""What counts as the free memory of a CPU rank for :data:`PASS_MEMORY_SHARE`."""
+# Estimated peak bytes of a pass, per record (projection, SH colours, the exchange payload, the
+# float64 statistics, keys, the kernel's table), per tile intersection (ids, the sort's buffers,
+# the overload lane's gathers) and per pixel (the kernel's winners; the reference's stored pairs).
+RECORD_BYTES, ISECT_BYTES = 256, 64
+KERNEL_PIXEL_BYTES, REFERENCE_PIXEL_BYTES = 8, 1024
 
-@torch.no_grad()
-def measure(
-    shard: "GaussianShard", setup: RenderSetup, views: "Dataset", budget: int, composite: bool = True
-) -> Measurement:
-    """Render every training view ``views`` (collectively; view i on rank i mod W, a rank out of
-    views re-renders one and discards it) and route the per-record statistics to their owners."""
-    ctx = setup.ctx
-    mine, rounds = exchange.deal_views(len(views), ctx)
-    picks = exchange.padded_rounds(mine, rounds)
-    gaussians = shard.activated()
-    device = shard.params["means"].device
-    acc = torch.zeros(shard.num, 3, dtype=torch.float64, device=device)
-    # tiles, within budget, sum of counts, max count, sum of excess, sum of counts over budget
-    tiles = torch.zeros(1, 6, dtype=torch.float64)
-    for r in range(rounds):
-        real = r < len(mine)
-        cam = setup.camera_batch(views.batch([picks[r]], images=False))
+
+def view_batches(items: list[int], views: "Dataset", per_pass: int) -> list[list[int]]:
+    """``items`` (training views) in passes of at most ``per_pass`` views that share one image size,
+    in order of first appearance of each size."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i in items:
+        groups.setdefault(views.size(i), []).append(i)
+    return [g[s : s + per_pass] for g in groups.values() for s in range(0, len(g), per_pass)]
+
+
+def per_view_sizes(info: RenderInfo) -> tuple[int, int, int]:
+    """(records, tile intersections, pixels) per view of one pass's ``info`` (records: the larger
+    of the received ones and the owner's projected ones)."""
+    records = max(info.records.opacities.numel() if info.records is not None else 0, info.means2d.shape[:-1].numel())
+    isects = info.tiles.flatten_ids.numel() if info.tiles is not None else 0
+    cams = max(info.num_local_cameras, 1)
+    return -(-records // cams), -(-isects // cams), info.width * info.height
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory a pass may use on ``device``: CUDA's free memory plus what PyTorch's cache holds
+    unused; :data:`HOST_PASS_BYTES` elsewhere."""
+    if device.type != "cuda":
+        return HOST_PASS_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
+def views_per_pass(ctx, per_view: tuple[int, int, int], pixel_bytes: int, free: int) -> int:
+    """Views per scoring pass, the same on every rank, from each rank's ``per_view`` sizes
+    (:func:`per_view_sizes`) and ``free`` bytes: :data:`PASS_MEMORY_SHARE` of the smallest
+    ``free`` over the largest estimated bytes per view (RECORD_BYTES per record, ISECT_BYTES per
+    intersection, ``pixel_bytes`` per pixel), in 1..MAX_VIEWS_PER_PASS, and no more than keeps a
+    pass's records and intersections countable in int32 (gsplat's tile lists). Collective."""
+    records, isects, pixels = per_view
+    nbytes = RECORD_BYTES * records + ISECT_BYTES * isects + pixel_bytes * pixels
+    clip = 2**31 - 1
+    rows = exchange.gather_metadata(
+        ctx, [min(max(nbytes >> 10, 1), clip), min(free >> 10, clip), min(max(records, isects, 1), clip)]
+    )
+    by_memory = PASS_MEMORY_SHARE * int(rows[:, 1].min()) // int(rows[:, 0].max())
+    by_count = clip // int(rows[:, 2].max())
+    return int(max(min(by_memory, by_count, MAX_VIEWS_PER_PASS), 1))
+
+
+class _Scores:
+    """Running sums of a measurement on this rank: per local Gaussian [N, 3] float64 (routed to the
+    owners), and the tile sums [6] of this rank's views (prune_scores.tile_sums), on the device."""
+
+    def __init__(self, num: int, device: torch.device):
+        self.per_gaussian = torch.zeros(num, 3, dtype=torch.float64, device=device)
+        self.tiles = torch.zeros(6, dtype=torch.float64, device=device)
+
+    def add_pass(
+        self,
+        gaussians: dict,
+        setup: RenderSetup,
+        views: "Dataset",
+        batch: list[int],
+        budget: int,
+        composite: bool,
+        real: bool,
+    ) -> RenderInfo:
+        """Render the views ``batch`` in one pass (collective) and add their statistics (nothing
+        of a padding pass, ``real`` False, but its collectives). Returns the pass's info."""
+        cam = setup.camera_batch(views.batch(batch, images=False))
         res = setup(gaussians, cam, 0, rasterize=False)  # colours play no part: SH 0
         values, counts = record_statistics(res.info, budget, composite)
         if real:
-            over = counts > budget
-            tiles[0, :3] += torch.tensor([counts.numel(), int((~over).sum()), int(counts.sum())])
-            tiles[0, 3] = max(float(tiles[0, 3]), float(counts.max()) if counts.numel() else 0.0)
-            tiles[0, 4:] += torch.tensor([int((counts[over] - budget).sum()), int(counts[over].sum())])
+            self.tiles = add_tile_sums(self.tiles, tile_sums(counts, budget))
         else:
             values = torch.zeros_like(values)
-        acc += route_to_owners(ctx, res.info, values)
-    tiles = exchange.all_gather_rows(ctx, tiles)
+        self.per_gaussian += route_to_owners(setup.ctx, res.info, values)
+        return res.info
+
+
+@torch.no_grad()
+def measure(
+    shard: "GaussianShard",
+    setup: RenderSetup,
+    views: "Dataset",
+    budget: int,
+    composite: bool = True,
+    per_pass: int = 0,
+) -> Measurement:
+    """Render every training view ``views`` (collectively; view i on rank i mod W) and route the
+    per-record statistics to their owners. The first pass renders one view per rank, which sizes
+    the rest: ``per_pass`` views per pass (0: :func:`views_per_pass` from that pass), grouped by
+    image size; a rank out of views renders a padding pass and discards it, so every rank runs
+    the same passes. The tile statistics stay on the device until one read at the end."""
+    ctx = setup.ctx
+    mine = exchange.deal_views(len(views), ctx)[0]
+    gaussians = shard.activated()
+    device = shard.params["means"].device
+    scores = _Scores(shard.num, device)
+    info = scores.add_pass(gaussians, setup, views, mine[:1] or [0], budget, composite, bool(mine))
+    if per_pass <= 0:
+        pixel_bytes = (
+            0 if not composite else KERNEL_PIXEL_BYTES if contributions.runs_on(device) else REFERENCE_PIXEL_BYTES
+        )
+        sizes = per_view_sizes(info)
+        del info
+        per_pass = views_per_pass(ctx, sizes, pixel_bytes, free_bytes(device))
+    else:
+        del info
+    plans = [
+        view_batches(list(range(r, len(views), ctx.world_size))[1:], views, per_pass) for r in range(ctx.world_size)
+    ]
+    own = plans[ctx.rank]
+    for r in range(max(len(p) for p in plans)):
+        real = r < len(own)
+        scores.add_pass(gaussians, setup, views, own[r] if real else mine[:1] or [0], budget, composite, real)
+    tiles = exchange.all_gather_rows(ctx, scores.tiles[None]).cpu()
     num_tiles, num_within, total = (int(v) for v in tiles[:, :3].sum(0))
     excess, over_isects = (int(v) for v in tiles[:, 4:].sum(0))
+    acc = scores.per_gaussian
     return Measurement(
         acc[:, 0],
         acc[:, 1],
@@ -158,16 +268,16 @@ def global_offset(ctx, num: int) -> tuple[int, int]:
 def select_top(ctx, scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k`` highest-scoring candidates over all ranks (ties: lower global index first), as a
     local [N] bool mask. Every rank gathers the candidates' (score, global index) and applies the
-    same order."""
+    same order, on the device: the gathered rows come in rank order, each rank's in local order,
+    so ascending global index, and a stable sort by descending score breaks ties towards it."""
     offset, _ = global_offset(ctx, scores.shape[0])
     local = candidates.nonzero().squeeze(1)
-    rows = torch.stack([scores[local], (local + offset).double()], dim=1).cpu()  # indices exact < 2^53
+    rows = torch.stack([scores[local], (local + offset).double()], dim=1)  # indices exact < 2^53
     everyone = exchange.all_gather_rows(ctx, rows)
-    by_index = everyone[torch.argsort(everyone[:, 1], stable=True)]
-    order = torch.argsort(-by_index[:, 0], stable=True)
-    chosen = by_index[order[:k], 1].long() - offset
+    order = torch.argsort(-everyone[:, 0], stable=True)
+    chosen = everyone[order[:k], 1].long() - offset
     n = scores.shape[0]
-    chosen = chosen[(chosen >= 0) & (chosen < n)].to(scores.device)
+    chosen = chosen[(chosen >= 0) & (chosen < n)]
     mask = torch.zeros(n, dtype=torch.bool, device=scores.device)
     mask[chosen] = True
     return mask
@@ -218,7 +328,7 @@ def hardware_aware_pruning(
         shard.remove(mask)
         rounds += 1
         per_round.append(dict(candidates=num_candidates, removed=k))
-        m = measure(shard, setup, views, budget, composite=True)
+        m = measure(shard, setup, views, budget, composite=rounds < p.prune_rounds)  # the last: tiles only
     return dict(
         stage=3,
         step=step,
@@ -275,14 +385,16 @@ def run_stages(
         return None
     t0 = time.perf_counter()
     psnr_before = heldout_psnr(shard, setup, testset)
-    stats = stage(shard, setup, trainset, cfg, done)
+    t1 = time.perf_counter()
+    stats = stage(shard, setup, trainset, cfg, done)  # ends on host reads: its work is done
+    t2 = time.perf_counter()
     stats.pop("num_pruned_local", None)
     stats.update(
         num_pruned=stats["num_before"] - stats["num_after"],
-        seconds=time.perf_counter() - t0,
         test_psnr_before=psnr_before,
         test_psnr_after=heldout_psnr(shard, setup, testset),
     )
+    stats.update(seconds=time.perf_counter() - t0, seconds_pruning=t2 - t1)
     report(reporter, stats)
     return stats
 
@@ -305,5 +417,7 @@ def report(reporter: "Reporter", stats: dict) -> None:
         f"prune stage {k} after step {step}: {stats['num_pruned']:,} of {stats['num_before']:,} Gaussians "
         f"removed; tiles within budget {stats['tile_budget']}: {100 * before['fraction_within_budget']:.1f}% "
         f"-> {100 * after['fraction_within_budget']:.1f}% (mean {after['mean_per_tile']:.1f}, max "
-        f"{after['max_per_tile']} per tile)" + (f"; test PSNR {psnr:.3f}" if psnr is not None else "")
+        f"{after['max_per_tile']} per tile)"
+        + (f"; test PSNR {psnr:.3f}" if psnr is not None else "")
+        + f" ({stats['seconds']:.1f} s)"
     )

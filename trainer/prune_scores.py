@@ -5,7 +5,8 @@ the stages and the stage-3 score's derivation.
 
 - :func:`record_statistics`: per received record of a ``render(..., rasterize=False)`` pass,
   the pixels it wins (largest alpha * T, gsplat's compositing weight), its importance (sum of
-  alpha * T, pixels) and its overload (sum over its tiles of max(0, n_t - B)); and the tile counts.
+  alpha * T, pixels) and its overload (sum over its tiles of max(0, n_t - B)); and the tile counts,
+  summed per pass on the device by :func:`tile_sums`.
 - :class:`Measurement`: those sums per local Gaussian over every training view, with the tile
   statistics; :func:`stage3_scores`: score = (overload / B) / (importance + EPS).
 """
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from ..kernels.constants import TILE_SIZE
-from ..kernels.reference import compositing_weights
+from ..kernels import contributions
 from .render import RenderInfo
 
 EPS = 1e-6
@@ -33,18 +34,11 @@ def pixel_winners(
     pixel_ids, record_ids, weights: [M] (kernels.reference.compositing_weights: the contributing
     (pixel, record) pairs and their alpha * T). keys: [R] int64 tie-break per record (the global
     Gaussian index; the lower wins an exact tie). Returns the winning record ids, [P] int64, one per
-    pixel that has any pair."""
+    pixel that has any pair (kernels.contributions.winners_per_pixel without the empty pixels)."""
     if pixel_ids.numel() == 0:
         return record_ids[:0]
-    num_pixels = int(pixel_ids.max()) + 1
-    best = torch.full((num_pixels,), -math.inf, dtype=weights.dtype, device=weights.device)
-    best.scatter_reduce_(0, pixel_ids, weights, "amax")
-    is_best = weights == best[pixel_ids]
-    rec_keys = keys[record_ids]
-    big = torch.iinfo(torch.int64).max
-    best_key = torch.full((num_pixels,), big, dtype=torch.int64, device=keys.device)
-    best_key.scatter_reduce_(0, pixel_ids, torch.where(is_best, rec_keys, big), "amin")
-    return record_ids[is_best & (rec_keys == best_key[pixel_ids])]
+    winners = contributions.winners_per_pixel(pixel_ids, record_ids, weights, keys, int(pixel_ids.max()) + 1)
+    return winners[winners >= 0]
 
 
 def tile_counts(tile_offsets: torch.Tensor, num_isects: int) -> torch.Tensor:
@@ -55,13 +49,18 @@ def tile_counts(tile_offsets: torch.Tensor, num_isects: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def record_statistics(info: RenderInfo, budget: int, composite: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-record statistics of one pass and its tile counts.
+def record_statistics(
+    info: RenderInfo, budget: int, composite: bool, kernel: Optional[bool] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-record statistics of one pass (any number of cameras) and its tile counts.
 
     info: a ``render(..., rasterize=False)`` info. Returns values [*records, 3] float64 with lanes
     (pixels won, importance = sum of alpha * T over pixels, overload = sum over the record's tiles
     of max(0, n_t - budget)), aligned with ``info.records`` for route_to_owners (the first two
-    lanes stay 0 without ``composite``); and the tile counts [C * th * tw] int64.
+    lanes stay 0 without ``composite``); and the tile counts [C * th * tw] int64. The compositing
+    lanes come from kernels.contributions: its Triton kernel (``kernel`` True; None: where it runs,
+    a GPU with Triton) or its PyTorch reference (False). No host synchronization but the
+    reference's own.
     Raises ValueError for a pass without records (gsplat's own, ``--pipeline gsplat-dist``).
     """
     rec, tiles = info.records, info.tiles
@@ -73,31 +72,50 @@ def record_statistics(info: RenderInfo, budget: int, composite: bool) -> tuple[t
     flatten_ids = tiles.flatten_ids
     counts = tile_counts(tiles.offsets, flatten_ids.numel())
     excess = (counts - budget).clamp_min(0).double()
-    tile_of_isect = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts)
+    tile_of_isect = torch.repeat_interleave(
+        torch.arange(counts.numel(), device=device), counts, output_size=flatten_ids.numel()
+    )
     values = torch.zeros(num_records, 3, dtype=torch.float64, device=device)
     values[:, 2].index_add_(0, flatten_ids.long(), excess[tile_of_isect])
-    if composite:
-        pixel_ids, record_ids, weights, _ = compositing_weights(
-            rec.means2d,
-            rec.conics,
-            rec.opacities,
-            info.width,
-            info.height,
-            TILE_SIZE,
-            tiles.offsets,
-            flatten_ids,
-            packed=info.packed,
-        )
+    if composite and num_records:
         if info.packed:
             assert rec.gaussian_ids is not None
             keys = rec.gaussian_ids.long()
         else:
             keys = torch.arange(num_records, device=device) % lead[-1]  # global Gaussian index
-        values[:, 0] = torch.bincount(
-            pixel_winners(pixel_ids, record_ids, weights, keys), minlength=num_records
-        ).double()
-        values[:, 1].index_add_(0, record_ids, weights.double())
+        use_kernel = contributions.runs_on(device) if kernel is None else kernel
+        args = (rec.means2d, rec.conics, rec.opacities, keys, info.width, info.height, tiles.offsets, flatten_ids)
+        if use_kernel:
+            winners, importance = contributions.contributions(*args)
+        else:
+            winners, importance = contributions.reference_contributions(*args, packed=info.packed)
+        values[:, 0].index_add_(0, winners.clamp_min(0), (winners >= 0).double())
+        values[:, 1] = importance
     return values.reshape(*lead, 3), counts
+
+
+def tile_sums(counts: torch.Tensor, budget: int) -> torch.Tensor:
+    """The tile statistics of one pass's counts [T] int64, on their device (no synchronization):
+    [6] float64 (tiles, tiles within ``budget``, sum of counts, max count, sum over the over-budget
+    tiles of n_t - budget, sum of their n_t). Sum several passes' rows with :func:`add_tile_sums`."""
+    over = counts > budget
+    return torch.stack(
+        [
+            torch.full((), float(counts.numel()), dtype=torch.float64, device=counts.device),
+            (~over).sum().double(),
+            counts.sum().double(),
+            counts.max().double() if counts.numel() else counts.new_zeros((), dtype=torch.float64),
+            torch.where(over, counts - budget, 0).sum().double(),
+            torch.where(over, counts, 0).sum().double(),
+        ]
+    )
+
+
+def add_tile_sums(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Two :func:`tile_sums` rows [..., 6] combined: sums, and the max of the max lane."""
+    out = a + b
+    out[..., 3] = torch.maximum(a[..., 3], b[..., 3])
+    return out
 
 
 @dataclass
