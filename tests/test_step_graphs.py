@@ -219,11 +219,11 @@ def test_graphed_fused_step_gives_the_eager_fused_steps_loss_and_gradients():
     assert ns[1] < ns[0]  # the replayed step's buffer held the first step's longer list past its count
 
 
-def test_a_fused_step_too_large_for_one_launch_runs_eagerly_without_ending_the_graphs(monkeypatch):
-    """A fused step whose checkpoint scratch exceeds SPLAT_TRAIN_FUSED_SCRATCH_MB would run the
-    kernel in chunks of tiles, reading the tile offsets on the host, which no capture allows: that
-    step is declined (the eager step runs it; the head counted once) and a later step that fits
-    is captured and replayed."""
+def test_a_fused_step_too_large_for_one_launch_runs_its_tail_uncaptured(monkeypatch):
+    """A fused step whose checkpoint scratch exceeds SPLAT_TRAIN_FUSED_SCRATCH_MB runs the kernel
+    in chunks of tiles, reading the tile offsets on the host, which no capture allows: that step's
+    tail runs uncaptured between the head's replays (no second forward) and gives what the
+    captured tail gives; a later step that fits is captured and replayed."""
     import functools
     import shutil
 
@@ -236,18 +236,27 @@ def test_a_fused_step_too_large_for_one_launch_runs_eagerly_without_ending_the_g
     params = _params()
     head = GraphedHead(reference, 0.01, 1e10, capture=EagerGraphs)
     fused = functools.partial(fr.emulated_fused_raster_loss, ssim_lambda=0.2)
-    step = GraphedStep(head, reference, _loss, capture=EagerCall, fused=fused)
+    step = GraphedStep(head, reference, _loss, capture=EagerCall, fused=fused, absgrad=True)
     cams, gts = _cams([0, 3])
     campos = torch.linalg.inv(cams.viewmats)[:, :3, 3]
     args = (params, cams.viewmats, cams.Ks, campos, cams.width, cams.height, 1, gts)
-    monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", "0.001")  # 262 floats: less than one bucket
-    calls = head.calls
-    assert step(*args) is None
-    assert step.declined == 1 and not step.failed and step.captures == 0 and step._tail is None
-    assert head.calls == calls and all(p.grad is None for p in params.values())
-    monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", "2048")
-    out = step(*args)
-    assert out is not None and step.captures == 1 and step.declined == 1 and torch.isfinite(out.loss)
+    runs = []
+    for scratch_mb in ("0.001", "2048"):  # 262 floats: less than one bucket; then one launch
+        monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", scratch_mb)
+        calls = head.calls
+        out = step(*args)
+        assert out is not None and head.calls == calls + 1  # the head ran once, replayed
+        runs.append((float(out.loss), out.info.absgrad.grad.clone(), {k: p.grad.clone() for k, p in params.items()}))
+        for p in params.values():
+            p.grad = None
+        if scratch_mb == "0.001":
+            assert step.declined == 1 and step.captures == 0 and not step.failed
+    assert step.captures == 1 and step.declined == 1
+    (loss_a, abs_a, grads_a), (loss_b, abs_b, grads_b) = runs
+    assert math.isclose(loss_a, loss_b, rel_tol=1e-6) and torch.isfinite(torch.tensor(loss_a))
+    torch.testing.assert_close(abs_a, abs_b, rtol=1e-5, atol=1e-8)
+    for k in grads_a:
+        torch.testing.assert_close(grads_a[k], grads_b[k], rtol=1e-5, atol=1e-8, msg=k)
 
 
 def test_the_extra_tile_row_ends_each_real_tile_where_the_eager_lists_do():

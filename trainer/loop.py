@@ -474,7 +474,7 @@ class Trainer:
                 f"{whole.failures} failed"
             )
             if whole.declined:
-                line += f", {whole.declined} steps too large for one fused launch ran eagerly"
+                line += f", {whole.declined} steps too large for one fused launch ran their tail uncaptured"
         return line
 
     def save_checkpoint(self) -> Path:

@@ -126,6 +126,17 @@ def tail_function(
     return tail
 
 
+class _Uncaptured:
+    """A tail that runs eagerly at each ``replay()`` (``fn(*inputs())``): a fused kernel too large
+    for one launch, whose host reads no capture allows."""
+
+    def __init__(self, fn: Callable, inputs: Callable[[], tuple]):
+        self.fn, self.inputs = fn, inputs
+
+    def replay(self) -> tuple:
+        return self.fn(*self.inputs())
+
+
 @dataclass
 class StepOutputs:
     """What a graphed step leaves for the optimizer and densification: the loss and its parts
@@ -193,7 +204,7 @@ class GraphedStep:
         self.warn = warn
         self.capacity = 0
         self.captures = self.failures = 0
-        self.declined = 0  # fused steps too large for one launch of the kernel (run eagerly)
+        self.declined = 0  # fused steps too large for one launch of the kernel (their tails ran uncaptured)
         self.capture_seconds = 0.0
         self.failed = False  # a tail capture failed: no more graphed steps in this run
         self._tail: Optional[_Tail] = None
@@ -207,8 +218,8 @@ class GraphedStep:
         on the device) and ``backgrounds`` ([C, 3] or None); leaves the parameters' ``.grad``
         set (static buffers: the optimizer must consume and drop them before the next step).
         Returns None, having set no gradient, when the head runs without a capture for these
-        arguments, a tail capture has failed, or (fused) the kernel would need several launches
-        for this step: the caller then runs its eager step."""
+        arguments or a tail capture has failed: the caller then runs its eager step. A fused
+        step whose kernel needs several launches runs its tail uncaptured (``declined`` counts them)."""
         if self.failed:
             return None
         C = viewmats.shape[0]
@@ -235,14 +246,11 @@ class GraphedStep:
         n = flatten_ids.numel()
         if n > self.capacity or self.capacity == 0:
             self.capacity = capacity_for(n)
-        if self.fused is not None and not fits_one_launch(self.capacity, C * (th + 1) * tw):
-            # the fused kernel would run in chunks of tiles, which reads the tile offsets on the
-            # host: not capturable. This step runs eagerly; a later, smaller one may replay.
-            self._tail = None
-            self.head.calls -= 1  # the eager step calls the head again for this step: count it once
-            self.declined += 1
-            return None
-        key = (run, self.capacity, C, width, height, tuple(gts.shape), backgrounds is None)
+        # a fused kernel too large for one launch runs in chunks of tiles, reading the tile offsets
+        # on the host, which no capture allows: that step's tail runs uncaptured, on the same
+        # static buffers, between the head's two replays (a later, smaller step replays again)
+        uncaptured = self.fused is not None and not fits_one_launch(self.capacity, C * (th + 1) * tw)
+        key = (run, self.capacity, C, width, height, tuple(gts.shape), backgrounds is None, uncaptured)
         if self._tail is not None and self._tail.key == key:
             tail = self._tail
             tail.fill(offsets, flatten_ids, gts, backgrounds)
@@ -252,9 +260,13 @@ class GraphedStep:
             if captured is None:
                 return None
             tail = captured
+        self.declined += uncaptured
         if timer is not None:
             timer.begin("raster_loss_backward")  # the tail: rasterizer, loss and their backward
         loss, l1, ssim, absgrad = tail.call.replay()
+        if self.absgrad and uncaptured:  # a new tensor every call
+            assert tail.absgrad_lanes is not None
+            tail.absgrad_lanes.grad = absgrad
         if timer is not None:
             timer.begin("backward_projection")
         grad_inputs = head_graphs.replay_backward()
@@ -278,10 +290,37 @@ class GraphedStep:
         )
         return StepOutputs(loss, {"l1": l1, "ssim": ssim}, info)
 
+    def _captured_call(self, tail: _Tail, fn: Callable, inputs: Callable[[], tuple], warm_up: bool) -> bool:
+        """Capture ``fn(*inputs())`` into ``tail.call``, warmed up first where ``warm_up`` (a
+        capture that fails without its warm-up is tried once more with it); False when the
+        capture failed (said once through ``warn``; the run goes on eagerly)."""
+        while True:
+            try:
+                if warm_up:  # lazy loading and compilation stay out of the capture
+                    fn(*inputs())
+                if tail.gts.is_cuda:
+                    torch.cuda.synchronize(tail.gts.device)
+                with collector_held():
+                    tail.call = self.capture(fn, inputs())
+                return True
+            except RuntimeError as e:  # torch.AcceleratorError is one
+                if not warm_up:  # a first launch of some kernel in the capture? once more, warmed up
+                    warm_up = True
+                    continue
+                self.failed = True
+                self.failures += 1
+                line = (
+                    "--cuda_graphs: the step's tail could not be captured, steps run eagerly "
+                    f"({str(e).splitlines()[0]})"
+                )
+                (self.warn or warnings.warn)(line)
+                return False
+
     def _capture(self, key, run, outs, width, height, C, th, tw, offsets, flatten_ids, gts, backgrounds):
         """A new :class:`_Tail` for ``key``, filled with this step's data, warmed up once eagerly
         and captured (replayed later by the caller), or None when the capture failed (said once
-        through ``warn``; the run goes on eagerly)."""
+        through ``warn``; the run goes on eagerly). A key of a fused kernel too large for one
+        launch (its last element) gets a tail that runs uncaptured at each replay."""
         start = time.perf_counter()
         tail = _Tail(key, C, th, tw, self.capacity, gts, backgrounds)
         tail.fill(offsets, flatten_ids, gts, backgrounds)
@@ -294,37 +333,21 @@ class GraphedStep:
             return (*leaves, tail.offsets, tail.flatten_ids, tail.masks, tail.gts, tail.backgrounds)
 
         warmed = key[2:]  # all but the head and the capacity: same images, same kernels
-        warm_up = warmed not in self._warmed
-        while True:
-            try:
-                if warm_up:  # lazy loading and compilation stay out of the capture
-                    fn(*inputs())
-                if gts.is_cuda:
-                    torch.cuda.synchronize(gts.device)
-                with collector_held():
-                    tail.call = self.capture(fn, inputs())
-                break
-            except RuntimeError as e:  # torch.AcceleratorError is one
-                if not warm_up:  # a first launch of some kernel in the capture? once more, warmed up
-                    warm_up = True
-                    continue
-                self.failed = True
-                self.failures += 1
-                line = (
-                    "--cuda_graphs: the step's tail could not be captured, steps run eagerly "
-                    f"({str(e).splitlines()[0]})"
-                )
-                (self.warn or warnings.warn)(line)
-                return None
+        uncaptured = key[-1]
+        if uncaptured:  # no capture: the tail runs eagerly at each replay
+            tail.call = _Uncaptured(fn, inputs)
+        elif not self._captured_call(tail, fn, inputs, warm_up=warmed not in self._warmed):
+            return None
         means2d_grad = targets["means2d"]
         # holders whose .grad the strategy reads: stride-0 views, no memory of their own
         tail.means2d = means2d_grad.new_empty(1).expand(means2d_grad.shape)
         tail.means2d.grad = means2d_grad
         if self.absgrad:
             tail.absgrad_lanes = means2d_grad.new_empty(1).expand(means2d_grad.shape)
-            tail.absgrad_lanes.grad = tail.call.outputs[3]
+            tail.absgrad_lanes.grad = tail.call.outputs[3] if not uncaptured else None
         self._tail = tail
-        self._warmed.add(warmed)
-        self.captures += 1
-        self.capture_seconds += time.perf_counter() - start
+        if not uncaptured:
+            self._warmed.add(warmed)
+            self.captures += 1
+            self.capture_seconds += time.perf_counter() - start
         return tail
