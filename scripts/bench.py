@@ -3,6 +3,7 @@ invocation, with the ratio to the baseline.
 
     splat-train bench --data_dir ../shared/data/juicebox --data_factor 4 --world_sizes 1 2
     splat-train bench --synthetic_gaussians 2000000 --resolution 1600x1200 --world_sizes 1 2
+    splat-train bench --synthetic_layout city --synthetic_gaussians 20000000 --resolution 1920x1080
     python -m splat_train.scripts.bench ...            # the same
 
 Each variant is a list of ordinary ``splat-train`` flags (``--variant NAME="--packed ..."`` adds
@@ -214,13 +215,26 @@ def points_knn_rms(points: np.ndarray, device: str) -> np.ndarray:
 def build_scene(args):
     from splat_train.trainer.config import Config
     from splat_train.trainer.data import scene_from_config
+    from splat_train.trainer.data.city import make_city_scene
     from splat_train.trainer.data.synthetic import make_synthetic_scene
 
     if args.data_dir:
         return scene_from_config(Config(data_dir=Path(args.data_dir), data_factor=args.data_factor))
     w, h = (int(v) for v in args.resolution.lower().split("x"))
     device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
+    if args.synthetic_layout == "city":  # its far plane: the trainer's for the layout (variant_flags)
+        return make_city_scene(
+            args.synthetic_gaussians, args.num_cameras, w, h, device=device, num_points=args.synthetic_points
+        )
     return make_synthetic_scene(args.synthetic_gaussians, args.num_cameras, w, seed=0, height=h, device=device)
+
+
+def check_scene_args(args) -> None:
+    """Raise ValueError naming the flag when the scene flags do not go together."""
+    if args.synthetic_points is not None and (args.data_dir or args.synthetic_layout != "city"):
+        raise ValueError("--synthetic_points: only the city (--synthetic_layout city) starts from fewer points")
+    if args.synthetic_points is not None and not 1 <= args.synthetic_points <= args.synthetic_gaussians:
+        raise ValueError(f"--synthetic_points must be in [1, --synthetic_gaussians], got {args.synthetic_points}")
 
 
 def run(args, on_result=None) -> dict:
@@ -237,6 +251,7 @@ def run(args, on_result=None) -> dict:
     if (args.device == "cpu" or not torch.cuda.is_available()) and variants.pop("gsplat-dist", None) is not None:
         print("bench: gsplat-dist skipped (gsplat's distributed rasterization needs a GPU)", file=sys.stderr)
     start = ckpt_step(args.ckpt) if args.ckpt else 0
+    check_scene_args(args)
     check_variants(variants, lambda extra: variant_flags(args, start, extra, "bench-check"))
     scene = build_scene(args)
     if not args.ckpt and scene.points is not None:  # every variant's initial scales, computed once
@@ -340,6 +355,8 @@ def variant_flags(args, start: int, extra: str, result_dir: str) -> list[str]:
     ]
     if args.data_dir:
         flags += ["--data_dir", args.data_dir, "--data_factor", str(args.data_factor)]
+    else:  # the layout's near and far planes, as its ground truth was rendered (config.resolve)
+        flags += ["--synthetic_layout", args.synthetic_layout]
     return flags + shlex.split(extra)
 
 
@@ -392,13 +409,21 @@ def ckpt_step(files: list) -> int:
 
 
 def scene_summary(args, scene) -> dict:
+    """The scene's entry of bench.json; ``visible_fraction``: min / mean / max over the cameras of
+    the share of the true Gaussians each one's projection keeps (synthetic scenes only)."""
+    layout = None if args.data_dir else args.synthetic_layout
+    shares = scene.visible_fraction
     return dict(
-        source=args.data_dir or f"synthetic {args.synthetic_gaussians} Gaussians at {args.resolution}",
+        source=args.data_dir or f"synthetic {layout} {args.synthetic_gaussians} Gaussians at {args.resolution}",
+        layout=layout,
         ckpt=[str(f) for f in args.ckpt] if args.ckpt else None,
         data_factor=args.data_factor if args.data_dir else None,
         num_cameras=len(scene.cameras),
         image_size=[scene.cameras[0].width, scene.cameras[0].height],
         num_points=0 if scene.points is None else len(scene.points),
+        visible_fraction=None
+        if shares is None
+        else dict(min=float(shares.min()), mean=float(shares.mean()), max=float(shares.max())),
     )
 
 
@@ -415,9 +440,16 @@ def markdown(report: dict) -> str:
         "| fused tiles: in budget / resident |"
     )
     start = f" from {len(report['scene']['ckpt'])} checkpoint shard(s)" if report["scene"].get("ckpt") else ""
+    shares = report["scene"].get("visible_fraction")
+    seen = (
+        f" (each sees {100 * shares['min']:.1f}-{100 * shares['max']:.1f}% of the true Gaussians, "
+        f"mean {100 * shares['mean']:.1f}%)"
+        if shares
+        else ""
+    )
     lines = [
         f"Scene: {report['scene']['source']}{start}, {report['scene']['num_cameras']} cameras "
-        f"{report['scene']['image_size'][0]}x{report['scene']['image_size'][1]}; baseline: {base}; "
+        f"{report['scene']['image_size'][0]}x{report['scene']['image_size'][1]}{seen}; baseline: {base}; "
         f"loss (L1 + D-SSIM): {report['variants'][0].get('ranks', [{}])[0].get('ssim_backend', '?')}",
         "",
         head,
@@ -529,6 +561,19 @@ def add_scene_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data_dir", help="real scene folder (else a synthetic scene)")
     p.add_argument("--data_factor", type=int, default=4)
     p.add_argument("--synthetic_gaussians", type=int, default=20_000)
+    p.add_argument(
+        "--synthetic_layout",
+        choices=["orbit", "city"],
+        default="orbit",
+        help="synthetic scene: orbit (a torus knot and a sphere, every camera sees nearly all of it) or city "
+        "(streets and blocks, street-level and aerial cameras, each seeing under 10%% of the Gaussians)",
+    )
+    p.add_argument(
+        "--synthetic_points",
+        type=int,
+        help="city: SfM points the model starts from, a random subset of the true centres (default: one per "
+        "Gaussian, so every variant steps the scene's full size)",
+    )
     p.add_argument("--resolution", type=_resolution, default="256x192", help="synthetic image size WxH")
     p.add_argument("--num_cameras", type=int, default=16, help="synthetic cameras")
 

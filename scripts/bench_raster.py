@@ -1,7 +1,8 @@
 """Rasterization + loss + backward on the same inputs: gsplat's rasterizer, the SSIM + L1 loss and
 gsplat's backward (the unfused step) against the fused native kernel (kernels/fused_raster.py).
 
-    splat-train bench-raster [--data_dir DIR --data_factor 4 | --synthetic_gaussians N --resolution WxH]
+    splat-train bench-raster [--data_dir DIR --data_factor 4 | --synthetic_gaussians N --resolution WxH
+        [--synthetic_layout orbit|city]]
         [--ckpt RUN/ckpts/ckpt_<step>_rank*.pt] [--batch_size C] [--packed]
         [--fused [default ...]] [--repeats 30] [--warmup 5] [--profile CALLS] [--out DIR]
 
@@ -94,7 +95,7 @@ def _fused_configs(specs) -> list:
 
 def capture_inputs(args) -> dict:
     """One batch's records, tile lists and ground truth, as the trainer hands them to rasterization."""
-    from splat_train.scripts.bench import build_scene
+    from splat_train.scripts.bench import build_scene, check_scene_args
     from splat_train.trainer import checkpoint
     from splat_train.trainer.config import from_argv
     from splat_train.trainer.launch import DistContext
@@ -105,8 +106,10 @@ def capture_inputs(args) -> dict:
     device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
     if args.device == "cuda" and device.type != "cuda":
         raise ValueError("--device cuda: no CUDA/ROCm device is visible")
+    check_scene_args(args)
     scene = build_scene(argparse.Namespace(**dict(vars(args), device=device.type)))
-    cfg = from_argv(["default", "--batch_size", str(args.batch_size)] + (["--packed"] if args.packed else []))
+    layout = [] if args.data_dir else ["--synthetic_layout", args.synthetic_layout]  # its near and far planes
+    cfg = from_argv(["default", "--batch_size", str(args.batch_size), *layout] + (["--packed"] if args.packed else []))
     trainer = Trainer(cfg, DistContext(device=device), scene)
     if args.ckpt:
         trainer.load_state_dict(checkpoint.load_shard([Path(f) for f in args.ckpt], 0, 1), restore_rng=False)
@@ -144,6 +147,9 @@ def capture_inputs(args) -> dict:
         num_gaussians=int(trainer.params["means"].shape[0]),
         num_isects=int(tiles.flatten_ids.numel()),
         step=trainer.step,
+        visible_fraction=None  # of the batch's cameras
+        if scene.visible_fraction is None
+        else [float(scene.visible_fraction[trainer.trainset.indices[v]]) for v in views],
     )
 
 
@@ -295,6 +301,8 @@ def run(args) -> dict:
         data_dir=args.data_dir,
         data_factor=args.data_factor if args.data_dir else None,
         synthetic_gaussians=None if args.data_dir else args.synthetic_gaussians,
+        synthetic_layout=None if args.data_dir else args.synthetic_layout,
+        visible_fraction=inputs["visible_fraction"],
         resolution=f"{inputs['width']}x{inputs['height']}",
         batch_size=args.batch_size,
         packed=inputs["packed"],

@@ -297,9 +297,13 @@ class Config:
     synthetic_num_gaussians: int = 600
     """Synthetic scene (no --data_dir): Gaussians of the ground-truth cloud."""
     synthetic_num_cameras: int = 40
-    """Synthetic scene: cameras on the orbit."""
+    """Synthetic scene: cameras (on the orbit, or in the city)."""
     synthetic_image_size: int = 96
-    """Synthetic scene: image width and height, pixels."""
+    """Synthetic scene: image width (and height, unless --synthetic_image_height), pixels."""
+    synthetic_image_height: int = 0
+    """Synthetic scene: image height, pixels; 0 = --synthetic_image_size (square images)."""
+    synthetic_layout: Literal["orbit", "city"] = "orbit"
+    """Synthetic scene: orbit = a torus knot and a sphere seen from cameras on an orbit, each seeing nearly all of it; city = a grid of streets and blocks (facades with windows, roofs, roads, trees, parked cars) seen by street-level and aerial cameras, each seeing under 10% of the Gaussians (trainer/data/city.py: the large-scene benchmark). With city, --far_plane left at its default becomes the city's viewing distance, 350 scene units (metres), which its ground truth is rendered with."""
 
     schedule: Schedule = field(default_factory=Schedule)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -334,10 +338,15 @@ def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
 
 def resolve(cfg: Config) -> Config:
     """Apply ``steps_scaler`` once (the result has ``steps_scaler = 1``, so saving and reloading it
-    reruns exactly the same schedule) and make ``data_dir`` absolute (a saved cfg.yml reruns from
-    any working directory)."""
+    reruns exactly the same schedule), make ``data_dir`` absolute (a saved cfg.yml reruns from
+    any working directory), and give the synthetic city its far plane (data/city.py
+    VIEW_DISTANCE) when ``far_plane`` is at its default."""
     if cfg.data_dir is not None and not Path(cfg.data_dir).is_absolute():
         cfg = dataclasses.replace(cfg, data_dir=Path(cfg.data_dir).absolute())
+    if cfg.data_dir is None and cfg.synthetic_layout == "city" and cfg.far_plane == Config.far_plane:
+        from .data.city import VIEW_DISTANCE
+
+        cfg = dataclasses.replace(cfg, far_plane=VIEW_DISTANCE)
     if cfg.steps_scaler == 1.0:
         return cfg
     return dataclasses.replace(cfg, schedule=scale_schedule(cfg.schedule, cfg.steps_scaler), steps_scaler=1.0)
@@ -375,6 +384,10 @@ def validate(cfg: Config) -> None:
         (not (cfg.resume and cfg.ckpt), "--resume and --ckpt cannot be combined"),
         (cfg.near_plane > 0 and cfg.far_plane > cfg.near_plane, "--near_plane/--far_plane must satisfy 0 < near < far"),
         (cfg.synthetic_image_size >= 16, "--synthetic_image_size must be >= 16"),
+        (
+            cfg.synthetic_image_height == 0 or cfg.synthetic_image_height >= 16,
+            "--synthetic_image_height must be 0 or >= 16",
+        ),
         (cfg.synthetic_num_cameras >= 2, "--synthetic_num_cameras must be >= 2"),
         (
             cfg.schedule.prune_stage2_step >= 0 and cfg.schedule.prune_stage3_step >= 0,

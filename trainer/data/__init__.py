@@ -131,21 +131,40 @@ def scene_from_config(cfg, log: Optional[Callable[[str], None]] = None) -> Scene
     """The scene of ``cfg``: the data dir's, or the embedded synthetic one. ``log``: a callable
     given one line before slow loading work (data.load_scene). The synthetic scene's ground truth
     is rendered on the GPU when the run trains on one (gsplat's ops; the CPU reference renderer
-    takes minutes for millions of Gaussians at full-HD sizes)."""
+    takes minutes for millions of Gaussians at full-HD sizes). ``--synthetic_layout city``: the
+    city of data/city.py rendered with the run's near and far planes; DataError when the run
+    needs what it has not (a camera model other than pinhole, SfM tracks for --depth_loss)."""
     import torch
 
+    from .city import make_city_scene
     from .synthetic import make_synthetic_scene
 
     if cfg.data_dir is None:
-        on_gpu = cfg.device != "cpu" and torch.cuda.is_available()
+        device = "cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu"
+        width, height = cfg.synthetic_image_size, cfg.synthetic_image_height or cfg.synthetic_image_size
+        if cfg.synthetic_layout == "city":
+            if cfg.camera_model != "pinhole":
+                raise DataError(f"--camera_model {cfg.camera_model}: the city's cameras are pinholes")
+            if cfg.depth_loss:
+                raise DataError("--depth_loss needs SfM tracks, which the city has not; use --synthetic_layout orbit")
+            return make_city_scene(
+                cfg.synthetic_num_gaussians,
+                cfg.synthetic_num_cameras,
+                width,
+                height,
+                device=device,
+                near_plane=cfg.near_plane,
+                far_plane=cfg.far_plane,
+            )
         return make_synthetic_scene(
             cfg.synthetic_num_gaussians,
             cfg.synthetic_num_cameras,
-            cfg.synthetic_image_size,
+            width,
+            height=height,
             seed=0,
             camera_model=cfg.camera_model,
             tracks=cfg.depth_loss,
-            device="cuda" if on_gpu else "cpu",
+            device=device,
         )
     if not Path(cfg.data_dir).is_dir():
         raise DataError(f"--data_dir: no such folder: {cfg.data_dir}")

@@ -113,6 +113,7 @@ class Scene:
     images: Optional[list] = None  # synthetic: uint8 [H, W, 3] per camera; None when read from files
     masks: Optional[list] = None  # with in-memory images: bool [H, W] kept pixels or None, per camera
     points_knn_rms: Optional[np.ndarray] = None  # [P] RMS distance of each point to its 3 nearest, when precomputed
+    visible_fraction: Optional[np.ndarray] = None  # synthetic: [C] share of the true Gaussians each camera keeps
 
 
 # ----------------------------------------------------------------------------------------------

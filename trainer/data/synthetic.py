@@ -95,7 +95,8 @@ def make_synthetic_scene(
     the CPU uses the reference renderer. ``tracks``: each camera's ``point_ids`` lists the SfM
     stand-in points it observes: those inside its image whose true centre lies in front of the
     ground truth's expected depth there plus 0.05 scene units (not hidden behind other
-    Gaussians), as an SfM track would (--depth_loss)."""
+    Gaussians), as an SfM track would (--depth_loss). ``Scene.visible_fraction``: each camera's
+    share of the Gaussians its projection keeps (radii > 0)."""
     import importlib
 
     # deferred: the renderer is only needed to build the images
@@ -109,7 +110,7 @@ def make_synthetic_scene(
     rng = np.random.default_rng(seed)
     gt = _cloud(num_gaussians, rng)
     K = _intrinsics(camera_model, width, height)
-    cameras, images, observed = [], [], []
+    cameras, images, observed, visible = [], [], [], []
     means = torch.from_numpy(gt["means"]).to(device)
     quats = torch.tensor([[1.0, 0.0, 0.0, 0.0]], device=device).repeat(num_gaussians, 1)
     scales = torch.from_numpy(gt["scales"]).to(device)
@@ -165,6 +166,7 @@ def make_synthetic_scene(
                     )
                 )
         images.append((img[0].clamp(0, 1).cpu().numpy() * 255.0 + 0.5).astype(np.uint8))
+        visible.append(int((radii[0] > 0).all(-1).sum()) / num_gaussians)
         cameras.append(
             Camera(
                 name=f"synthetic_{i:03d}.png",
@@ -191,4 +193,5 @@ def make_synthetic_scene(
         transform=np.eye(4, dtype=np.float32),
         source="synthetic",
         images=images,
+        visible_fraction=np.asarray(visible),
     )
