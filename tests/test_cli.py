@@ -393,7 +393,8 @@ def test_a_run_says_what_it_loads_and_writes_and_the_lpips_note_once(tmp_path, c
     out = tmp_path / "run"
     assert run("--max_steps", "4", "--eval_steps", "0", "2", "--result_dir", str(out)) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0].startswith("memory: the first step needs about 0.2 GiB of the ")  # the 192 MiB chunk term
+    assert printed[0].startswith("memory: the first step needs about ")
+    assert "GiB runtime and scene, measured, + 0.0 GiB for the step) of the " in printed[0]  # a tiny step
     assert printed[1] == "images: 8 views (7 train, 1 test), 32x32, rendered (synthetic scene), 0.0 MB in memory"
     evaluations = [line for line in printed if line.startswith("step ")]
     assert [line.split(":")[0] for line in evaluations] == ["step 0", "step 2", "step 4"]

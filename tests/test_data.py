@@ -354,8 +354,11 @@ def test_nerf_blender_style_skips_missing_frames(tmp_path):
         ("train/r_3.jpg", "train/r_3.jpg", {}),
     ]
     make_nerf(tmp_path, spec, camera_angle_x=0.8)
-    with pytest.warns(UserWarning, match=r"r_1"):
-        scene = load_scene(tmp_path, normalize=False)
+    lines: list = []
+    scene = load_scene(tmp_path, normalize=False, warn=lines.append)
+    assert lines == [
+        f"warning: {tmp_path / 'transforms.json'}: skipping 1 of 4 frames whose image is missing: ./train/r_1"
+    ]
     assert [c.name for c in scene.cameras] == ["train/r_0.png", "train/r_2.png", "train/r_3.jpg"]
     assert scene.source == "nerf" and scene.points is None and scene.points_rgb is None
     poses = ring_poses(4)
@@ -387,10 +390,31 @@ def test_nerf_intrinsics_distortion_factor_and_normalization(tmp_path):
     assert scene.scene_scale == pytest.approx(np.linalg.norm(centres[0, :2]), rel=1e-5)
 
 
-def test_nerf_all_frames_missing(tmp_path):
+def test_nerf_all_frames_missing(tmp_path, capfd):
+    """Without a ``warn``, the skipped frames are one plain line on stderr (no UserWarning and
+    its source line), then the error."""
     make_nerf(tmp_path, [("a.png", None, {}), ("b.png", None, {})], camera_angle_x=0.8)
-    with pytest.warns(UserWarning), pytest.raises(DataError, match="transforms.json"):
+    with pytest.raises(DataError, match="transforms.json"):
         load_scene(tmp_path)
+    err = capfd.readouterr().err.splitlines()
+    assert err == [
+        f"warning: {tmp_path / 'transforms.json'}: skipping 2 of 2 frames whose image is missing: a.png, b.png"
+    ]
+
+
+def test_a_scene_without_3d_points_is_refused_before_any_image_is_downscaled(tmp_path):
+    """--init_type sfm (need_points) on a COLMAP model with no points, and on a transforms.json
+    (which holds none): a DataError naming the folder and --init_type random, and the downscale
+    cache never written."""
+    make_colmap(tmp_path / "colmap", points=np.zeros((0, 3)))
+    make_nerf(tmp_path / "nerf", [("a.png", "a.png", {}), ("b.png", "b.png", {})], camera_angle_x=0.8)
+    for root in (tmp_path / "colmap", tmp_path / "nerf"):
+        with pytest.raises(DataError, match="no 3D points .*--init_type random") as e:
+            load_scene(root, data_factor=2, need_points=True)
+        assert str(root) in str(e.value)
+    assert not (tmp_path / "cache").exists()
+    assert len(load_scene(tmp_path / "colmap", data_factor=2).points) == 0  # allowed without need_points
+    assert (tmp_path / "cache").is_dir()
 
 
 # ---------------------------------------------------------------------------------------------

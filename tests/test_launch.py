@@ -136,6 +136,31 @@ def test_failure_on_one_rank_ends_all_ranks(capfd):
     assert "boom on rank one" in capfd.readouterr().err
 
 
+def _rank_one_is_killed(ctx: DistContext):
+    import os
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    with ctx.stop.deferred():  # as in training: the launcher's SIGTERM to rank 0 is only recorded
+        for i in range(10_000):
+            if ctx.rank == 1 and i == 3:
+                os.kill(os.getpid(), signal.SIGKILL)  # the out-of-memory killer, say
+            dist.all_reduce(torch.ones(1))
+            time.sleep(0.05)
+
+
+def test_a_killed_rank_is_named_with_its_signal(capfd):
+    """Rank 1 killed (SIGKILL) at W = 2: one line names it and the signal; rank 0, whose
+    collective failed, says so in one line (no gloo traceback, no torch "Terminating process")."""
+    rc = launch(_rank_one_is_killed, (), nproc_per_node=2, device="cpu")
+    err = capfd.readouterr().err
+    assert rc == 128 + 9, err
+    assert "error: rank 1 died (signal 9, SIGKILL, sent from outside the run" in err, err
+    assert "Traceback" not in err and "Terminating process" not in err, err
+
+
 def _rank_one_never_joins(ctx: DistContext):
     import torch
     import torch.distributed as dist
@@ -222,7 +247,7 @@ def test_share_cpu_threads_divides_the_cores(monkeypatch):
 
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(launch.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(launch, "cpu_cores", lambda: 16)
     try:
         assert launch.share_cpu_threads(4) == 4 and torch.get_num_threads() == 4
         assert launch.share_cpu_threads(32) == 1
@@ -230,3 +255,49 @@ def test_share_cpu_threads_divides_the_cores(monkeypatch):
         assert launch.share_cpu_threads(4) == 3
     finally:
         torch.set_num_threads(before)
+
+
+THREADS_SCRIPT = """
+import os, sys, torch
+from splat_train.trainer.launch import launch
+def main(ctx):
+    with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.txt"), "w") as f:
+        f.write(str(torch.get_num_threads()))
+sys.exit(launch(main, (), device="cpu"))
+"""
+
+
+def test_two_torchrun_nodes_on_one_host_share_its_cores(tmp_path):
+    """Two ranks an external launcher started as separate one-process "nodes" of this host (two
+    torchrun calls: LOCAL_WORLD_SIZE 1 each, no OMP_NUM_THREADS) take half the cores each, as the
+    spawned ranks do, rather than every core each."""
+    from splat_train.trainer.launch import cpu_cores
+
+    cores = cpu_cores()
+    if cores < 2:
+        pytest.skip("one core: nothing to share")
+    script = tmp_path / "job.py"
+    script.write_text(THREADS_SCRIPT)
+    port = str(_free_port())
+    base = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path)],
+            env=dict(
+                base,
+                RANK=str(r),
+                WORLD_SIZE="2",
+                LOCAL_RANK="0",
+                LOCAL_WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+            ),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+    assert [int((tmp_path / f"rank{r}.txt").read_text()) for r in range(2)] == [cores // 2] * 2

@@ -249,3 +249,115 @@ def test_a_large_model_is_measured_on_a_sample(monkeypatch, tmp_path):
     assert abs(sampled.footprint.isects / whole.footprint.isects - 1) < 0.1  # a quarter of the points:
     assert abs(sampled.footprint.visible / whole.footprint.visible - 1) < 0.1  # ~300 visible, ~6% noise
     assert abs(sampled.footprint.pairs / whole.footprint.pairs - 1) < 0.1
+
+
+RECORD_ESTIMATE = """
+import json, sys
+from splat_train.trainer import cli, memory
+
+real = memory.first_step_estimate
+
+
+def record(*args, **kwargs):
+    estimate = real(*args, **kwargs)
+    with open(sys.argv[1], "w") as f:
+        json.dump(estimate.terms, f)
+    return estimate
+
+
+memory.first_step_estimate = record
+if __name__ == "__main__":
+    code = cli.main(sys.argv[2:])
+    with open(sys.argv[1] + ".peak", "w") as f:  # this process's high-water mark since its exec
+        f.write(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")))
+    sys.exit(code)
+"""
+
+SHORT_RUN = [
+    "default",
+    "--device",
+    "cpu",
+    "--synthetic_num_cameras",
+    "8",
+    "--synthetic_image_size",
+    "128",
+    "--synthetic_num_gaussians",
+    "2000",
+    "--sh_degree",
+    "1",
+    "--max_steps",
+    "3",
+    "--test_every",
+    "0",
+    "--num_traj_frames",
+    "0",
+]
+
+
+def test_the_estimate_is_within_10_percent_of_a_short_runs_peak_resident_memory(tmp_path):
+    """A real training run in a child process (W = 1): its peak resident memory (VmHWM of its
+    /proc/self/status at the end; ru_maxrss would count the pytest process it was forked from)
+    against the estimate the run printed. The runtime term (the interpreter, torch and the
+    libraries, which the estimate once left out) is most of it here."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(RECORD_ESTIMATE)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "terms.json"), *SHORT_RUN, "--result_dir", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    terms = json.loads((tmp_path / "terms.json").read_text())
+    peak = int((tmp_path / "terms.json.peak").read_text()) * 1024  # kB
+    estimate = sum(terms.values())
+    assert terms["runtime"] > 200 * 2**20  # torch alone is more than that, resident
+    assert estimate - terms["runtime"] > 20 * 2**20  # the step's own buffers count too
+    assert 0.9 <= estimate / peak <= 1.1, (estimate / 2**20, peak / 2**20, terms)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+@pytest.mark.parametrize("raster", ["unfused", "fused"])
+def test_gpu_estimate_is_within_10_percent_of_the_peak_allocated(tmp_path, raster, capsys):
+    """On a GPU the estimate (no runtime term: the CUDA context is outside the allocator) against
+    torch.cuda.max_memory_allocated over a short run of a COLMAP scene, in this process."""
+    from splat_train.trainer.cli import build_scene
+
+    data = _colmap_scene(tmp_path / "s", 640, 480, num_points=300)
+    flags = [
+        "default",
+        "--data_dir",
+        str(data),
+        "--data_factor",
+        "1",
+        "--init_type",
+        "random",
+        "--init_num_pts",
+        "200000",
+        "--test_every",
+        "0",
+        "--max_steps",
+        "5",
+        "--num_traj_frames",
+        "0",
+        "--raster",
+        raster,
+        "--device",
+        "cuda",
+        "--nproc_per_node",
+        "1",
+    ]
+    cfg = parse_args([*flags, "--result_dir", str(tmp_path / "r")])
+    estimate = memory.first_step_estimate(cfg, build_scene(cfg), 1, torch.device("cuda", 0))
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    assert main([*flags, "--result_dir", str(tmp_path / "r")]) == 0
+    peak = torch.cuda.max_memory_allocated()
+    print({k: round(v / 2**20, 1) for k, v in estimate.terms.items()}, "peak MiB", round(peak / 2**20, 1))
+    assert estimate.terms["runtime"] == 0
+    assert 0.9 <= estimate.total / peak <= 1.1, (estimate.total / 2**20, peak / 2**20, estimate.terms)

@@ -70,6 +70,7 @@ def _fake_set(ckpt_dir: Path, step: int, world: int, bad_rank=None) -> None:
 
 
 def test_latest_complete_falls_back_past_an_unreadable_or_incomplete_set(tmp_path):
+    """A truncated rank file and a missing one are reported alike: one line each, naming the file."""
     _fake_set(tmp_path, 100, 2)
     _fake_set(tmp_path, 200, 2, bad_rank=1)
     _fake_set(tmp_path, 300, 3)
@@ -77,7 +78,56 @@ def test_latest_complete_falls_back_past_an_unreadable_or_incomplete_set(tmp_pat
     skipped = []
     step, files = checkpoint.latest_complete(tmp_path, on_skip=skipped.append)
     assert step == 100 and [f.name for f in files] == ["ckpt_100_rank0.pt", "ckpt_100_rank1.pt"]
-    assert len(skipped) == 1 and "step 200" in skipped[0] and "ckpt_200_rank1.pt" in skipped[0]
+    assert len(skipped) == 2, skipped
+    assert skipped[0].startswith("warning: skipping the checkpoints of step 300: ckpt_300_rank2.pt is missing")
+    assert "world size 3" in skipped[0]
+    assert skipped[1].startswith("warning: skipping the checkpoints of step 200: cannot read checkpoint ")
+    assert "ckpt_200_rank1.pt" in skipped[1]
+
+
+def test_a_stray_shard_of_another_world_size_is_named_and_ignored(tmp_path):
+    """A world-size-1 set at step 34 beside a leftover rank-2 file of a 3-rank run at the same
+    step: the newest set still wins, and a line names the leftover."""
+    _fake_set(tmp_path, 30, 1)
+    _fake_set(tmp_path, 34, 3)
+    (tmp_path / "ckpt_34_rank1.pt").unlink()
+    _fake_set(tmp_path, 34, 1)  # rank 0's file replaced by the newer run's
+    lines = []
+    step, files = checkpoint.latest_complete(tmp_path, on_skip=lines.append)
+    assert step == 34 and [f.name for f in files] == ["ckpt_34_rank0.pt"]
+    assert len(lines) == 1 and lines[0].startswith("warning: ignoring ckpt_34_rank2.pt in ")
+    assert "world size 3" in lines[0] and "world size 1" in lines[0]
+    # a shard of another world size among the set's own ranks breaks the set: named, and the older one wins
+    _fake_set(tmp_path, 40, 2)
+    torch.save(dict(params={}, step=40, rank=1, world_size=3), tmp_path / "ckpt_40_rank1.pt")
+    lines.clear()
+    assert checkpoint.latest_complete(tmp_path, on_skip=lines.append)[0] == 34
+    assert lines[0] == (
+        "warning: skipping the checkpoints of step 40: ckpt_40_rank1.pt records world size 3, not the set's 2"
+    )
+
+
+def test_resume_says_which_files_it_skipped_and_when_it_moves_outputs(tmp_path):
+    """Through prepare_result_dir (what main calls): the lines reach its log; --overwrite and
+    --resume auto with nothing to resume each say where the old outputs went."""
+    _fake_set(tmp_path / "ckpts", 10, 1)
+    _fake_set(tmp_path / "ckpts", 12, 2)
+    (tmp_path / "ckpts" / "ckpt_12_rank1.pt").unlink()
+    lines = []
+    assert checkpoint.prepare_result_dir(tmp_path, True, False, False, log=lines.append) is True
+    assert lines == [
+        f"warning: skipping the checkpoints of step 12: ckpt_12_rank1.pt is missing from {tmp_path / 'ckpts'} "
+        "(the set has world size 2)"
+    ]
+    lines.clear()
+    assert checkpoint.prepare_result_dir(tmp_path, False, True, False, log=lines.append) is False
+    (aside,) = tmp_path.glob("superseded_*")
+    assert lines == [f"--overwrite: moved the previous run's outputs (ckpts/) to {aside}/ (nothing deleted)"]
+    (tmp_path / "cfg.yml").write_text("old")
+    lines.clear()
+    assert checkpoint.prepare_result_dir(tmp_path, False, False, False, auto_resume=True, log=lines.append) is False
+    assert len(lines) == 1 and lines[0].startswith(f"--resume auto: nothing to resume in {tmp_path / 'ckpts'}; moved ")
+    assert "(cfg.yml)" in lines[0]
 
 
 def test_resume_refuses_when_no_set_reads(tmp_path):
@@ -143,6 +193,18 @@ def test_timed_checkpoints(tmp_path, monkeypatch):
     )
     steps = sorted(checkpoint.list_checkpoints(tmp_path / "ckpts"))
     assert steps == [3, 6]  # 75 s after the start, then the last step
+
+
+def test_save_every_writes_a_checkpoint_every_n_steps(tmp_path):
+    """--save_every N: checkpoints at every N-th step (and the last), scaled by --steps_scaler as
+    the other step counts are; 0 (off) stays off when scaled."""
+    assert parse_args([*TINY, "--save_every", "4", "--steps_scaler", "0.5"]).schedule.save_every == 2
+    assert parse_args([*TINY, "--steps_scaler", "0.5"]).schedule.save_every == 0
+    with pytest.raises(ValueError, match="--save_every"):
+        parse_args([*TINY, "--save_every", "-1"])
+    command = [*TINY, "--max_steps", "7", "--save_steps", "100", "--save_every", "3", "--result_dir", str(tmp_path)]
+    assert main(command) == 0
+    assert sorted(checkpoint.list_checkpoints(tmp_path / "ckpts")) == [3, 6, 7]
 
 
 def test_cfg_yml_holds_an_absolute_data_dir(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 
-from splat_train.trainer.loop import STOP_CHECK_EVERY
+from splat_train.trainer.launch import STOP_GRACE_S
 
 TINY = [
     "default",
@@ -87,18 +87,28 @@ def _messages(stderr: str) -> list[str]:
     return [line for line in lines if line.strip() and "%|" not in line]
 
 
-def test_sigint_ends_a_run_at_once_with_one_line(tmp_path):
+def _bar_steps(stderr: str) -> list[int]:
+    """The step counts the progress bar showed, in order ("  0%|  | 12/100000 [...")."""
+    return [int(m) for m in re.findall(r"%\|[^|]*\| *(\d+)/\d+", stderr.replace("\r", "\n"))]
+
+
+def test_sigint_writes_a_checkpoint_at_the_next_step_as_sigterm_does(tmp_path):
+    """Ctrl-C during training: one line says so at once, the step in flight finishes, its
+    checkpoint is written, and the run ends (130) with one line naming it."""
     rc, err, _ = _interrupt_when_training(tmp_path, signal.SIGINT)
     assert rc == 130, err
     messages = _messages(err)
-    assert len(messages) == 1, err  # no native stack dump (pycolmap's glog), no traceback
+    assert len(messages) == 2, err  # no native stack dump (pycolmap's glog), no traceback
     assert messages[0] == (
-        f"stopped by SIGINT before the first checkpoint; {tmp_path / 'run'} needs --overwrite to start again"
+        "SIGINT: writing a checkpoint at the next step boundary, then stopping (Ctrl-C again stops at once, "
+        "without one)"
     )
+    step = _newest_checkpoint_step(messages[1], "SIGINT")
+    assert step > 0 and (tmp_path / "run" / "ckpts" / f"ckpt_{step}_rank0.pt").is_file()
 
 
-def _newest_checkpoint_step(message: str) -> int:
-    match = re.match(r"stopped by SIGTERM; the newest checkpoint is step (\d+) in ", message)
+def _newest_checkpoint_step(message: str, name: str = "SIGTERM") -> int:
+    match = re.match(rf"stopped by {name}; the newest checkpoint is step (\d+) in ", message)
     assert match, message
     return int(match.group(1))
 
@@ -109,18 +119,24 @@ def test_sigterm_writes_a_checkpoint_at_the_next_step_and_ends_with_one_line(tmp
     rc, err, _ = _interrupt_when_training(tmp_path, signal.SIGTERM)
     assert rc == 143, err
     messages = _messages(err)
-    assert len(messages) == 1, err
-    step = _newest_checkpoint_step(messages[0])
+    assert len(messages) == 2, err
+    assert messages[0] == "SIGTERM: writing a checkpoint at the next step boundary, then stopping"
+    step = _newest_checkpoint_step(messages[1])
     assert step > 0 and (tmp_path / "run" / "ckpts" / f"ckpt_{step}_rank0.pt").is_file()
+    assert _bar_steps(err)[-1] == step  # the bar's last state is the checkpoint's step, not the one before
 
 
 def test_sigterm_stops_spawned_cpu_ranks(tmp_path):
     rc, err, spawned = _interrupt_when_training(tmp_path, signal.SIGTERM, "--nproc_per_node", "2", "--save_steps", "1")
     assert rc == 143, err
     messages = _messages(err)
-    assert len(messages) == 1, err
-    step = _newest_checkpoint_step(messages[0])  # the ranks agreed on a step and both wrote it
-    assert step > 1 and step % STOP_CHECK_EVERY == 0
+    assert len(messages) == 2, err
+    assert messages[0] == (
+        "SIGTERM: ranks 0, 1 write a checkpoint at the next step boundary, then end; a rank still running "
+        f"{STOP_GRACE_S:g} s from now is killed (SIGKILL)"
+    )
+    step = _newest_checkpoint_step(messages[1])  # the ranks agreed on a step and both wrote it
+    assert step > 1
     assert all((tmp_path / "run" / "ckpts" / f"ckpt_{step}_rank{r}.pt").is_file() for r in (0, 1))
     assert len(spawned) >= 2  # the two ranks (and multiprocessing's resource tracker)
     deadline = time.monotonic() + 60
@@ -204,3 +220,108 @@ def test_sigterm_then_the_same_command_equals_an_uninterrupted_run(tmp_path):
         b = torch.load(tmp_path / "requeued" / "ckpts" / f"ckpt_120_rank{rank}.pt", weights_only=False)
         for name in a["params"]:
             assert torch.equal(a["params"][name], b["params"][name]), (rank, name)
+
+
+# A run whose every step takes SLOW_STEP_S longer (a sleep in train_step), with the launcher's grace
+# and the ranks' agreement budget shortened to keep the test short. Spawned ranks import this
+# script as their __mp_main__, so the same changes apply in every rank.
+SLOW = """
+import sys, time
+from splat_train.trainer import cli, launch, loop
+
+launch.STOP_GRACE_S = {grace}
+launch.STOP_AGREE_BUDGET_S = {budget}
+real_step = loop.Trainer.train_step
+
+
+def slow_step(self, step):
+    time.sleep({sleep})
+    return real_step(self, step)
+
+
+loop.Trainer.train_step = slow_step
+if __name__ == "__main__":
+    sys.exit(cli.main(sys.argv[1:]))
+"""
+SLOW_STEP_S, GRACE_S, BUDGET_S = 1.5, 15.0, 1.0
+
+
+def _slow_run(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, queue.Queue]:
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW.format(grace=GRACE_S, budget=BUDGET_S, sleep=SLOW_STEP_S))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *TINY, *flags, "--result_dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)], daemon=True).start()
+    return proc, lines
+
+
+def _wait_for(lines: queue.Queue, proc: subprocess.Popen, prefix: str) -> str:
+    while True:
+        line = lines.get(timeout=300)
+        assert line is not None, f"the run ended before printing {prefix!r}: {proc.stderr.read()}"
+        if line.startswith(prefix):
+            return line
+
+
+def _stop_slow_run(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
+    try:
+        time.sleep(2 * SLOW_STEP_S)  # a step or two in
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err
+
+
+def test_sigterm_at_two_ranks_with_slow_steps_checkpoints_within_the_grace_and_resumes(tmp_path):
+    """Steps slower than the ranks' agreement budget: the ranks agree at every step boundary, so
+    a SIGTERM is answered at the next one, with a checkpoint of both ranks, well before the
+    launcher's grace ends (at 20 steps between agreements it would have killed them first, with no
+    checkpoint); the same command then resumes it."""
+    command = ("--nproc_per_node", "2", "--resume", "auto")
+    proc, lines = _slow_run(tmp_path, *command)
+    _wait_for(lines, proc, "splat-train:")
+    rc, err = _stop_slow_run(proc, signal.SIGTERM)
+    assert rc == 143, err
+    messages = _messages(err)
+    assert messages[0] == (
+        f"SIGTERM: ranks 0, 1 write a checkpoint at the next step boundary, then end; a rank still running "
+        f"{GRACE_S:g} s from now is killed (SIGKILL)"
+    ), err
+    assert not any("killed (SIGKILL);" in m or "still running" in m for m in messages[1:]), err
+    step = _newest_checkpoint_step(messages[-1])
+    assert step >= 1 and all((tmp_path / "run" / "ckpts" / f"ckpt_{step}_rank{r}.pt").is_file() for r in (0, 1))
+    assert _bar_steps(err)[-1] == step
+    again, lines = _slow_run(tmp_path, *command)  # the same command
+    assert _wait_for(lines, again, "resumed from step").startswith(f"resumed from step {step} (world size 2)")
+    _wait_for(lines, again, "splat-train:")
+    rc, err = _stop_slow_run(again, signal.SIGTERM)
+    assert rc == 143, err
+    assert _newest_checkpoint_step(_messages(err)[-1]) > step
+
+
+def test_a_second_sigint_stops_at_once(tmp_path):
+    """A user's Ctrl-C, then another before the step in flight ends: the run ends at once (130),
+    without the checkpoint the first one asked for."""
+    proc, lines = _slow_run(tmp_path)
+    _wait_for(lines, proc, "splat-train:")
+    try:
+        time.sleep(SLOW_STEP_S / 3)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(SLOW_STEP_S / 10)  # within the same step
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    messages = _messages(err)
+    assert messages[0].startswith("SIGINT: writing a checkpoint at the next step boundary"), err
+    assert messages[-1].startswith("stopped by SIGINT before the first checkpoint"), err
+    assert not (tmp_path / "run" / "ckpts").exists()

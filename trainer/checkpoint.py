@@ -21,6 +21,7 @@ import datetime
 import re
 import shutil
 import zipfile
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -100,7 +101,8 @@ def prepare_result_dir(
     ``evaluating`` (--ckpt) writes into any folder, as before. Only with ``mutate`` (the one
     process of the job that may: rank 0, or the launcher that spawns the ranks) is anything moved
     or cleaned (stale ``.*.tmp`` files of interrupted writes); every process decides the same.
-    ``log``: a callable given a line for each skipped unreadable set."""
+    ``log``: a callable given a line for each skipped or ignored checkpoint file
+    (:func:`latest_complete`) and one when outputs are moved aside."""
     result_dir = Path(result_dir)
     if resume or auto_resume:
         skipped: list[str] = []
@@ -111,11 +113,14 @@ def prepare_result_dir(
                 remove_stale_temporaries(result_dir)
             return True
         if not auto_resume:
-            why = f" ({skipped[0].removeprefix('warning: skipping the checkpoints of ')})" if skipped else ""
-            raise ValueError(f"--resume: no complete, readable set of checkpoints in {result_dir / 'ckpts'}{why}")
+            reasons = f" ({'; '.join(line.removeprefix('warning: ') for line in skipped)})" if skipped else ""
+            raise ValueError(f"--resume: no complete, readable set of checkpoints in {result_dir / 'ckpts'}{reasons}")
         for line in skipped if log is not None else []:
             log(line)
         overwrite = True  # --resume auto with nothing to resume: a fresh start
+        why = f"--resume auto: nothing to resume in {result_dir / 'ckpts'}; "
+    else:
+        why = "--overwrite: "
     existing = list_checkpoints(result_dir / "ckpts")
     outputs = run_outputs(result_dir)
     if not outputs or evaluating:
@@ -136,11 +141,16 @@ def prepare_result_dir(
         )
     if mutate:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        aside = result_dir / f"superseded_{stamp}"
+        aside, n = result_dir / f"superseded_{stamp}", 1
+        while aside.exists():  # a second move within the same second
+            n += 1
+            aside = result_dir / f"superseded_{stamp}_{n}"
         aside.mkdir()
         for name in RUN_OUTPUTS:
             if (result_dir / name).exists():
                 shutil.move(str(result_dir / name), str(aside / name))
+        if log is not None:
+            log(f"{why}moved the previous run's outputs ({', '.join(outputs)}) to {aside}/ (nothing deleted)")
     return False
 
 
@@ -223,25 +233,76 @@ def read(path: Path) -> dict:
     return state
 
 
+def _recorded_world_size(path: Path) -> int:
+    """The world size a checkpoint file records, read memory-mapped (nothing big is loaded).
+    Raises ValueError naming the file when it cannot be read (:func:`check_readable`)."""
+    check_readable(path)
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=False, mmap=True)["world_size"])
+    except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError ...; KeyError: not ours
+        reason = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {reason}") from e
+
+
+def _set_of_step(step: int, files: dict[int, Path]) -> tuple[Optional[list[Path]], list[str]]:
+    """(the files of ``step``'s set in rank order, or None when it is incomplete; the lines that
+    say what is wrong). The set's world size is the one rank 0's file records (else the one most
+    readable files record). A file that records another world size, or a rank beyond it, is a
+    shard of another run left at the same step: named and ignored. A rank file of the set that is
+    missing, unreadable (truncated, corrupted) or of another world size makes it incomplete: one
+    line, naming each such file."""
+    worlds: dict[int, int] = {}
+    unreadable: dict[int, str] = {}
+    for rank, path in sorted(files.items()):
+        try:
+            worlds[rank] = _recorded_world_size(path)
+        except ValueError as e:
+            unreadable[rank] = str(e)
+    if 0 in worlds:
+        world = worlds[0]
+    elif worlds:
+        world = Counter(worlds.values()).most_common(1)[0][0]
+    else:  # nothing reads: the ranks present are the set's
+        world = max(files) + 1
+    folder = next(iter(files.values())).parent
+    strays = [r for r, w in worlds.items() if w != world]
+    strays += [r for r in unreadable if r >= world]
+    problems = [unreadable[r] for r in sorted(unreadable) if r < world]
+    problems += [
+        f"{files[r].name} records world size {worlds[r]}, not the set's {world}" for r in sorted(strays) if r < world
+    ]
+    absent = [file_name(step, r) for r in range(world) if r not in files]
+    if absent:
+        problems.append(
+            f"{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} missing from {folder} (the set has world size {world})"
+        )
+    lines = [f"warning: skipping the checkpoints of step {step}: {'; '.join(problems)}"] if problems else []
+    ignored = sorted(r for r in strays if r >= world)
+    if ignored:
+        names = ", ".join(files[r].name for r in ignored)
+        others = sorted({worlds[r] for r in ignored if r in worlds})
+        lines.append(
+            f"warning: ignoring {names} in {folder}: "
+            + (f"shard(s) of a run of world size {', '.join(map(str, others))}" if others else "unreadable")
+            + f", not of step {step}'s set of world size {world} (left by an earlier run)"
+        )
+    return (None if problems else [files[r] for r in range(world)]), lines
+
+
 def latest_complete(ckpt_dir: Path, on_skip=None) -> Optional[tuple[int, list[Path]]]:
-    """(step, files in rank order) of the newest step whose every rank's file exists and reads
-    (:func:`check_readable`, and the world size from the first file, memory-mapped: nothing big
-    is loaded). A newer set with an unreadable file (a truncated write under its final name, a
-    bad disk) is skipped for the next older one, with one line to ``on_skip`` when given."""
+    """(step, files in rank order) of the newest step whose every rank's file exists, reads
+    (:func:`check_readable`, and the world size it records, memory-mapped: nothing big is loaded)
+    and records the set's world size. A newer set with a missing or unreadable rank file (a kill
+    mid-write, a bad disk) is skipped for the next older one, and a stray shard of another world
+    size at a step is ignored (:func:`_set_of_step`); each with one line to ``on_skip`` when
+    given."""
     found = list_checkpoints(ckpt_dir)
     for step in sorted(found, reverse=True):
-        ranks = found[step]
-        try:
-            for path in ranks.values():
-                check_readable(path)
-            first = ranks[min(ranks)]
-            world = torch.load(first, map_location="cpu", weights_only=False, mmap=True)["world_size"]
-        except (ValueError, RuntimeError, KeyError, EOFError) as e:
-            if on_skip is not None:
-                on_skip(f"warning: skipping the checkpoints of step {step}: {e}")
-            continue
-        if sorted(ranks) == list(range(world)):
-            return step, [ranks[r] for r in range(world)]
+        files, lines = _set_of_step(step, found[step])
+        for line in lines if on_skip is not None else []:
+            on_skip(line)
+        if files is not None:
+            return step, files
     return None
 
 

@@ -7,8 +7,10 @@
     splat-train view RESULT_DIR|FILE.ply [--port 8080]  # browse a run's newest export (viewer.py)
 
 User errors (bad flag, bad data, an occupied result dir, a first step that cannot fit in memory)
-print one ``error:`` line naming the flag or file and exit with status 2. SIGTERM and SIGINT end a
-run with one line and status 143 / 130 (128 + the signal number), the spawned ranks stopped.
+print one ``error:`` line naming the flag or file and exit with status 2. SIGTERM and SIGINT
+(Ctrl-C) during training write a checkpoint at the next step boundary, then end the run with one
+line and status 143 / 130 (128 + the signal number), the spawned ranks stopped; a second Ctrl-C
+stops at once; before training either ends the run at once.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def _usage() -> str:
         f"presets: {', '.join(preset_names())}\n"
         "  `splat-train PRESET --help` lists every flag with its default.\n"
         "  Without --data_dir the embedded synthetic scene is trained.\n"
+        "  Ctrl-C or SIGTERM: a checkpoint at the next step boundary, then the run ends (Ctrl-C twice:\n"
+        "  at once); the same command with --resume auto continues it.\n"
     )
 
 

@@ -46,6 +46,8 @@ class Schedule:
     """Steps after which the test views are rendered and scored (the last step is always scored)."""
     save_steps: list[int] = field(default_factory=lambda: [7_000, 30_000])
     """Steps after which each rank writes ``ckpts/ckpt_<step>_rank<r>.pt``."""
+    save_every: int = 0
+    """Also write a checkpoint every this many steps (0: only at --save_steps, the last step, --save_every_minutes and on SIGTERM / SIGINT)."""
     ply_steps: list[int] = field(default_factory=lambda: [7_000, 30_000])
     """Steps after which a PLY is exported (a PLY is always exported after the last step)."""
     sh_degree_interval: int = 1_000
@@ -61,7 +63,7 @@ class Schedule:
     pause_refine_after_reset: Annotated[int, _gsplat_alias("--strategy.pause_refine_after_reset")] = 0
     """Default strategy: no densification for this many steps after an opacity reset."""
     log_every: Annotated[int, _gsplat_alias("--tb_every")] = 100
-    """Write TensorBoard scalars (and with --tb_save_image the training render) and refresh the progress bar's loss every this many steps (gsplat's --tb_every)."""
+    """Write TensorBoard scalars (and with --tb_save_image the training render) and refresh the progress bar's figures every this many steps (gsplat's --tb_every): loss (the last step's), gs (Gaussians on rank 0) and it/s (training steps per second over those steps, evaluation included)."""
     bilateral_grid_warmup: int = 1_000
     """--use_bilateral_grid: the grids' learning rate rises linearly from 1% over this many steps (gsplat's fixed 1000)."""
     profile_start_step: int = 100
@@ -252,11 +254,11 @@ class Config:
     seed: int = 42
     """Random seed (each rank draws its cameras with its own stream)."""
     resume: bool = False
-    """Continue from the newest complete, readable set of checkpoints in result_dir/ckpts (an unreadable newer set is skipped with a warning)."""
+    """Continue from the newest complete, readable set of checkpoints in result_dir/ckpts (a newer set with a missing or unreadable rank file is skipped, and a stray shard of another world size ignored, each with a warning). `--resume auto`: continue when there is such a set, else start afresh: the same command can be rerun after a preemption."""
     auto_resume: bool = False
     """`--resume auto`: continue when result_dir/ckpts holds a complete set, else start afresh (moving a stopped run's other outputs aside): the same command can be rerun after a preemption (SLURM requeue, torchrun --max-restarts)."""
     save_every_minutes: float = 0.0
-    """Also write a checkpoint whenever this many minutes passed since the last one (0: only at --save_steps and on SIGTERM)."""
+    """Also write a checkpoint whenever this many minutes passed since the last one (0: only at --save_steps, --save_every and on SIGTERM / SIGINT)."""
     dist_timeout_s: float = 1800.0
     """Seconds a collective (and the rendezvous) waits for a slower rank before the run fails."""
     overwrite: bool = False
@@ -314,7 +316,7 @@ class Config:
 def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
     """Multiply every field of ``schedule`` by ``factor`` (rounding down; gsplat's adjust_steps).
 
-    Step counts that are intervals or lengths (``*_every``, ``*_interval``, ``*_warmup``) never fall below 1.
+    Step counts that are intervals or lengths (``*_every``, ``*_interval``, ``*_warmup``) never fall below 1 (0, off, stays 0).
     Raises ValueError naming --steps_scaler when it leaves ``max_steps`` at 0 (gsplat would train
     no step; a run of one step instead would hide the slip).
     """
@@ -330,8 +332,8 @@ def scale_schedule(schedule: Schedule, factor: float) -> Schedule:
             values[f.name] = [int(v * factor) for v in value]
         else:
             scaled = int(value * factor)
-            if f.name.endswith(("_every", "_interval", "_warmup")) or f.name == "profile_num_steps":
-                scaled = max(scaled, 1)
+            if value > 0 and (f.name.endswith(("_every", "_interval", "_warmup")) or f.name == "profile_num_steps"):
+                scaled = max(scaled, 1)  # (0 stays 0: off, as --save_every 0)
             values[f.name] = scaled
     return Schedule(**values)
 
@@ -380,6 +382,7 @@ def validate(cfg: Config) -> None:
             "--resume auto cannot be combined with --overwrite or --ckpt",
         ),
         (cfg.save_every_minutes >= 0, "--save_every_minutes must be >= 0 (0 = off)"),
+        (cfg.schedule.save_every >= 0, "--save_every must be >= 0 (0 = off)"),
         (cfg.dist_timeout_s > 0, "--dist_timeout_s must be > 0"),
         (not (cfg.resume and cfg.ckpt), "--resume and --ckpt cannot be combined"),
         (cfg.near_plane > 0 and cfg.far_plane > cfg.near_plane, "--near_plane/--far_plane must satisfy 0 < near < far"),

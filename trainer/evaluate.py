@@ -35,9 +35,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @torch.no_grad()
-def render_views(shard: "GaussianShard", setup: RenderSetup, cams: list[CameraBatch]) -> list[np.ndarray]:
+def render_views(
+    shard: "GaussianShard", setup: RenderSetup, cams: list[CameraBatch], progress: Optional[Callable[[], None]] = None
+) -> list[np.ndarray]:
     """Render ``cams`` (this rank's share) collectively at the full SH degree; returns float32
-    [H, W, 3] arrays.
+    [H, W, 3] arrays. ``progress``: called after each round.
 
     Every rank must call this with the same number of rounds: pass the same ``len(cams)`` (pad
     this rank's share of exchange.deal_views)."""
@@ -47,6 +49,8 @@ def render_views(shard: "GaussianShard", setup: RenderSetup, cams: list[CameraBa
         res = setup(gaussians, cam)
         assert res.colors is not None
         out.append(res.colors[0].clamp(0, 1).float().cpu().numpy())
+        if progress is not None:
+            progress()
     return out
 
 
@@ -301,9 +305,19 @@ class Evaluation:
             )
             for i in picks
         ]
-        frames = render_views(shard, self.setup, cams)[: len(mine)]
-        gathered = exchange.gather_to_main(ctx, list(zip(mine, frames)))
-        if gathered is None:  # rank 0 writes the video
-            return None
-        ordered = [f for _, f in sorted((x for part in gathered for x in part), key=lambda x: x[0])]
-        return optional(f"video {path}", lambda: write_video(path, ordered))
+        from tqdm import tqdm
+
+        # rank 0's bar below the training bar: the frames of every rank, one round of W at a time
+        bar = tqdm(total=n, desc="video", unit="frame", leave=False, disable=not self.report.active, dynamic_ncols=True)
+        try:
+            frames = render_views(
+                shard, self.setup, cams, progress=lambda: bar.update(min(ctx.world_size, bar.total - bar.n))
+            )[: len(mine)]
+            gathered = exchange.gather_to_main(ctx, list(zip(mine, frames)))
+            if gathered is None:  # rank 0 writes the video
+                return None
+            ordered = [f for _, f in sorted((x for part in gathered for x in part), key=lambda x: x[0])]
+            bar.set_description("video: encoding")
+            return optional(f"video {path}", lambda: write_video(path, ordered))
+        finally:
+            bar.close()

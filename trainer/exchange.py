@@ -79,6 +79,20 @@ def any_rank(ctx: DistContext, flags: Sequence[bool]) -> list[bool]:
     return [bool(v) for v in values.cpu().tolist()]
 
 
+def max_over_ranks(ctx: DistContext, values: Sequence[float]) -> list[float]:
+    """Each value's maximum over the ranks: one all_reduce (MAX) of a few float64 control values,
+    read on the host (a synchronization; no Gaussian data), counted in the "control" phase of
+    the rank's CommStats. Identity at world size 1."""
+    if ctx.world_size == 1:
+        return [float(v) for v in values]
+    tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=ctx.comm_device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=ctx.group)
+    phase, ctx.stats.phase = ctx.stats.phase, "control"
+    ctx.stats.record("all_reduce", tensor.numel() * 8, tensor.numel() * 8)
+    ctx.stats.phase = phase
+    return [float(v) for v in tensor.cpu().tolist()]
+
+
 def from_main(ctx: DistContext, obj):
     """Rank 0's ``obj`` on every rank (a pickled broadcast through the host; control values only,
     e.g. rank 0's decision to resume and from which files). Identity at world size 1."""

@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import faulthandler
+import logging
+import math
 import os
 import signal
 import socket
@@ -42,6 +44,9 @@ log = get_logger(__name__)
 
 DIST_TIMEOUT_S = 1800.0  # default --dist_timeout_s: rank 0 alone scores and writes evaluation images
 STOP_GRACE_S = 120.0  # after SIGTERM, what ranks get to checkpoint before SIGKILL (SLURM's TERM@120)
+# W > 1: the longest a stop request waits for the ranks' next agreement, when steps are shorter
+# (StopRequest.schedule): well inside this launcher's grace and torchrun's 30 s
+STOP_AGREE_BUDGET_S = 10.0
 
 
 @dataclass
@@ -113,22 +118,68 @@ class Interrupted(BaseException):
 
 @dataclass
 class StopRequest:
-    """A SIGTERM the training loop answers at its next step boundary (every rank agrees on the
-    step, writes its checkpoint, then ends with :class:`Interrupted`) rather than at once: SLURM's
-    preemption warning (``--signal=TERM@120``) and a launcher's SIGTERM leave a checkpoint to
-    resume from. ``deferring`` is set while the loop can answer (:meth:`deferred`); ``signum`` is
-    the request (0: none). Per process, passed in the DistContext: no global state."""
+    """A SIGTERM or SIGINT the training loop answers at its next step boundary (every rank agrees
+    on the step, writes its checkpoint, then ends with :class:`Interrupted`) rather than at once:
+    SLURM's preemption warning (``--signal=TERM@120``), a launcher's SIGTERM and a user's Ctrl-C
+    leave a checkpoint to resume from. ``deferring`` is set while the loop can answer
+    (:meth:`deferred`); ``signum`` is the request (0: none; the first signal's). Per process,
+    passed in the DistContext: no global state.
+
+    ``announce``: this process says, on stderr, that it got the request (the one process that
+    speaks for the job: an in-process run, rank 0 under an external launcher; spawned ranks leave
+    it to their launcher). ``abort_on_repeat``: a second SIGINT ends the process at once (a user's
+    second Ctrl-C; off where a launcher forwards the SIGINT its ranks also received, as torchrun
+    does).
+
+    With W > 1 the ranks agree on a request only at some step boundaries (a collective each
+    time): :meth:`check_due` says whether ``done`` is one, :meth:`seconds_per_step` what this rank
+    measured since the last, and :meth:`schedule` sets the next from the ranks' slowest figure,
+    so that a request waits at most about STOP_AGREE_BUDGET_S (or one step, when a step is longer)."""
 
     deferring: bool = False
     signum: int = 0
+    announce: bool = False
+    abort_on_repeat: bool = False
+    next_check: int = 0  # the step boundary of the next agreement (0: the first boundary of the loop)
+    checked_step: Optional[int] = None  # the boundary of the previous agreement (None: the loop's start)
+    checked_at: float = 0.0  # time.monotonic() then
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
         self.deferring = True
+        self.next_check, self.checked_step, self.checked_at = 0, None, time.monotonic()
         try:
             yield
         finally:
             self.deferring = False
+
+    def check_due(self, done: int) -> bool:
+        """Whether the ranks agree at the boundary after ``done`` steps (every rank answers alike)."""
+        return done >= self.next_check
+
+    def seconds_per_step(self, done: int) -> float:
+        """Seconds per step on this rank since the previous agreement (the loop's first boundary:
+        since the loop started, one step), all that ran between them included."""
+        steps = 1 if self.checked_step is None else max(done - self.checked_step, 1)
+        return (time.monotonic() - self.checked_at) / steps
+
+    def schedule(self, done: int, step_s: float, most: int) -> int:
+        """After an agreement at ``done`` on the ranks' slowest ``step_s`` seconds per step: the
+        next comes clamp(floor(STOP_AGREE_BUDGET_S / step_s), 1, most) steps later. Every rank
+        computes it from the same numbers, so every rank calls the next collective at the same
+        step. Returns that step."""
+        gap = most if step_s <= 0 else min(most, max(1, math.floor(STOP_AGREE_BUDGET_S / step_s)))
+        self.next_check, self.checked_step, self.checked_at = done + gap, done, time.monotonic()
+        return self.next_check
+
+
+def _write_stderr(line: str) -> None:
+    """``line`` on stderr from a signal handler: straight to the file descriptor, as the handler
+    may run while the main thread is inside a write to sys.stderr (a buffered write re-entered raises)."""
+    try:
+        os.write(2, f"\n{line}\n".encode())
+    except OSError:  # pragma: no cover - stderr closed
+        pass
 
 
 @contextlib.contextmanager
@@ -137,15 +188,26 @@ def interruptible(stop: Optional[StopRequest] = None) -> Iterator[None]:
     ends through its own exception handling: one line, the spawned ranks stopped. The handlers
     replace native ones installed at import (pycolmap's glog prints a native stack trace on
     SIGTERM), so enter the block after the imports. A second signal meanwhile takes the default
-    action (ends the process at once). While ``stop`` is deferring, SIGTERM only records the
-    request (repeats too: a launcher forwards the signal its ranks also received); SIGINT still
-    raises. The previous handlers are restored on exit; outside the main thread this does nothing."""
+    action (ends the process at once). While ``stop`` is deferring, either signal only records the
+    request (repeats too: a launcher forwards the signal its ranks also received), except a second
+    SIGINT where ``stop.abort_on_repeat``, which raises at once. The previous handlers are
+    restored on exit; outside the main thread this does nothing."""
     previous: dict = {}
 
     def handler(signum, frame):
-        if stop is not None and stop.deferring and signum == signal.SIGTERM:
-            stop.signum = int(signum)
-            return
+        if stop is not None and stop.deferring:
+            repeat = signum == signal.SIGINT and stop.abort_on_repeat and stop.signum == signal.SIGINT
+            if not repeat:
+                if stop.announce and not stop.signum:
+                    name = signal.Signals(signum).name
+                    again = (
+                        " (Ctrl-C again stops at once, without one)"
+                        if stop.abort_on_repeat and signum == signal.SIGINT
+                        else ""
+                    )
+                    _write_stderr(f"{name}: writing a checkpoint at the next step boundary, then stopping{again}")
+                stop.signum = stop.signum or int(signum)
+                return
         for sig in previous:
             signal.signal(sig, signal.SIG_DFL)
         raise Interrupted(signum)
@@ -370,8 +432,17 @@ def _worker(
     except (ValueError, LaunchError) as e:
         log.error(f"error (rank {local_rank}): {e}")
         code = 2
-    except BaseException:
-        log.error(f"rank {local_rank} failed:\n{traceback.format_exc()}")
+    except BaseException as e:
+        if _in_collective(e):  # a peer ended: the launcher names it and how; no traceback here
+            reason = (str(e).strip().splitlines() or [""])[0]
+            if (
+                reason.startswith("[") and "] " in reason
+            ):  # gloo's "[<source file>:<line>] Read error ...: ...peer. This is ..."
+                reason = reason.split("] ", 1)[1].split(". ", 1)[0]
+            reason = reason[:300]
+            log.error(f"error (rank {local_rank}): a collective failed, most likely as another rank ended ({reason})")
+        else:
+            log.error(f"rank {local_rank} failed:\n{traceback.format_exc()}")
         code = 1
     if code:
         # Exit at once: destroying the group would wait for peers blocked in a collective (NCCL
@@ -381,15 +452,36 @@ def _worker(
     end_rank()
 
 
+def _in_collective(error: BaseException) -> bool:
+    """Whether ``error`` was raised inside torch.distributed (a collective whose peer went away:
+    gloo's "Connection reset by peer", NCCL's watchdog ...), by the innermost frame of its traceback."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return (
+        isinstance(error, RuntimeError)
+        and bool(frames)
+        and "torch/distributed/" in frames[-1].filename.replace("\\", "/")
+    )
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask (taskset, cgroup cpusets, SLURM's
+    binding), else os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 def share_cpu_threads(local_processes: int) -> int:
-    """Give this process ``cores / local_processes`` CPU threads (at least 1) for torch's intra-op
-    pool and OpenCV, and return that number: ranks on one host share its cores, and each
+    """Give this process ``cpu_cores() // local_processes`` CPU threads (at least 1) for torch's
+    intra-op pool and OpenCV, and return that number: ranks on one host share its cores, and each
     library's default of one thread per core oversubscribes them (torchrun sets
-    OMP_NUM_THREADS=1 for the same reason). An OMP_NUM_THREADS the user exported wins."""
+    OMP_NUM_THREADS=1 for the same reason, but only for several processes of one of its "nodes").
+    An OMP_NUM_THREADS the user exported wins."""
     if os.environ.get("OMP_NUM_THREADS"):
         threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
     else:
-        threads = max(1, (os.cpu_count() or 1) // max(1, local_processes))
+        threads = max(1, cpu_cores() // max(1, local_processes))
     torch.set_num_threads(threads)
     try:
         import cv2
@@ -398,6 +490,21 @@ def share_cpu_threads(local_processes: int) -> int:
     except ImportError:  # pragma: no cover - opencv is a dependency
         pass
     return threads
+
+
+def ranks_sharing_cores(ctx: DistContext) -> int:
+    """The ranks of the job (this one included) on this host that run on this rank's CPU cores:
+    one all_gather_object of (host name, affinity mask). Ranks an external launcher started as
+    separate "nodes" of one host (two torchrun calls, say) each see LOCAL_WORLD_SIZE 1, yet share
+    the cores; ranks that SLURM bound to cores of their own do not."""
+    try:
+        mask = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        mask = []
+    mine = (socket.gethostname(), mask)
+    everyone: list = [None] * ctx.world_size
+    dist.all_gather_object(everyone, mine, group=ctx.group)
+    return max(1, sum(1 for other in everyone if other == mine))
 
 
 def end_rank() -> NoReturn:
@@ -448,19 +555,25 @@ def launch(
     terminated, and the call returns :data:`TIMED_OUT`. A one-process run (in this process) is not
     bounded. ``dist_timeout_s``: how long a collective (and the rendezvous) waits for a peer.
 
-    SIGTERM to this launcher is passed on to its ranks, which write a checkpoint at their next
-    step boundary when training (StopRequest); they get STOP_GRACE_S seconds before SIGKILL.
+    SIGTERM or SIGINT to this launcher is passed on to its ranks (as SIGTERM), which write a
+    checkpoint at their next step boundary when training (StopRequest); they get STOP_GRACE_S
+    seconds before SIGKILL, and one line says so (:func:`_stop_ranks`). A rank that dies (a
+    signal) or fails ends the others, with one line naming it (:func:`_report_exit`).
     """
     external = detect_external()
     if external is not None:
-        local = local_processes_of_launcher()
-        if local > 1:
-            share_cpu_threads(local)
         os.environ.setdefault("MASTER_ADDR", external["master_addr"])
         os.environ.setdefault("MASTER_PORT", str(external["master_port"]))
         ctx = init_context(
-            external["rank"], external["world_size"], external["local_rank"], device, timeout_s=dist_timeout_s
+            external["rank"],
+            external["world_size"],
+            external["local_rank"],
+            device,
+            timeout_s=dist_timeout_s,
+            stop=StopRequest(announce=external["rank"] == 0),
         )
+        if ctx.world_size > 1:
+            share_cpu_threads(max(local_processes_of_launcher(), ranks_sharing_cores(ctx)))
         fn(ctx, *args)
         if ctx.world_size > 1:
             del ctx
@@ -476,9 +589,12 @@ def launch(
     if nproc > 1 and device != "cpu" and torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise LaunchError(f"--nproc_per_node {nproc} exceeds the {torch.cuda.device_count()} visible GPUs")
     if nproc == 1:
-        fn(init_context(0, 1, 0, device, timeout_s=dist_timeout_s), *args)
+        stop = StopRequest(announce=True, abort_on_repeat=True)  # the user's own process: a 2nd Ctrl-C aborts
+        fn(init_context(0, 1, 0, device, timeout_s=dist_timeout_s, stop=stop), *args)
         return 0
     store = _free_store(nproc)
+    # its "Terminating process <pid> via signal SIGTERM" when one rank fails: _report_exit says which rank ended and how
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     procs = None
     try:
@@ -498,10 +614,10 @@ def launch(
                     return TIMED_OUT
     except Interrupted as e:  # stop the ranks (a training rank checkpoints first), then let the caller say so
         if procs is not None:
-            _terminate(procs.processes, grace_s=STOP_GRACE_S if e.signum == signal.SIGTERM else 10.0)
+            _stop_ranks(procs.processes, e.signum, STOP_GRACE_S)
         raise
     except mp.ProcessExitedException as e:
-        return e.exit_code if e.exit_code and e.exit_code > 0 else 1
+        return _report_exit(e)
     except mp.ProcessRaisedException as e:  # pragma: no cover - _worker catches everything
         log.error(str(e))
         return 1
@@ -533,9 +649,66 @@ def _signal_all(processes: list, sig) -> None:
             pass
 
 
-def _terminate(processes: list, grace_s: float = 10.0) -> None:
+def _ranks(indices: list) -> str:
+    """ "rank 1", "ranks 0, 1"."""
+    return ("rank " if len(indices) == 1 else "ranks ") + ", ".join(map(str, indices))
+
+
+def _report_exit(e: "mp.ProcessExitedException") -> int:
+    """One line naming the rank whose end ended the run and how (a signal: its number and name,
+    and for SIGKILL where one usually comes from), after the launcher stopped the others. Returns
+    the launch's exit code: 128 + the signal, or the rank's exit code."""
+    code = int(e.exit_code or 1)
+    if code < 0:
+        name = e.signal_name or f"signal {-code}"
+        hint = (
+            ", sent from outside the run: the out-of-memory killer sends it when host memory runs out (dmesg names it)"
+            if -code == getattr(signal, "SIGKILL", 9)
+            else ""
+        )
+        log.error(f"\nerror: rank {e.error_index} died (signal {-code}, {name}{hint}); the other ranks were stopped")
+        return 128 - code
+    log.error(f"\nerror: rank {e.error_index} ended with exit code {code}; the other ranks were stopped")
+    return code
+
+
+def _stop_ranks(processes: list, signum: int, grace_s: float) -> None:
+    """The launcher's answer to SIGTERM or SIGINT: one line saying what the ranks do and how long
+    they have, SIGTERM to every live rank (a training rank writes its checkpoint at its next step
+    boundary, then ends), then SIGKILL to those still running after ``grace_s`` seconds, or at
+    once on a second SIGINT (a user's second Ctrl-C); one line names the ranks killed. A repeated
+    SIGTERM meanwhile is ignored (SLURM and launchers signal every process of a job)."""
+    name = signal.Signals(signum).name
+    live = [i for i, p in enumerate(processes) if p.is_alive()]
+    again = "; Ctrl-C again kills them at once" if signum == signal.SIGINT else ""
+    log.warning(  # on a line of its own: rank 0's progress bar may be mid-line on the same terminal
+        f"\n{name}: {_ranks(live)} write a checkpoint at the next step boundary, then end; a rank still running "
+        f"{grace_s:g} s from now is killed (SIGKILL){again}"
+    )
+    try:
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        previous = None
+    try:
+        killed = _terminate(processes, grace_s)
+        if killed:
+            log.warning(
+                f"\nwarning: {_ranks(killed)} still running {grace_s:g} s after {name}: killed (SIGKILL); their "
+                "checkpoint of this stop may be missing (the newest complete set is resumed)"
+            )
+    except KeyboardInterrupt:
+        killed = [i for i, p in enumerate(processes) if p.is_alive()]
+        _signal_all([processes[i] for i in killed], getattr(signal, "SIGKILL", signal.SIGTERM))
+        log.warning(f"\nSIGINT again: {_ranks(killed)} killed (SIGKILL) without waiting for their checkpoint")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(processes: list, grace_s: float = 10.0) -> list[int]:
     """End the live ``processes``: SIGTERM, then SIGKILL those still alive after ``grace_s``
-    seconds (a rank blocked in a collective runs no Python signal handler until it returns)."""
+    seconds (a rank blocked in a collective runs no Python signal handler until it returns).
+    Returns the indices in ``processes`` of those that needed SIGKILL."""
     live = [p for p in processes if p.is_alive()]
 
     def join_all(seconds: float) -> list:
@@ -545,14 +718,16 @@ def _terminate(processes: list, grace_s: float = 10.0) -> None:
         return [p for p in live if p.is_alive()]
 
     _signal_all(live, signal.SIGTERM)
-    if join_all(grace_s):
-        _signal_all(live, getattr(signal, "SIGKILL", signal.SIGTERM))
+    late = join_all(grace_s)
+    if late:
+        _signal_all(late, getattr(signal, "SIGKILL", signal.SIGTERM))
         stuck = join_all(grace_s)
         if stuck:
             log.warning(
                 f"warning: rank processes {[p.pid for p in stuck]} did not end on SIGKILL (stuck in the "
                 "kernel or a driver call)"
             )
+    return [i for i, p in enumerate(processes) if p in late]
 
 
 def free_port() -> int:

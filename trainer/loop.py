@@ -8,7 +8,6 @@ partial gradient to its Gaussian's owner) -> Adam on the local shard -> densify 
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -36,7 +35,7 @@ from .step.eager import unwrapped
 from .viewer import start_training_viewer
 
 
-STOP_CHECK_EVERY = 20  # W > 1: steps between the collectives that agree on a SIGTERM or a timed save
+STOP_CHECK_EVERY = 20  # W > 1: the most steps between the collectives that agree on a stop or a timed save
 
 
 class Trainer:
@@ -382,7 +381,9 @@ class Trainer:
                 out = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
                 out["ms_per_step"] = ms
                 self.last_stats = out
-                bar.set_postfix(loss=f"{out['loss']:.4f}", gs=out["num_gaussians"], its=f"{1000.0 / ms:.1f}")
+                bar.set_postfix(
+                    {"loss": f"{out['loss']:.4f}", "gs": out["num_gaussians"], "it/s": f"{1000.0 / ms:.1f}"}
+                )
                 self.report.scalars(
                     {k: out[k] for k in ("loss", "l1", "ssim", "depth", "num_gaussians", "ms_per_step") if k in out},
                     done,
@@ -408,25 +409,36 @@ class Trainer:
         return out, written, loop_seconds
 
     def _answer_requests(self, done: int, saved: bool) -> None:
-        """At a step boundary: write a checkpoint when ``--save_every_minutes`` is due, and on a
-        deferred SIGTERM write one and end the run (:class:`launch.Interrupted`). Every rank
-        answers at the same step: with W > 1 the ranks' requests are combined every
-        STOP_CHECK_EVERY steps (one small collective, read on the host), at W = 1 every step."""
+        """At a step boundary: write a checkpoint when ``--save_every`` or ``--save_every_minutes``
+        is due, and on a deferred SIGTERM or SIGINT write one and end the run
+        (:class:`launch.Interrupted`). Every rank answers at the same step: with W > 1 the ranks
+        combine their requests at the boundaries launch.StopRequest schedules (one small
+        collective, read on the host, that also takes the slowest rank's seconds per step: at most
+        STOP_CHECK_EVERY steps apart, fewer when steps are slow, down to every step, so that a
+        request waits about launch.STOP_AGREE_BUDGET_S at most, or one step), at W = 1 every step."""
+        every = self.cfg.schedule.save_every
+        if every > 0 and done % every == 0 and not saved:  # --save_every: the same steps on every rank
+            self.save_checkpoint()
+            saved = True
         due = self.cfg.save_every_minutes > 0 and time.monotonic() - self._last_save >= 60 * self.cfg.save_every_minutes
-        stop = self.ctx.stop.signum != 0
+        request = self.ctx.stop
+        signum = request.signum
         if saved:  # a scheduled checkpoint restarts the clock on every rank, also between agreements
             self._last_save = time.monotonic()
             due = False
         if self.ctx.world_size > 1:
-            if done % STOP_CHECK_EVERY:
+            if not request.check_due(done):
                 return
-            stop, due = exchange.any_rank(self.ctx, [stop, due])
-        if (stop or due) and not saved:
+            agreed = exchange.max_over_ranks(self.ctx, [signum, due, request.seconds_per_step(done)])
+            signum, due = int(agreed[0]), agreed[1] > 0
+            request.schedule(done, agreed[2], most=STOP_CHECK_EVERY)
+        if (signum or due) and not saved:
             self.save_checkpoint()
             self._last_save = time.monotonic()
-        if stop:
+        if signum:
+            self.report.stop_progress(done)  # the bar shows the checkpoint's step, not the one before
             self.report.close()
-            raise Interrupted(self.ctx.stop.signum or int(signal.SIGTERM))
+            raise Interrupted(request.signum or signum)
 
     def write_outputs(self, step: int, save: bool, ply: bool, evaluation: bool) -> list[Path]:
         """What a run writes after ``step`` steps, the model first: checkpoint, PLY, test metrics;

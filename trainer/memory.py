@@ -2,19 +2,25 @@
 run that cannot fit (rather than the kernel's out-of-memory killer ending it mid-step: exit 137,
 no message).
 
-The estimate is for the initial model at the training resolution, per rank, in bytes. With N
-initial Gaussians in all, N_r of them on this rank, W ranks, C = ``--batch_size`` cameras per rank,
-K = (sh_degree + 1)^2 SH coefficients, and per camera P pixels, I tile intersections and M
-composited (pixel, Gaussian) pairs (:func:`footprint`; the camera with the largest total among
-up to MAX_CAMERAS training cameras):
+The estimate is the peak of one rank over its first step, in bytes: on the CPU its peak resident
+memory (what ``ru_maxrss`` reports), on a GPU the peak of ``torch.cuda.max_memory_allocated``.
+With N initial Gaussians in all, N_r of them on this rank, W ranks, C = ``--batch_size`` cameras
+per rank, K = (sh_degree + 1)^2 SH coefficients, and per camera P pixels, T tiles, I tile
+intersections and M composited (pixel, Gaussian) pairs (:func:`footprint`; the camera with the
+largest total among up to MAX_CAMERAS training cameras):
 
+    runtime        measured (CPU)               this process's resident memory at the check: the
+                                                interpreter, torch and the libraries (those a run
+                                                imports later imported first), the scene's tables
     state          N_r x bytes_per_gaussian     value, gradient, 2 Adam moments (profiling.memory_model)
     projection     C W x N_r x (384 + 24 K)     dense projection outputs, SH inputs and outputs, gradients
     exchange       C x N x 192                  W > 1: received 48-byte records, their gradients, copies
     intersections  C x I x 96 (reference)       isect_tiles' ids, keys and sort order
                    C x I x 32 (gsplat)          isect and flatten ids, doubled by the radix sort
     pairs          C x M x 176 (reference)      per pair, what autograd saves and the backward's gradients
-    chunk          CHUNK_ELEMENTS x 48 (ref.)   one chunk of candidate pairs (kernels/reference.py)
+    chunk          min(CHUNK_ELEMENTS,          one chunk of candidate pairs (kernels/reference.py): a
+                   C x min(I, 128 T) x 256)     wave of at most 128 Gaussians per tile, 256 pixels each
+                   x 48 (reference)
     pixels         C x P x 512                  render, ground truth, loss and SSIM buffers, gradients
     images         3 x sum(w h) over all views  the decoded uint8 images: host memory on the CPU; on a GPU
                                                 the training views, when they go to the device (data/views.py);
@@ -22,13 +28,14 @@ up to MAX_CAMERAS training cameras):
 
 gsplat's rasterizer keeps no per-pair state (forward and backward walk each tile's list), so the
 pairs and chunk terms belong to the reference rasterizer only; its constants are the sizes of
-gsplat 1.5's buffers. The reference's constants are fitted to measured peaks, rounded up (how
-well the estimate held: docs/design-measurements.md).
+gsplat 1.5's buffers. The reference's constants are fitted to measured peaks, rounded up; the
+runtime term is read, not modelled (how well the estimate held: docs/MEASURED_CPU.md).
 
 Available memory: host RAM for the CPU (:func:`available_memory`: MemAvailable, capped by a
 cgroup's limit), free device memory for a GPU. CPU ranks on one host share its RAM, so the
-estimate is multiplied by the ranks on this host. Densification grows the model later; this
-guards the start only.
+estimate is multiplied by the ranks on this host, less the runtime this process already holds
+(it is no longer available). A run is refused when that need exceeds the available memory less
+a MARGIN share of it. Densification grows the model later; this guards the start only.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ ISECT_BYTES = {"reference": 96, "gsplat": 32}  # per tile intersection
 PAIR_BYTES = 176  # per composited (pixel, Gaussian) pair, reference rasterizer
 CANDIDATE_BYTES = 48  # per candidate pair of one reference chunk
 PIXEL_BYTES = 512  # per pixel of a rendered camera
+MARGIN = 0.1  # a run is refused when its need exceeds (1 - MARGIN) of the available memory
 TAU_STOP = -math.log(reference.TRANSMITTANCE_MIN)  # a pixel stops once its ln(1 / T) reaches this
 GIB = 2**30
 
@@ -70,6 +78,10 @@ class Footprint:
     @property
     def pixels(self) -> int:
         return self.width * self.height
+
+    @property
+    def tiles(self) -> int:
+        return math.ceil(self.width / TILE_SIZE) * math.ceil(self.height / TILE_SIZE)
 
 
 def _optical_depth(opacities: torch.Tensor, extent: torch.Tensor, samples: int = 16) -> torch.Tensor:
@@ -193,25 +205,58 @@ def estimate_step(
     batch_size: int,
     sh_degree: int,
     image_bytes: int = 0,
+    runtime_bytes: int = 0,
 ) -> StepEstimate:
-    """The per-rank bytes of a step that renders ``batch_size`` cameras like ``fp`` from a model of
-    ``num_gaussians`` split over ``world_size`` ranks (module docstring's formula). ``backend``:
-    "reference" | "gsplat"; ``image_bytes``: decoded images held in host memory (0 on a GPU)."""
+    """The per-rank peak bytes of a step that renders ``batch_size`` cameras like ``fp`` from a
+    model of ``num_gaussians`` split over ``world_size`` ranks (module docstring's formula).
+    ``backend``: "reference" | "gsplat"; ``image_bytes``: decoded images held in host memory (0 on
+    a GPU); ``runtime_bytes``: what the process holds before the run's own buffers (0 on a GPU)."""
     from .profiling import memory_model
 
     local = math.ceil(num_gaussians / world_size)
     C, K = batch_size, (sh_degree + 1) ** 2
+    wave = min(fp.isects, reference.WAVE_DEPTH * fp.tiles) * TILE_SIZE * TILE_SIZE  # candidates of one wave
     terms = dict(
+        runtime=runtime_bytes,
         state=local * memory_model(sh_degree, world_size, torch.device("cpu"))["bytes_per_gaussian"],
         projection=C * world_size * local * (PROJECTION_BYTES_BASE + PROJECTION_BYTES_PER_COEFF * K),
         exchange=C * num_gaussians * EXCHANGE_BYTES if world_size > 1 else 0,
         intersections=C * fp.isects * ISECT_BYTES[backend],
         pairs=int(C * fp.pairs * PAIR_BYTES) if backend == "reference" else 0,
-        chunk=reference.CHUNK_ELEMENTS * CANDIDATE_BYTES if backend == "reference" else 0,
+        chunk=min(reference.CHUNK_ELEMENTS, C * wave) * CANDIDATE_BYTES if backend == "reference" else 0,
         pixels=C * fp.pixels * PIXEL_BYTES,
         images=image_bytes,
     )
     return StepEstimate(terms, fp, num_gaussians, backend)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now: VmRSS of /proc/self/status (Linux), else the peak so
+    far (``resource.getrusage``'s ru_maxrss: kilobytes on Linux, bytes on macOS), else 0."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)
+    except (ImportError, OSError):  # pragma: no cover - no resource module (Windows)
+        return 0
+
+
+def runtime_resident() -> int:
+    """:func:`resident_bytes` after importing what a training run imports after this check:
+    torch._dynamo (the first torch.optim optimizer imports it, and sympy with it) and TensorBoard's
+    writer. Importing them now costs nothing the run would not pay, and puts them in the figure."""
+    import torch._dynamo  # noqa: F401
+    from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+
+    return resident_bytes()
 
 
 def _cgroup_available() -> Optional[int]:
@@ -305,11 +350,13 @@ def first_step_estimate(cfg, scene, world_size: int, device: torch.device) -> St
     """The estimate for ``cfg``'s initial model of ``scene`` (model.initial_points, the whole set)
     at the largest of up to MAX_CAMERAS training cameras, evenly spaced in name order. Models of
     more than MAX_ESTIMATE_GAUSSIANS are measured on an evenly strided sample and the counts
-    scaled up (an upper bound for the pairs, which the transmittance floor caps)."""
+    scaled up (an upper bound for the pairs, which the transmittance floor caps). On the CPU the
+    runtime term is this process's resident memory, read first (:func:`runtime_resident`)."""
     from .data import split_indices
     from .model import initial_points
     from .render import resolve_backend, rigid_inverse
 
+    runtime = runtime_resident() if device.type != "cuda" else 0  # before this function's own buffers
     train, _ = split_indices(len(scene.cameras), cfg.test_every)
     points = initial_points(scene, cfg, scene.scene_scale * 1.1 * cfg.global_scale)  # Trainer's scene scale
     gaussians, factor = _sampled_model(points, cfg, device)
@@ -346,7 +393,9 @@ def first_step_estimate(cfg, scene, world_size: int, device: torch.device) -> St
                 fp.width, fp.height, round(fp.visible * factor), round(fp.isects * factor), fp.pairs * factor
             )
         estimates.append(
-            estimate_step(backend, fp, len(points.means), world_size, cfg.batch_size, cfg.sh_degree, image_bytes)
+            estimate_step(
+                backend, fp, len(points.means), world_size, cfg.batch_size, cfg.sh_degree, image_bytes, runtime
+            )
         )
     return max(estimates, key=lambda e: e.total)
 
@@ -356,16 +405,24 @@ def check_first_step(
 ) -> str:
     """Refuse a run whose first step cannot fit: ValueError naming the estimate, the memory left
     and the flags that lower it. Otherwise return a line saying both. ``available``: (bytes,
-    what), default :func:`available_memory`; the estimate counts every rank sharing it."""
+    what), default :func:`available_memory`; the estimate counts every rank sharing it, less the
+    runtime this process holds already, and must stay below (1 - MARGIN) of it."""
     estimate = first_step_estimate(cfg, scene, world_size, device)
     ranks = local_ranks(world_size, device)
-    need = estimate.total * ranks
+    need = estimate.total * ranks - estimate.terms["runtime"]  # what this process holds is not available
     free, what = available if available is not None else available_memory(device)
     shared = f", {ranks} ranks on this host" if ranks > 1 else ""
-    if need <= free:
+    per_rank = " per rank" if ranks > 1 else ""
+    runtime = estimate.terms["runtime"]
+    parts = (
+        f"{runtime / GIB:.1f} GiB runtime and scene, measured, + {(estimate.total - runtime) / GIB:.1f} GiB for the step"
+        if runtime
+        else "the step's buffers"
+    )
+    if need <= (1 - MARGIN) * free:
         return (
-            f"memory: the first step needs about {need / GIB:.1f} GiB of the {free / GIB:.1f} GiB of {what} "
-            f"({estimate.describe()}{shared}; trainer/memory.py)"
+            f"memory: the first step needs about {estimate.total / GIB:.1f} GiB{per_rank} ({parts}) of the "
+            f"{free / GIB:.1f} GiB of {what} ({estimate.describe()}{shared}; trainer/memory.py)"
         )
     size = (
         f"--data_factor (now {cfg.data_factor}; doubling it quarters the pixels)"
@@ -382,10 +439,12 @@ def check_first_step(
         if estimate.backend == "reference"
         else "more GPUs (--nproc_per_node)"
     )
-    if estimate.terms["images"] * 2 >= estimate.total and cfg.image_cache_gb == 0:
+    if estimate.terms["images"] * 2 >= estimate.total - runtime and cfg.image_cache_gb == 0:
         other = f"--image_cache_gb (the images alone take {estimate.terms['images'] / GIB:.1f} GiB), or " + other
     raise ValueError(
-        f"the first training step needs about {need / GIB:.1f} GiB but {free / GIB:.1f} GiB of {what} "
-        f"is left ({estimate.describe()}{shared}; trainer/memory.py gives the formula); lower it with "
-        f"{size}, {fewer}" + (f", --batch_size (now {cfg.batch_size})" if cfg.batch_size > 1 else "") + f", or {other}"
+        f"the first training step needs about {need / GIB:.1f} GiB more but {free / GIB:.1f} GiB of {what} "
+        f"is left, less a {MARGIN:.0%} margin ({estimate.describe()}{shared}; trainer/memory.py gives the "
+        f"formula); lower it with {size}, {fewer}"
+        + (f", --batch_size (now {cfg.batch_size})" if cfg.batch_size > 1 else "")
+        + f", or {other}"
     )

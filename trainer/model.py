@@ -16,7 +16,8 @@ import torch
 from scipy.spatial import cKDTree
 
 from .config import Config
-from .data import DataError, Scene
+from .data import Scene
+from .data.images import no_points_error
 
 SH_C0 = 0.28209479177387814
 """Degree-0 real spherical harmonic, 1 / (2 sqrt(pi)) (3DGS utils/sh_utils.py)."""
@@ -53,8 +54,7 @@ def initial_points(scene: Scene, cfg: Config, scene_scale: float) -> InitPoints:
     """
     if cfg.init_type == "sfm":
         if scene.points is None or len(scene.points) == 0:
-            where = cfg.data_dir if cfg.data_dir is not None else "the synthetic scene"
-            raise DataError(f"{where} has no 3D points to initialize from (--init_type sfm); use --init_type random")
+            raise no_points_error(cfg.data_dir if cfg.data_dir is not None else "the synthetic scene")
         assert scene.points_rgb is not None  # loaded with the points
         rgbs = scene.points_rgb.astype(np.float32) / 255.0
         return InitPoints(scene.points.astype(np.float32), rgbs, scene.points_knn_rms)

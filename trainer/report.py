@@ -29,6 +29,7 @@ class Reporter:
         self.result_dir = Path(result_dir)
         self.active = rank == 0
         self.writer: Any = None  # TensorBoard SummaryWriter, opened by :meth:`open_tensorboard`
+        self.bar: Any = None  # the training progress bar (:meth:`progress`)
 
     # ------------------------------------------------------------------ files
     def start_run(self, cfg_yaml: str) -> None:
@@ -116,4 +117,15 @@ class Reporter:
         """The training progress bar over ``steps`` (disabled on other ranks: it still iterates)."""
         from tqdm import tqdm
 
-        return tqdm(steps, initial=initial, total=total, disable=not self.active, dynamic_ncols=True)
+        self.bar = tqdm(steps, initial=initial, total=total, disable=not self.active, dynamic_ncols=True)
+        return self.bar
+
+    def stop_progress(self, done: int) -> None:
+        """Close the progress bar of a run that stops after ``done`` steps (a SIGTERM or SIGINT
+        answered): it shows ``done``, the checkpoint's step (the bar counts a step when the next one
+        is asked for, which a stopped loop never does)."""
+        if self.bar is not None:
+            self.bar.n = done
+            self.bar.refresh()
+            self.bar.close()
+            self.bar = None

@@ -45,6 +45,8 @@ def load_scene(
     normalize: bool = True,
     log: Optional[Callable[[str], None]] = None,
     tracks: bool = False,
+    warn: Optional[Callable[[str], None]] = None,
+    need_points: bool = False,
 ) -> Scene:
     """Load the scene in data_dir, images downscaled by data_factor.
 
@@ -53,6 +55,9 @@ def load_scene(
     positive integer, neither format is found, or the data is malformed (see colmap.py, nerf.py).
     ``log``, when given, is called with one line before slow work (downscaling into the cache).
     ``tracks``: each camera's ``point_ids`` (the SfM points its image sees; COLMAP only).
+    ``warn``: given each warning line (NeRF frames skipped; default: the package logger).
+    ``need_points`` (--init_type sfm): a scene without 3D points is a DataError, raised before
+    any image is downscaled.
     """
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
@@ -61,9 +66,11 @@ def load_scene(
         raise DataError(f"data_factor={data_factor} must be a positive integer")
     model_dir = find_model(data_dir)
     if model_dir is not None:
-        return load_colmap(data_dir, model_dir, int(data_factor), normalize, log, tracks=tracks)
+        return load_colmap(
+            data_dir, model_dir, int(data_factor), normalize, log, tracks=tracks, need_points=need_points
+        )
     if (data_dir / "transforms.json").is_file():
-        return load_nerf(data_dir / "transforms.json", int(data_factor), normalize, log)
+        return load_nerf(data_dir / "transforms.json", int(data_factor), normalize, log, warn, need_points)
     raise DataError(
         f"{data_dir} holds neither a COLMAP model (sparse/0/ or sparse/ with cameras, "
         "images, points3D as .bin or .txt) nor a transforms.json"
@@ -129,7 +136,8 @@ def describe_views(
 
 def scene_from_config(cfg, log: Optional[Callable[[str], None]] = None) -> Scene:
     """The scene of ``cfg``: the data dir's, or the embedded synthetic one. ``log``: a callable
-    given one line before slow loading work (data.load_scene). The synthetic scene's ground truth
+    given one line before slow loading work (data.load_scene); warnings are said where it is
+    given (the process that speaks for the job) and dropped elsewhere. The synthetic scene's ground truth
     is rendered on the GPU when the run trains on one (gsplat's ops; the CPU reference renderer
     takes minutes for millions of Gaussians at full-HD sizes). ``--synthetic_layout city``: the
     city of data/city.py rendered with the run's near and far planes; DataError when the run
@@ -169,5 +177,11 @@ def scene_from_config(cfg, log: Optional[Callable[[str], None]] = None) -> Scene
     if not Path(cfg.data_dir).is_dir():
         raise DataError(f"--data_dir: no such folder: {cfg.data_dir}")
     return load_scene(
-        Path(cfg.data_dir), cfg.data_factor, normalize=cfg.normalize_world_space, log=log, tracks=cfg.depth_loss
+        Path(cfg.data_dir),
+        cfg.data_factor,
+        normalize=cfg.normalize_world_space,
+        log=log,
+        tracks=cfg.depth_loss,
+        warn=None if log is not None else (lambda line: None),
+        need_points=cfg.init_type == "sfm",
     )

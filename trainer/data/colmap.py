@@ -13,7 +13,15 @@ from typing import Any, Callable, Optional
 import numpy as np
 import pycolmap
 
-from .images import Camera, DataError, Scene, locate_images, make_fisheye_undistortion, make_undistortion
+from .images import (
+    Camera,
+    DataError,
+    Scene,
+    locate_images,
+    make_fisheye_undistortion,
+    make_undistortion,
+    no_points_error,
+)
 from .masks import MASKS_FOLDER, alpha_sources, find_mask_names
 from .normalize import normalize_world, scene_scale
 
@@ -81,6 +89,7 @@ def load_colmap(
     normalize: bool,
     log: Optional[Callable[[str], None]] = None,
     tracks: bool = False,
+    need_points: bool = False,
 ) -> Scene:
     """Read the model in model_dir and the images under data_dir -> Scene (source "colmap").
     ``log``: see images.locate_images. Loss masks (masks.py): ``masks/`` files of the images'
@@ -89,7 +98,8 @@ def load_colmap(
 
     Registered images are sorted by name. Raises DataError when the model cannot be read, has no
     registered image, uses an unsupported camera model, or lists images missing on disk.
-    Zero 3D points is allowed (points is then [0, 3]).
+    Zero 3D points is allowed (points is then [0, 3]) unless ``need_points`` (--init_type sfm):
+    then a DataError, before any image is downscaled.
     """
     try:
         reconstruction = pycolmap.Reconstruction(str(model_dir))
@@ -98,6 +108,8 @@ def load_colmap(
     images = sorted((im for im in reconstruction.images.values() if im.has_pose), key=lambda im: im.name)
     if not images:
         raise DataError(f"COLMAP model {model_dir} has no registered images")
+    if need_points and not len(reconstruction.points3D):
+        raise no_points_error(data_dir)
 
     cameras_file = _model_file(model_dir, "cameras")
     intrinsics = {

@@ -32,6 +32,11 @@ class DataError(ValueError):
     """A user error in the input data; the message names the file, folder or flag at fault."""
 
 
+def no_points_error(where) -> DataError:
+    """The error of ``--init_type sfm`` on a scene (``where``: its folder) without 3D points."""
+    return DataError(f"{where} has no 3D points to initialize from (--init_type sfm); use --init_type random")
+
+
 @dataclass
 class Undistortion:
     """How to undistort one camera's (downscaled) image with OpenCV, and the result's pinhole.

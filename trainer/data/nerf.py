@@ -12,15 +12,26 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .images import Camera, DataError, Scene, image_size, locate_images, make_fisheye_undistortion, make_undistortion
+from ..log import get_logger
+from .images import (
+    Camera,
+    DataError,
+    Scene,
+    image_size,
+    locate_images,
+    make_fisheye_undistortion,
+    make_undistortion,
+    no_points_error,
+)
 from .masks import alpha_sources
 from .normalize import normalize_world, scene_scale
+
+log_warning = get_logger(__name__).warning
 
 SUFFIXES = ("", ".png", ".jpg", ".jpeg", ".PNG", ".JPG", ".JPEG")  # Blender paths lack one
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips the camera's y and z axes
@@ -104,13 +115,22 @@ def _camtoworld(frame: dict, where: str) -> np.ndarray:
     return matrix @ OPENGL_TO_OPENCV
 
 
-def load_nerf(json_path: Path, data_factor: int, normalize: bool, log: Optional[Callable[[str], None]] = None) -> Scene:
+def load_nerf(
+    json_path: Path,
+    data_factor: int,
+    normalize: bool,
+    log: Optional[Callable[[str], None]] = None,
+    warn: Optional[Callable[[str], None]] = None,
+    need_points: bool = False,
+) -> Scene:
     """Read json_path (frames' file_path relative to its folder) -> Scene (source "nerf").
-    ``log``: see images.locate_images.
+    ``log``: see images.locate_images; ``warn``: given the warning lines (default: the package
+    logger, on stderr). ``need_points`` (--init_type sfm): a DataError at once, as the format
+    holds no 3D points.
 
     Camera names are the image paths relative to the json's folder (posix), sorted.
 
-    Frames whose image is missing are skipped with a warning naming them. Raises DataError on
+    Frames whose image is missing are skipped with one warning line naming them. Raises DataError on
     malformed json, no usable frame, missing intrinsics, or an unsupported camera_model.
     points / points_rgb are None (the format has none).
     """
@@ -133,13 +153,15 @@ def load_nerf(json_path: Path, data_factor: int, normalize: bool, log: Optional[
         else:
             found.append((frame, path))
     if missing:
-        warnings.warn(
-            f"{json_path}: skipping {len(missing)} of {len(frames)} frames whose image is "
+        (warn or log_warning)(
+            f"warning: {json_path}: skipping {len(missing)} of {len(frames)} frames whose image is "
             f"missing: {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
         )
     if not found:
         raise DataError(f"{json_path}: none of the {len(frames)} frames' images exist under {base}")
     found.sort(key=lambda item: _relative_name(item[1], base))
+    if need_points:  # before any image is read or downscaled
+        raise no_points_error(f"{json_path} (a transforms.json scene holds none)")
 
     # Full-resolution size, pinhole and distortion per frame.
     records = []
