@@ -19,14 +19,9 @@ tile-local (ByteSplat §4.2):
     for a <= i, j < b ([a, b) = the tile's rows, resp. columns, with ground truth; ``tile_window``).
     The render may extend past the ground truth at the top and left (``origin``; the trainer's
     ``--random_tile_shift`` moves the tile grid that way); those pixels are not in the loss.
-    Renormalizing keeps the statistics unbiased at tile borders: zero padding instead (an earlier
-    version) adds the contrast between the content and the zeros to every border window's variance,
-    which drove SSIM towards 1 and left the D-SSIM term and its gradient about a third of the
-    full-image one on juicebox, and densification grew 35% fewer Gaussians. Test PSNR / SSIM after
-    7,000 steps on H200s (docs/MEASURED_H200.md, session 6), means of 7 seeds on juicebox: fused
-    26.94 / 0.9438, unfused (full-image SSIM) 26.92 / 0.9445, fused with ``--random_tile_shift``
-    26.97 / 0.9439 (seed-to-seed SD 0.13-0.33 dB); mouse, 3 seeds: 19.60 / 19.78 / 19.73 (SD
-    0.17-0.64 dB). Session 4's -0.5 dB on juicebox (3 seeds) was one low seed.
+    Renormalizing keeps the statistics unbiased at tile borders (zero padding would add the contrast
+    between the content and the zeros to every border window's variance and drive SSIM towards 1);
+    docs/bytesplat.md has the measured quality against the full-image SSIM.
 
 Compositing rules (gsplat 1.5.3 RasterizeToPixels3DGSFwd.cu / RasterizeToPixels3DGSBwd.cu,
 as mirrored by kernels/reference.py): pixel centre (x + 0.5, y + 0.5); delta = mean - centre;
@@ -66,8 +61,7 @@ float32 rounding (including the difference above) and a pixel's stop decision at
 CUDA builtins it uses (tests/csrc/cpu_emu.h; tests only) at warp sizes 32 and 64.
 
 ``reference_fused_loss`` (marked REFERENCE below) is the plain-PyTorch definition the kernel is
-tested against; it lives here rather than in kernels/reference.py because that file was being
-edited by another engineer at the time.
+tested against.
 
 Sources: ByteSplat §4 (fused dataflow, tile-local SSIM); Taming-3DGS (Mallick et al. 2024,
 per-Gaussian backward over 32-Gaussian buckets with forward checkpoints); gsplat 1.5.3 RasterizeToPixels3DGSFwd.cu / RasterizeToPixels3DGSBwd.cu; Wang et al. 2004 (SSIM);
@@ -86,7 +80,6 @@ from torch import Tensor
 from . import grad_scale, native
 from . import reference as ref
 from .constants import SSIM_C1, SSIM_C2, SSIM_WINDOW, TILE_SIZE, gaussian_window_1d
-from .budget import CPU_TILE_BUDGET, tile_budget  # noqa: F401 (re-exported)
 
 GRAD_NAMES = ("means2d", "conics", "colors", "opacities", "backgrounds")  # the differentiable inputs
 
@@ -287,32 +280,9 @@ def _check_inputs(
     return I
 
 
-def _tile_counts(isect_offsets: Tensor, num_isects: int) -> Tuple[Tensor, Tensor]:
-    """(offsets extended by n_isects [I * n_tiles + 1] int32, counts [I * n_tiles] int64)."""
-    flat = isect_offsets.reshape(-1).to(torch.int32)
-    ext = torch.cat([flat, flat.new_full((1,), num_isects)])
-    return ext, (ext[1:] - ext[:-1]).long()
-
-
-def _isect_share(counts: Tensor, within: Tensor) -> float:
-    """Share of the tile-Gaussian intersections in the tiles ``within`` (1.0 when there are none):
-    the part of the rasterization work the fused kernel does; the rest is the fallback's."""
-    total = int(counts.sum())
-    return float(counts[within].sum()) / total if total else 1.0
-
-
 # ------------------------------------------------------------------------------------------------
 # Native kernel: launcher, autograd function, entry point
 # ------------------------------------------------------------------------------------------------
-
-
-def _phases() -> int:
-    """SPLAT_TRAIN_FUSED_PHASES (timing only): 3 (default) the whole kernel; 1 the forward alone,
-    2 the forward and the loss (both leave the gradients zero), to time the kernel's parts."""
-    value = os.environ.get("SPLAT_TRAIN_FUSED_PHASES", "3")
-    if value not in ("1", "2", "3"):
-        raise ValueError(f"SPLAT_TRAIN_FUSED_PHASES must be 1, 2 or 3, got {value!r}")
-    return int(value)
 
 
 CP_BUCKET_MIN = 32  # the kernel's checkpoint scratch is sized in buckets of 32 list positions
@@ -457,7 +427,7 @@ def _launch(
         terms,
         done_tiles,
         scratch,
-        _phases(),
+        3,  # the kernel's phases: forward, loss and backward
     )
     for chunk in chunks:
         if warp_size is None:
@@ -468,9 +438,6 @@ def _launch(
     stats = {
         "l1": terms[1],
         "ssim": terms[2],
-        "fraction_fused": 1.0,
-        "fraction_isects_fused": 1.0,
-        "fraction_resident": None,
         "num_tiles": I * num_tiles,
         "image": image if return_image else None,
         "absgrad": abs_buf if absgrad else None,
@@ -573,7 +540,6 @@ def _unfused(
     ops,
     return_image,
     absgrad,
-    budget,
 ):
     """The same function without the native kernel: ``ops.rasterize_to_pixels`` (gsplat's on a GPU,
     else the PyTorch reference), the PyTorch tile-local loss, autograd. Returns (loss, stats)."""
@@ -583,14 +549,9 @@ def _unfused(
     image = ref.composite_background(image, alphas, backgrounds)
     l1, ssim = tile_local_terms(image, gts, origin)
     loss = combine_terms(l1, ssim, ssim_lambda)
-    _, counts = _tile_counts(isect_offsets, flatten_ids.numel())
-    within = counts <= budget
     stats = {
         **term_stats(l1, ssim),
-        "fraction_fused": float(within.float().mean()),
-        "num_tiles": counts.numel(),
-        "fraction_isects_fused": _isect_share(counts, within),
-        "fraction_resident": None,
+        "num_tiles": isect_offsets.numel(),
         "image": image.detach() if return_image else None,
         "absgrad": means2d.absgrad.reshape(-1, 2) if absgrad else None,
     }  # type: ignore[attr-defined]
@@ -611,11 +572,7 @@ def fused_raster_loss(
     backgrounds: Optional[Tensor] = None,  # [I, 3]
     packed: bool = False,
     return_image: bool = False,
-    budget: Optional[int] = None,
     absgrad: bool = False,
-    resident_max: Optional[int] = None,
-    stream_chunk: Optional[int] = None,
-    num_warps: Optional[int] = None,
     fallback: Optional[ModuleType] = None,
     origin: Tuple[int, int] = (0, 0),
     padded_rows: bool = False,
@@ -649,18 +606,11 @@ def fused_raster_loss(
     (default gsplat's on a GPU, else kernels/reference.py) + the PyTorch tile-local loss + autograd.
     CPU tensors run the REFERENCE (kernels/reference.py + autograd).
 
-    budget: kept for callers of the earlier Triton kernel; the native kernel has no per-tile budget.
-    stats["fraction_fused"] reports the fraction of tiles with at most ``budget`` Gaussians only
-    on the CPU reference and the unfused path (default :func:`tile_budget`); the native kernel
-    reports 1.0. resident_max, stream_chunk and num_warps are accepted and ignored (the Triton
-    kernel's tuning knobs).
-
     Returns (loss 0-dim, stats) with stats = {"l1", "ssim" (the loss's terms, means over the
-    images, 0-dim, detached: L1 and the tile-local SSIM, not 1 - SSIM), "fraction_fused",
-    "fraction_isects_fused", "fraction_resident" (None), "num_tiles": I * n_tiles, "image":
-    [I, H, W, 3] or None, "absgrad"}.
-    Raises ValueError on inconsistent shapes, an origin outside the image, a ssim_lambda outside
-    [0, 1] or a negative budget.
+    images, 0-dim, detached: L1 and the tile-local SSIM, not 1 - SSIM), "num_tiles": I * n_tiles,
+    "image": [I, H, W, 3] or None, "absgrad"}.
+    Raises ValueError on inconsistent shapes, an origin outside the image or a ssim_lambda outside
+    [0, 1].
     """
     origin = (int(origin[0]), int(origin[1]))
     _check_inputs(
@@ -679,9 +629,6 @@ def fused_raster_loss(
         origin,
         padded_rows,
     )
-    budget = tile_budget(means2d.device) if budget is None else int(budget)
-    if budget < 0:
-        raise ValueError(f"budget must be >= 0, got {budget}")
     if padded_rows and (means2d.device.type == "cpu" or native.load() is None):
         raise ValueError("padded_rows needs the native kernel (a CUDA/ROCm device where it builds)")
     if means2d.device.type == "cpu":
@@ -703,13 +650,9 @@ def fused_raster_loss(
             absgrad,
             terms,
         )
-        _, counts = _tile_counts(isect_offsets, flatten_ids.numel())
         stats = {
             **terms,
-            "fraction_fused": float((counts <= budget).float().mean()),
-            "num_tiles": counts.numel(),
-            "fraction_isects_fused": _isect_share(counts, counts <= budget),
-            "fraction_resident": None,
+            "num_tiles": isect_offsets.numel(),
             "image": image.detach() if return_image else None,
             "absgrad": means2d.absgrad.reshape(-1, 2) if absgrad else None,  # type: ignore[attr-defined]
         }
@@ -734,7 +677,6 @@ def fused_raster_loss(
             ops,
             return_image,
             absgrad,
-            budget,
         )
     return _native_loss(
         ext,

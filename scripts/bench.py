@@ -165,7 +165,7 @@ def _worker(
         start_step=start,
         test_psnr=(metrics or {}).get("psnr"),
         test_ssim=(metrics or {}).get("ssim"),
-        fused_tiles=fb.last_fused_stats or None,
+        step=dict(raster=trainer.plan.raster, projection=trainer.plan.projection, graphs=trainer.plan.graphs),
         cuda_graph_captures=fb.graphed_head.captures if fb.graphed_head is not None else None,
         whole_step_captures=fb.graphed_step.captures if fb.graphed_step is not None else None,
         ssim_backend=(trainer.loss.backend if trainer.loss.backend != "auto" else _ssim_backend(ctx.device)),
@@ -437,7 +437,7 @@ def markdown(report: dict) -> str:
     head = (
         "| variant | W | ms/iter | synced step median | images/s | vs baseline | fwd bytes/rank | bwd bytes/rank "
         "| collectives/iter | isects per rank (min-max) | peak mem/rank (GiB) | model (B/G) | test PSNR "
-        "| fused tiles: in budget / resident |"
+        "| step (raster, projection, graphs) |"
     )
     start = f" from {len(report['scene']['ckpt'])} checkpoint shard(s)" if report["scene"].get("ckpt") else ""
     shares = report["scene"].get("visible_fraction")
@@ -494,7 +494,7 @@ def markdown(report: dict) -> str:
             mem,
             model,
             f"{psnr:.2f}" if psnr is not None else "-",
-            _fused_cell(ranks),
+            _step_cell(ranks),
         ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     graphed = [
@@ -511,14 +511,10 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _fused_cell(ranks) -> str:
-    """Tile fractions of the fused kernel's last step, averaged over ranks ("-" when unfused)."""
-    fused = [r["fused_tiles"] for r in ranks if r.get("fused_tiles")]
-    if not fused:
-        return "-"
-    resident = [f.get("fraction_resident") for f in fused]
-    cell = "-" if None in resident else f"{100 * np.mean(resident):.1f}%"  # the CPU reference has none
-    return f"{100 * np.mean([f['fraction_fused'] for f in fused]):.1f}% / {cell}"
+def _step_cell(ranks) -> str:
+    """The step rank 0 took (StepPlan): rasterization, projection and CUDA graphs."""
+    step = ranks[0].get("step")
+    return "-" if not step else f"{step['raster']}, {step['projection']}, {step['graphs']}"
 
 
 def chart(report: dict, path: Path) -> None:

@@ -283,9 +283,6 @@ def run(args) -> dict:
             ms_median=statistics.median(times),
             ms_p90=float(np.percentile(times, 90)),
             loss=float(loss),
-            fraction_fused=stats["fraction_fused"],
-            fraction_isects_fused=stats["fraction_isects_fused"],
-            fraction_resident=stats.get("fraction_resident"),
         )
         if args.profile:
             row["profile"] = profile_calls(lambda: fused_step(inputs, args.ssim_lambda, config), args.profile, device)
@@ -332,24 +329,13 @@ def markdown(report: dict) -> str:
         f"intersections, {'packed' if s['packed'] else 'dense'}; median of {report['repeats']} calls; "
         f"fused rows: {report['fused_by']}.",
         "",
-        "| step | ms (median) | p90 | vs fastest unfused | tiles in budget / resident "
-        "| intersections in budget | max rel. diff vs first fused |",
-        "|---|---|---|---|---|---|---|",
+        "| step | ms (median) | p90 | vs fastest unfused | max rel. diff vs first fused |",
+        "|---|---|---|---|---|",
     ]
     for r in report["rows"]:
-        tiles = (
-            "-"
-            if "fraction_fused" not in r
-            else (
-                f"{100 * r['fraction_fused']:.1f}% / "
-                + ("-" if r["fraction_resident"] is None else f"{100 * r['fraction_resident']:.1f}%")
-            )
-        )
-        isects = f"{100 * r['fraction_isects_fused']:.1f}%" if "fraction_isects_fused" in r else "-"
         diff = f"{r['max_rel_diff_vs_first']:.1e}" if "max_rel_diff_vs_first" in r else "-"
         lines.append(
-            f"| {r['name']} | {r['ms_median']:.3f} | {r['ms_p90']:.3f} | {r['speedup_vs_unfused']:.2f}x | "
-            f"{tiles} | {isects} | {diff} |"
+            f"| {r['name']} | {r['ms_median']:.3f} | {r['ms_p90']:.3f} | {r['speedup_vs_unfused']:.2f}x | {diff} |"
         )
     profiled = [r for r in report["rows"] if "profile" in r]
     if profiled:

@@ -498,8 +498,7 @@ def test_cpu_uses_reference():
     loss, stats = _call(fr.fused_raster_loss, scene, leaves, names, return_image=True)
     ref_loss, ref_image = _call(fr.reference_fused_loss, scene, leaves, names)
     assert loss.item() == ref_loss.item() and torch.equal(stats["image"], ref_image.detach())
-    assert stats["num_tiles"] == 4 and 0.0 <= stats["fraction_fused"] <= 1.0
-    assert 0.0 <= stats["fraction_isects_fused"] <= 1.0
+    assert stats["num_tiles"] == 4
     grads = torch.autograd.grad(loss, leaves)
     assert all(torch.isfinite(g).all() for g in grads) and grads[0].abs().sum() > 0
 
@@ -584,6 +583,8 @@ def test_kernel_source_in_chunks_of_tiles(emulation, monkeypatch, case):
 
 
 def test_tile_budget(monkeypatch):
+    from splat_train.kernels import budget as fr  # noqa: F811 (the device's figure lives there)
+
     assert fr.tile_budget("cpu") == fr.CPU_TILE_BUDGET == 64
 
     class Props:
@@ -619,7 +620,6 @@ def test_unfused_path_when_the_native_kernel_cannot_be_built(monkeypatch, capsys
         ref,
         False,
         False,
-        64,
     )
     grads = torch.autograd.grad(loss, leaves)
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)
@@ -644,8 +644,6 @@ def test_bad_inputs_raise():
         fr.fused_raster_loss(*args, 40, 20)
     with pytest.raises(ValueError, match="backgrounds"):
         fr.fused_raster_loss(*args, 24, 20, backgrounds=torch.zeros(2, 3))
-    with pytest.raises(ValueError, match="budget"):
-        fr.fused_raster_loss(*args, 24, 20, budget=-1)
     # a tile row more than the image needs: only with padded_rows, and only in the native kernel
     padded = torch.cat([args[4], args[4][:, -1:]], dim=1)
     with pytest.raises(ValueError, match="tile"):

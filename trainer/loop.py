@@ -392,10 +392,6 @@ class Trainer:
                 tb_image = self.forward_backward.take_tb_image()
                 if tb_image is not None:  # --tb_save_image: ground truth | render, one row per image
                     self.report.image("train/render", tb_image.reshape(-1, *tb_image.shape[2:]).float().cpu(), done)
-                fused_stats = self.forward_backward.last_fused_stats
-                self.report.scalars(
-                    {k: v for k, v in fused_stats.items() if k.startswith("fraction")}, done, prefix="fused/"
-                )
             if done == s.max_steps:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
@@ -511,7 +507,7 @@ class Trainer:
             mem_peak_gib=(torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None),
             comm_per_step={k: {op: v / steps for op, v in d.items()} for k, d in comm.items()},
             raster=self.raster,  # the step taken: "fused" or "unfused"
-            fused_tiles=self.forward_backward.last_fused_stats or None,
+            projection=self.plan.projection,  # "triton" or "gsplat"
         )
         path = self.result_dir / "stats" / f"train_step{self.step}_rank{self.ctx.rank}.json"
         checkpoint.atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))

@@ -64,7 +64,6 @@ class EagerStep:
         self.depth_targets, self.scene_scale, self.tb_wanted = depth_targets, scene_scale, tb_wanted
         self.fused_loss = fused_loss_function(cfg.ssim_lambda, setup.ops) if plan.fused else None
         self.tb_image: Optional[torch.Tensor] = None
-        self.last_fused_stats: dict = {}
 
     def __call__(self, batch: StepBatch, params, sh_degree: int, timer, head=None) -> StepOutputs:
         """Step ``batch``'s forward, loss and backward for the raw parameters ``params`` at SH
@@ -171,14 +170,10 @@ class EagerStep:
             info.height,
             backgrounds=batch.backgrounds,
             packed=self.plan.packed,
-            budget=self.cfg.prune.tile_budget or None,
             origin=batch.origin,
             absgrad=self.setup.absgrad,
         )
         timer.begin("loss")
-        self.last_fused_stats = {
-            k: v for k, v in stats.items() if k in ("fraction_fused", "fraction_isects_fused", "num_tiles")
-        }
         return loss, {"l1": stats["l1"], "ssim": stats["ssim"]}  # the kernel's terms (tile-local SSIM)
 
     def _render_gsplat_dist(self, cams: CameraBatch, params, sh_degree: int, backgrounds, timer) -> RenderResult:

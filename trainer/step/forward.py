@@ -9,10 +9,8 @@ too. The optimizer, densification and everything after them are trainer/loop.py'
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
-from ...kernels.constants import TILE_SIZE
 from ..render import RenderSetup
 from .batch import StepBatch
 from .capture import GraphedHead, eager_head
@@ -30,8 +28,7 @@ class ForwardBackward:
     ``plan``: the run's StepPlan; ``cfg``, ``setup`` (the training passes' RenderSetup), ``loss``
     (losses.TrainingLoss), ``aux``, ``depth_targets``, ``scene_scale``, ``tb_wanted``: as
     step/eager.EagerStep's; ``warn``: one-line warnings (a capture that failed). ``graphed_head``
-    and ``graphed_step`` (None where the plan has none; tests may set their own) and
-    ``last_fused_stats`` (the fused kernel's tile statistics of the last step) are public."""
+    and ``graphed_step`` (None where the plan has none; tests may set their own) are public."""
 
     def __init__(
         self,
@@ -58,7 +55,6 @@ class ForwardBackward:
             if self.graphed_head is not None and plan.graphs == "whole"
             else None
         )
-        self.last_fused_stats: dict = {}
 
     def __call__(self, batch: StepBatch, params, sh_degree: int, timer) -> StepOutputs:
         one_size = batch.one_size()
@@ -78,9 +74,6 @@ class ForwardBackward:
                 timer,
             )  # None: this step runs eagerly (step/graphed.py)
             if out is not None:
-                if self.plan.fused:  # every tile in the kernel
-                    tiles = batch.num_cameras * math.ceil(batch.width / TILE_SIZE) * math.ceil(batch.height / TILE_SIZE)
-                    self.last_fused_stats = dict(fraction_fused=1.0, fraction_isects_fused=1.0, num_tiles=tiles)
                 return out
         head = None
         if self.graphed_head is not None and one_size:
@@ -88,9 +81,7 @@ class ForwardBackward:
         elif self.plan.projection == "triton" and one_size:  # the same kernels, without a capture
             s = self.setup
             head = eager_head(params, s.near, s.far, **s.options)
-        out = self.eager(batch, params, sh_degree, timer, head=head)
-        self.last_fused_stats = self.eager.last_fused_stats
-        return out
+        return self.eager(batch, params, sh_degree, timer, head=head)
 
     def take_tb_image(self):
         """The last step's ground truth | render for TensorBoard (--tb_save_image), once; or None."""
