@@ -82,7 +82,8 @@ def run(ctx: DistContext, cfg: Config) -> None:
     from . import exchange
     from .data import describe_views, split_indices
     from .evaluate import require_lpips
-    from .loop import Trainer, evaluate_only, resume_from
+    from .loop import Trainer
+    from .resume import evaluate_only, resume_from
     from .memory import check_first_step
     from .render import check_camera_model
     from .viewer import check_training_viewer

@@ -25,12 +25,12 @@ from .depth import DepthTargets
 from .launch import DistContext, Interrupted
 from .model import create_optimizers, create_shard, initial_points, means_lr_scheduler, optimizer_step
 from .profile_window import ProfileWindow
-from .profiling import PhaseTimer
+from .profiling import PhaseTimer, memory_model_line
 from .render import RenderSetup, check_camera_model, ops_for, resolve_backend, rigid_inverse, visible_gaussians
 from .report import Reporter
 from .shard import GaussianShard
 from .step import Batches, ForwardBackward, plan_step
-from .step.plan import native_kernel_everywhere
+from .step.plan import check_pipeline, native_kernel_everywhere
 from .step.eager import unwrapped
 from .viewer import start_training_viewer
 
@@ -58,7 +58,7 @@ class Trainer:
         # every rank's sampler: a rank knows what every other rank renders at a step without asking
         self.samplers = [CameraSampler(self.trainset, cfg.batch_size, cfg.seed, r) for r in range(ctx.world_size)]
         self.sampler = self.samplers[ctx.rank]
-        self._check_pipeline()
+        check_pipeline(cfg, self.device.type, ctx.world_size, self.sampler)
         self.depth_targets = DepthTargets(self.trainset, cfg.camera_model, self.device) if cfg.depth_loss else None
         self.views = TrainViews(
             self.trainset,
@@ -144,29 +144,6 @@ class Trainer:
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
         self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
-
-    def _check_pipeline(self) -> None:
-        """Raise ValueError for a run its device or data cannot take: mcmc's relocation and
-        --pipeline gsplat-dist on the CPU, gsplat-dist's exchange with uneven batches."""
-        cfg, ctx = self.cfg, self.ctx
-        if cfg.densify.strategy == "mcmc" and self.device.type != "cuda":
-            raise ValueError(
-                "the mcmc preset relocates Gaussians with gsplat's CUDA op, which needs a GPU; "
-                "on the CPU use the default preset (or --device cuda on a GPU machine)"
-            )
-        if cfg.pipeline == "gsplat-dist" and ctx.world_size > 1 and not self.sampler.uniform_batches:
-            raise ValueError(
-                f"--pipeline gsplat-dist with {ctx.world_size} ranks needs batches of one camera count "
-                f"and image size on every rank (gsplat's exchange assumes it), but the "
-                f"{len(self.trainset)} training views ({len(self.sampler.groups)} image size(s)) in batches of "
-                f"--batch_size {cfg.batch_size} leave shorter or mixed batches; use a --batch_size "
-                "that divides the view count of a one-size dataset, or --pipeline ours"
-            )
-        if cfg.pipeline == "gsplat-dist" and self.device.type != "cuda":
-            raise ValueError(
-                "--pipeline gsplat-dist is gsplat's CUDA rasterization(distributed=True), which needs "
-                "a GPU; on the CPU use --pipeline ours"
-            )
 
     def _say_plan(self) -> None:
         """The plan's console line, and the warnings of flags it does not follow."""
@@ -280,7 +257,11 @@ class Trainer:
         """Train from ``self.step`` to ``max_steps``; evaluate, save and export on schedule."""
         cfg, s = self.cfg, self.cfg.schedule
         self.report.start_run(dump_yaml(cfg))  # the folder, cfg.yml, TensorBoard
-        self._print_memory_model()
+        self.report.print(
+            memory_model_line(
+                self.backend, self.device, self.ctx.world_size, int(self.params["means"].shape[0]), self.cfg.sh_degree
+            )
+        )
         bar = self.report.progress(range(self.step, s.max_steps), initial=self.step, total=s.max_steps)
         out: dict[str, Any] = {}
         written: list[Path] = []
@@ -332,7 +313,7 @@ class Trainer:
                 f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
                 f"evaluation excluded, {self.raster} rasterization), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}"
             )
-            graphs = self._graphs_summary()
+            graphs = self.forward_backward.graphs_summary()
             if graphs:
                 self.report.print(graphs)
             streamed = self.views.stream_summary()  # None unless the images were streamed
@@ -467,24 +448,6 @@ class Trainer:
         checkpoint of every rank, the PLY, metrics, renders, video) and the TensorBoard folder."""
         self.report.outputs(written, self.ctx.world_size)
 
-    def _graphs_summary(self) -> str:
-        """The train loop's CUDA-graph line: captures, their time, failures, and the steps the
-        whole-step replay left to the eager step (empty without graphs)."""
-        head, whole = self.forward_backward.graphed_head, self.forward_backward.graphed_step
-        if head is None:
-            return ""
-        line = f"cuda graphs: {head.captures} captures in {head.capture_seconds:.2f} s, {head.failures} failed"
-        if head.stopped:
-            line += " (then stopped: the shapes changed too often)"
-        if whole is not None:
-            line += (
-                f"; whole steps: {whole.captures} tail captures in {whole.capture_seconds:.2f} s, "
-                f"{whole.failures} failed"
-            )
-            if whole.declined:
-                line += f", {whole.declined} steps too large for one fused launch ran their tail uncaptured"
-        return line
-
     def save_checkpoint(self) -> Path:
         path = checkpoint.save(
             self.result_dir / "ckpts", self.step, self.ctx.rank, self.ctx.world_size, self.state_dict()
@@ -511,61 +474,3 @@ class Trainer:
         )
         path = self.result_dir / "stats" / f"train_step{self.step}_rank{self.ctx.rank}.json"
         checkpoint.atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
-
-    def _print_memory_model(self) -> None:
-        """Print the memory model at start (profiling.memory_model); the benchmark checks it
-        against the measured peak."""
-        from .profiling import memory_model
-
-        m = memory_model(self.cfg.sh_degree, self.ctx.world_size, self.device)
-        line = (
-            f"splat-train: {self.backend} backend on {self.device}, world size {self.ctx.world_size}, "
-            f"{int(self.params['means'].shape[0]):,} Gaussians on rank 0; {m['bytes_per_gaussian']} bytes "
-            f"per Gaussian (params + grad + Adam, SH degree {self.cfg.sh_degree})"
-        )
-        if m["predicted_capacity_per_gpu"]:
-            line += (
-                f"; predicted capacity {m['predicted_capacity_per_gpu'] / 1e6:.0f} M per GPU, "
-                f"{m['predicted_capacity_per_job'] / 1e6:.0f} M per job (before per-step buffers)"
-            )
-        self.report.print(line)
-
-
-def evaluate_only(trainer: Trainer, files: list[Path]) -> list[Path]:
-    """``--ckpt``: load the checkpoint shards; export the PLY, evaluate, render the video (in the
-    order of Trainer.write_outputs); no training. Returns the files written (rank 0)."""
-    state = checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size)
-    trainer.load_state_dict(state, restore_rng=False)
-    _say_loaded("loaded", trainer, files)
-    trainer.report.open_tensorboard()
-    written = trainer.write_outputs(trainer.step, save=False, ply=True, evaluation=True)
-    trainer.report.close()
-    trainer.print_outputs(written)
-    return written
-
-
-def resume_from(trainer: Trainer, ckpt_dir: Path) -> Optional[int]:
-    # rank 0 picks the set (main() checked it exists and named skipped sets): on nodes that see the
-    # folder at different moments of a concurrent write, every rank still loads the same step
-    found = exchange.main_decides(trainer.ctx, lambda: checkpoint.latest_complete(ckpt_dir))
-    if found is None:
-        raise ValueError(f"--resume: no complete set of checkpoints in {ckpt_dir}")
-    step, files = found
-    state = checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size)
-    trainer.load_state_dict(state)
-    _say_loaded("resumed from", trainer, files)
-    # checkpoints before --raster auto record only the flag, then "fused" or "unfused"
-    before = state.get("raster") or state.get("config", {}).get("raster")
-    if before in ("fused", "unfused") and before != trainer.raster:
-        trainer.report.warn(
-            f"warning: --resume: steps 1-{step} took the {before} step and the rest take the {trainer.raster} "
-            f"step (its loss differs); --raster {before} keeps the first"
-        )
-    return step
-
-
-def _say_loaded(verb: str, trainer: Trainer, files: list[Path]) -> None:
-    """Rank 0: '<verb> step N (world size W -> W', Gaussians re-sharded) from <folder>'."""
-    old, new = len(files), trainer.ctx.world_size
-    world = f"world size {old}" if old == new else f"world size {old} -> {new}, Gaussians re-sharded"
-    trainer.report.print(f"{verb} step {trainer.step} ({world}) from {Path(files[0]).parent}")

@@ -297,3 +297,19 @@ def format_trace_summary(summary: dict) -> str:
     ]
     lines += [f"  {k['ms_per_step']:8.3f}  x{k['count_per_step']:.1f}  {k['name']}" for k in s["top_kernels"]]
     return "\n".join(lines)
+
+
+def memory_model_line(backend: str, device: torch.device, world_size: int, num_gaussians: int, sh_degree: int) -> str:
+    """The run's first line: backend, device, world size, rank 0's Gaussians and :func:`memory_model`'s
+    bytes per Gaussian and predicted capacity (the benchmark checks the model against the peak)."""
+    m = memory_model(sh_degree, world_size, device)
+    line = (
+        f"splat-train: {backend} backend on {device}, world size {world_size}, {num_gaussians:,} Gaussians on "
+        f"rank 0; {m['bytes_per_gaussian']} bytes per Gaussian (params + grad + Adam, SH degree {sh_degree})"
+    )
+    if m["predicted_capacity_per_gpu"]:
+        line += (
+            f"; predicted capacity {m['predicted_capacity_per_gpu'] / 1e6:.0f} M per GPU, "
+            f"{m['predicted_capacity_per_job'] / 1e6:.0f} M per job (before per-step buffers)"
+        )
+    return line

@@ -87,3 +87,21 @@ class ForwardBackward:
         """The last step's ground truth | render for TensorBoard (--tb_save_image), once; or None."""
         image, self.eager.tb_image = self.eager.tb_image, None
         return image
+
+    def graphs_summary(self) -> str:
+        """The train loop's CUDA-graph line: captures, their time, failures, and the steps the
+        whole-step replay left to the eager step (empty without graphs)."""
+        head, whole = self.graphed_head, self.graphed_step
+        if head is None:
+            return ""
+        line = f"cuda graphs: {head.captures} captures in {head.capture_seconds:.2f} s, {head.failures} failed"
+        if head.stopped:
+            line += " (then stopped: the shapes changed too often)"
+        if whole is not None:
+            line += (
+                f"; whole steps: {whole.captures} tail captures in {whole.capture_seconds:.2f} s, "
+                f"{whole.failures} failed"
+            )
+            if whole.declined:
+                line += f", {whole.declined} steps too large for one fused launch ran their tail uncaptured"
+        return line

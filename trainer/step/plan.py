@@ -191,6 +191,30 @@ def projection_mode(cfg: Config, device_type: str, world_size: int, aux: tuple[s
     return "gsplat", f"--projection auto: {why_not}"
 
 
+def check_pipeline(cfg: Config, device_type: str, world_size: int, sampler) -> None:
+    """Raise ValueError for a run its device or data cannot take: mcmc's relocation and
+    --pipeline gsplat-dist on the CPU, gsplat-dist's exchange with uneven batches (``sampler``:
+    this rank's data.CameraSampler)."""
+    if cfg.densify.strategy == "mcmc" and device_type != "cuda":
+        raise ValueError(
+            "the mcmc preset relocates Gaussians with gsplat's CUDA op, which needs a GPU; "
+            "on the CPU use the default preset (or --device cuda on a GPU machine)"
+        )
+    if cfg.pipeline == "gsplat-dist" and world_size > 1 and not sampler.uniform_batches:
+        raise ValueError(
+            f"--pipeline gsplat-dist with {world_size} ranks needs batches of one camera count "
+            f"and image size on every rank (gsplat's exchange assumes it), but the "
+            f"{sum(len(g) for g in sampler.groups)} training views ({len(sampler.groups)} image size(s)) in batches of "
+            f"--batch_size {cfg.batch_size} leave shorter or mixed batches; use a --batch_size "
+            "that divides the view count of a one-size dataset, or --pipeline ours"
+        )
+    if cfg.pipeline == "gsplat-dist" and device_type != "cuda":
+        raise ValueError(
+            "--pipeline gsplat-dist is gsplat's CUDA rasterization(distributed=True), which needs "
+            "a GPU; on the CPU use --pipeline ours"
+        )
+
+
 def plan_step(
     cfg: Config,
     device_type: str,
