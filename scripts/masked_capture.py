@@ -1,4 +1,4 @@
-"""The masked-capture experiment of issue 21: a COLMAP capture whose training images are painted
+"""The masked-capture experiment: a COLMAP capture whose training images are painted
 over in a region, with masks covering the paint, and the test PSNR inside that region.
 
     python -m splat_train.scripts.masked_capture make SRC DST [--region X0 Y0 X1 Y1] [--moving] [--test_every 8]

@@ -146,7 +146,7 @@ def test_config_file_reruns_exactly(tmp_path):
 
 
 def test_config_of_a_resumed_run_reruns_into_a_new_folder(tmp_path, capsys):
-    """cfg.yml records --resume / --overwrite; rerunning it starts a new run (README's sentence),
+    """cfg.yml records --resume / --overwrite; rerunning it starts a new run (docs/outputs.md),
     and the run's own folder is refused, naming --resume and --overwrite."""
     out = tmp_path / "a"
     assert run("--max_steps", "2", "--num_traj_frames", "0", "--result_dir", str(out)) == 0

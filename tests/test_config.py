@@ -163,7 +163,7 @@ def test_gsplat_nested_spellings_are_aliases(tmp_path):
 
 
 def test_cuda_graphs_in_a_config_file_reads_yaml_on_off_and_old_booleans(tmp_path):
-    """YAML 1.1 reads a bare on / off as a boolean, and session 11's cfg.yml held a boolean
+    """YAML 1.1 reads a bare on / off as a boolean, and an earlier cfg.yml held a boolean
     cuda_graphs: both mean the setting of that name; the dumped config reads back as written."""
     path = tmp_path / "c.yml"
     for text, want in [("on", "on"), ("off", "off"), ("true", "on"), ("false", "off"), ("auto", "auto")]:

@@ -392,7 +392,7 @@ def test_graphed_head_replays_the_eager_pass_on_gpu():
 
 
 def test_graphed_head_recaptures_while_old_graphs_wait_for_the_collector():
-    """The H200 failure of session 11: an earlier capture's graphs, kept alive only by a reference
+    """A failure seen on an H200: an earlier capture's graphs, kept alive only by a reference
     cycle (the last step's autograd graph), destroyed by the garbage collector in the middle of the
     next capture. With the collector running at nearly every allocation, four captures in a row
     succeed and each replay renders."""

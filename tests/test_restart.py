@@ -1,4 +1,4 @@
-"""Restartable runs (issue 19): ``--resume auto``, the fallback past an unreadable checkpoint set,
+"""Restartable runs: ``--resume auto``, the fallback past an unreadable checkpoint set,
 stale temporaries, timed checkpoints, an absolute data_dir in cfg.yml."""
 
 from pathlib import Path

@@ -1,5 +1,5 @@
 """trainer/data/views.py: the training images where the step reads them, streamed through a bounded
-cache when asked (issue 19)."""
+cache when asked."""
 
 from pathlib import Path
 

@@ -459,7 +459,7 @@ def fused_conflicts(cfg: Config) -> list[str]:
 
 
 def _gsplat_flag_checks(cfg: Config) -> list[tuple[bool, str]]:
-    """The checks of the options gsplat simple_trainer users bring (README: their table)."""
+    """The checks of the options gsplat simple_trainer users bring (docs/gsplat-flags.md: their table)."""
     fused = cfg.raster == "fused"
     return [
         (
@@ -668,7 +668,7 @@ PACKED_FLAGS = ("--packed", "--no_packed", "--no-packed")  # how tyro spells the
 def resolve_packed(cfg: Config, world_size: int) -> tuple[Config, Optional[str]]:
     """``packed_auto`` (the bytesplat preset's): packed records where they travel between ranks
     (``world_size`` > 1, --pipeline ours), dense records at W = 1, where nothing travels and
-    packed rendering costs more (docs/bench/native-raster/README.md). Returns the config with
+    packed rendering costs more (docs/bytesplat.md). Returns the config with
     ``packed`` set and ``packed_auto`` off (so its cfg.yml reruns the same exchange), and the
     console line that says so; ``cfg`` and None without ``packed_auto``."""
     if not cfg.packed_auto:

@@ -29,7 +29,7 @@ largest total among up to MAX_CAMERAS training cameras):
 gsplat's rasterizer keeps no per-pair state (forward and backward walk each tile's list), so the
 pairs and chunk terms belong to the reference rasterizer only; its constants are the sizes of
 gsplat 1.5's buffers. The reference's constants are fitted to measured peaks, rounded up; the
-runtime term is read, not modelled (how well the estimate held: docs/MEASURED_CPU.md).
+runtime term is read, not modelled (how well the estimate held: docs/large-scenes.md).
 
 Available memory: host RAM for the CPU (:func:`available_memory`: MemAvailable, capped by a
 cgroup's limit), free device memory for a GPU. CPU ranks on one host share its RAM, so the

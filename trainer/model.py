@@ -84,7 +84,7 @@ def knn_mean_distance(points: np.ndarray, query: np.ndarray, k: int = 3) -> np.n
 
 
 MORTON_BITS = 21  # bits per axis of the Morton codes (3 x 21 = 63 bits of an int64)
-# grid offsets, fractions of the box (orders x window against exactness: docs/gpu-bound-step.md)
+# grid offsets, fractions of the box (orders x window against exactness: docs/design-measurements.md)
 MORTON_SHIFTS = (
     (0.0, 0.0, 0.0),
     (0.37, 0.23, 0.11),

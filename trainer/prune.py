@@ -13,7 +13,7 @@
    ``B`` is a work target, not a limit: stage 3 removes the Gaussians that crowd the heaviest
    tiles, which shortens the longest per-tile lists (the blocks that finish last) and the total
    work; whether that buys speed on a given scene is measured with ``splat-train bench-raster
-   --ckpt`` before and after the stage (docs/MEASURED_H200.md). In rounds,
+   --ckpt`` before and after the stage (docs/bytesplat.md). In rounds,
    re-measuring after each, the Gaussians of over-budget tiles are ranked by
 
        score = (overload / B) / (importance + EPS)

@@ -22,7 +22,7 @@ static buffers every step, and the outputs are static buffers overwritten by the
 step reads them only within itself). Why not that function itself: it defines a new autograd
 Function class per capture and keeps the graphs in its methods' closures; a class is always in a
 reference cycle, so every superseded capture's graphs and memory pool lived until the next full
-garbage collection (docs/gpu-bound-step.md measured what that costs). Here one module-level Function replays a :class:`CapturedGraphs`, freed as soon as the step that
+garbage collection (docs/performance.md, "Tried and not kept"). Here one module-level Function replays a :class:`CapturedGraphs`, freed as soon as the step that
 last used it is. Its static inputs hold the parameters' storage while it lives, which keeps the
 key's data_ptr sound: a new parameter cannot reuse the address of one a live capture reads.
 """

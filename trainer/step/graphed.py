@@ -2,7 +2,7 @@
 
 With step/capture.py's head captured, a step still runs the rasterizer, the loss and autograd's
 backward eagerly: a few hundred operator calls and Triton launches of host time, more than the
-GPU's own work on a small scene (docs/gpu-bound-step.md). For the common run (one process, dense
+GPU's own work on a small scene (docs/performance.md). For the common run (one process, dense
 records, the photometric loss alone) :class:`GraphedStep` runs a step as
 
   1. the head's forward graph: activation, projection, SH (capture.CapturedGraphs);
