@@ -24,8 +24,8 @@ Kernels (one program per BLOCK Gaussians, one Gaussian per lane; C, the cameras,
     gradients per colour channel, and write the gradients of the six raw parameters once,
     through the activations. No atomics: a Gaussian's cameras are summed by its own lane (the
     per-Gaussian backward of Taming 3DGS, Mallick et al. 2024, and Faster-GS). The gradients
-    leave as 2D tiles, a row per Gaussian (means, scales, quats, sh0: [BLOCK, 4]; shN: [BLOCK,
-    64], coefficient j's channel c in column 4 j + c), each one store that Triton lays out with
+    leave as 2D tiles, a row per Gaussian (means, scales, quats, sh0: [BLOCK, 4]; shN: two [BLOCK,
+    32], coefficient j's channel c in column 4 j + c), each one store that Triton lays out with
     consecutive lanes along a row's contiguous floats: a store of one float per lane at a
     Gaussian's stride would touch a different 32-byte sector per lane (shN's stride is 180 bytes),
     and writes, unlike reads, do not merge in L1.
@@ -498,13 +498,11 @@ if triton is not None:
         return tl.reshape(t, [a.shape[0], 4])
 
     @triton.jit
-    def _cols16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15):
-        """[BLOCK, 16] tile of sixteen [BLOCK] vectors, column j the j-th (as :func:`_cols4`)."""
-        p0, p1, p2, p3 = tl.join(v0, v8), tl.join(v1, v9), tl.join(v2, v10), tl.join(v3, v11)  # [i0]: + 8 i0
-        p4, p5, p6, p7 = tl.join(v4, v12), tl.join(v5, v13), tl.join(v6, v14), tl.join(v7, v15)
-        q0, q1, q2, q3 = tl.join(p0, p4), tl.join(p1, p5), tl.join(p2, p6), tl.join(p3, p7)  # [i0, i1]: + 4 i1
-        t = tl.join(tl.join(q0, q2), tl.join(q1, q3))  # [i0, i1, i2, i3]: column 8 i0 + 4 i1 + 2 i2 + i3
-        return tl.reshape(t, [v0.shape[0], 16])
+    def _cols8(v0, v1, v2, v3, v4, v5, v6, v7):
+        """[BLOCK, 8] tile of eight [BLOCK] vectors, column j the j-th (as :func:`_cols4`)."""
+        p0, p1, p2, p3 = tl.join(v0, v4), tl.join(v1, v5), tl.join(v2, v6), tl.join(v3, v7)  # [i0]: + 4 i0
+        t = tl.join(tl.join(p0, p2), tl.join(p1, p3))  # [i0, i1, i2]: column 4 i0 + 2 i1 + i2
+        return tl.reshape(t, [v0.shape[0], 8])
 
     @triton.jit
     def _store_rows(ptr, rows, live, tile, width: tl.constexpr):
@@ -515,26 +513,38 @@ if triton is not None:
         tl.store(ptr + (rows[:, None] * width + col), tile, mask=live[:, None] & (col < width))
 
     @triton.jit
-    def _store_shn(ptr, rows, live, KR, t0, t1, t2):
-        """The channels' [BLOCK, 16] tiles (column j: coefficient j of shN) into rows ``rows``
-        (from ``ptr``, the block's first row) of shN's [N, KR, 3] gradient as one [BLOCK, 64]
-        store (column 4 j + channel, the fourth skipped); zeros for the stored bases beyond 16
-        (KR = 24)."""
-        tile = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, tl.zeros_like(t0))), [t0.shape[0], 64])
-        col = tl.arange(0, 64)[None, :]
-        j = col // 4
+    def _store_shn_half(ptr, rows, live, KR, J0: tl.constexpr, t0, t1, t2):
+        """Channels 0, 1, 2's [BLOCK, 8] tiles (column j: shN coefficient J0 + j) into rows ``rows``
+        (from ``ptr``, the block's first row) of shN's [N, KR, 3] gradient, as one [BLOCK, 32]
+        store: column 4 j + channel, the fourth skipped."""
+        tile = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, tl.zeros_like(t0))), [t0.shape[0], 32])
+        col = tl.arange(0, 32)[None, :]
+        j = col // 4 + J0
         c = col % 4
         tl.store(ptr + (rows[:, None] * (KR * 3) + (j * 3 + c)), tile, mask=live[:, None] & ((c < 3) & (j < KR)))
-        zero = tl.zeros_like(rows).to(t0.dtype)
+
+    @triton.jit
+    def _store_shn(ptr, rows, live, KR, lo0, lo1, lo2, hi0, hi1, hi2):
+        """shN's gradient from the channels' tiles of coefficients 0-7 (``lo``) and 8-15 (``hi``),
+        in two halves (one [BLOCK, 64] tile costs 40 more registers); the bases beyond 16 are
+        :func:`_store_shn_tail`'s."""
+        _store_shn_half(ptr, rows, live, KR, 0, lo0, lo1, lo2)
+        _store_shn_half(ptr, rows, live, KR, 8, hi0, hi1, hi2)
+
+    @triton.jit
+    def _store_shn_tail(ptr, rows, live, KR):
+        """Zeros for shN's stored bases beyond 16 (KR = 24), rows ``rows`` from ``ptr``. Called
+        first: a loop after the tiles' stores costs them 40 registers."""
+        zero = tl.zeros_like(rows).to(tl.float32)
         for k in range(48, KR * 3):
             tl.store(ptr + (rows * (KR * 3) + k), zero, mask=live)
 
     @triton.jit
     def _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr, N, C, KR, ch,
                      DEG: tl.constexpr):  # fmt: skip
-        """Colour channel ``ch``: the gradient of its sh0 coefficient, a [BLOCK, 16] tile whose
-        column j is the gradient of its shN coefficient j (0 beyond DEG), then the gradient of the
-        mean through the view directions, summed over the cameras."""
+        """Colour channel ``ch``: the gradient of its sh0 coefficient, two [BLOCK, 8] tiles whose
+        column j is the gradient of its shN coefficient j, then j + 8 (0 beyond DEG), then the
+        gradient of the mean through the view directions, summed over the cameras."""
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15 = _load_coeffs(
             sh0_ptr, shn_ptr, offs, KR, ch, act, DEG
         )
@@ -580,7 +590,7 @@ if triton is not None:
                 vx += (gx - dot * x) * inv
                 vy += (gy - dot * y) * inv
                 vz += (gz - dot * z) * inv
-        return a0, _cols16(a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, zero), vx, vy, vz
+        return a0, _cols8(a1, a2, a3, a4, a5, a6, a7, a8), _cols8(a9, a10, a11, a12, a13, a14, a15, zero), vx, vy, vz
 
     @triton.jit(do_not_specialize=["N", "KR"])
     def _backward_kernel(
@@ -592,8 +602,11 @@ if triton is not None:
         HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
         HAS_COLORS: tl.constexpr,
     ):  # fmt: skip
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
+        rows = tl.arange(0, BLOCK)
+        offs = start + rows
         live = offs < N
+        _store_shn_tail(v_shn_ptr + start * (KR * 3), rows, live, KR)
         bits = tl.load(bits_ptr + offs, mask=live, other=0)
         act = live & (bits != 0)
         mx = tl.load(means_ptr + offs * 3, mask=act, other=0.0)
@@ -729,29 +742,27 @@ if triton is not None:
         vx = tl.where(act, (vx - dot * x) * inv, 0.0)
         vy = tl.where(act, (vy - dot * y) * inv, 0.0)
         vz = tl.where(act, (vz - dot * z) * inv, 0.0)
-        start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
-        rows = tl.arange(0, BLOCK)
         _store_rows(v_quats_ptr + start * 4, rows, live, _cols4(vw, vx, vy, vz), 4)
         vs0, vs1, vs2 = tl.where(act, vs0, 0.0), tl.where(act, vs1, 0.0), tl.where(act, vs2, 0.0)
         _store_rows(v_scales_ptr + start * 3, rows, live, _cols4(vs0, vs1, vs2, zero), 3)
         tl.store(v_logits_ptr + offs, tl.where(act, vsig * op * (1.0 - op), 0.0), mask=live)
         # the SH after the rest: the geometry's values are no longer live
         if HAS_COLORS:
-            c0, t0, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr,
-                                              N, C, KR, 0, DEG)  # fmt: skip
+            c0, lo0, hi0, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
+                                                            v_colors_ptr, N, C, KR, 0, DEG)  # fmt: skip
             vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
-            c1, t1, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr,
-                                              N, C, KR, 1, DEG)  # fmt: skip
+            c1, lo1, hi1, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
+                                                            v_colors_ptr, N, C, KR, 1, DEG)  # fmt: skip
             vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
-            c2, t2, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr,
-                                              N, C, KR, 2, DEG)  # fmt: skip
+            c2, lo2, hi2, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
+                                                            v_colors_ptr, N, C, KR, 2, DEG)  # fmt: skip
             vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
             _store_rows(v_sh0_ptr + start * 3, rows, live, _cols4(c0, c1, c2, zero), 3)
-            _store_shn(v_shn_ptr + start * (KR * 3), rows, live, KR, t0, t1, t2)
+            _store_shn(v_shn_ptr + start * (KR * 3), rows, live, KR, lo0, lo1, lo2, hi0, hi1, hi2)
         else:
             _store_rows(v_sh0_ptr + start * 3, rows, live, _cols4(zero, zero, zero, zero), 3)
-            t0 = tl.zeros([BLOCK, 16], dtype=zero.dtype)
-            _store_shn(v_shn_ptr + start * (KR * 3), rows, live, KR, t0, t0, t0)
+            t0 = tl.zeros([BLOCK, 8], dtype=zero.dtype)
+            _store_shn(v_shn_ptr + start * (KR * 3), rows, live, KR, t0, t0, t0, t0, t0, t0)
         vmx, vmy, vmz = tl.where(act, vmx, 0.0), tl.where(act, vmy, 0.0), tl.where(act, vmz, 0.0)
         _store_rows(v_means_ptr + start * 3, rows, live, _cols4(vmx, vmy, vmz, zero), 3)
 
