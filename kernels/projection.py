@@ -23,7 +23,12 @@ Kernels (one program per BLOCK Gaussians, one Gaussian per lane; C, the cameras,
     of M = R S (R from the normalized quaternion) and of the opacity in registers, then the SH
     gradients per colour channel, and write the gradients of the six raw parameters once,
     through the activations. No atomics: a Gaussian's cameras are summed by its own lane (the
-    per-Gaussian backward of Taming 3DGS, Mallick et al. 2024, and Faster-GS).
+    per-Gaussian backward of Taming 3DGS, Mallick et al. 2024, and Faster-GS). The gradients
+    leave as 2D tiles, a row per Gaussian (means, scales, quats, sh0: [BLOCK, 4]; shN: two [BLOCK,
+    32], coefficient j's channel c in column 4 j + c), each one store that Triton lays out with
+    consecutive lanes along a row's contiguous floats: a store of one float per lane at a
+    Gaussian's stride would touch a different 32-byte sector per lane (shN's stride is 180 bytes),
+    and writes, unlike reads, do not merge in L1.
 
 Culling before projecting (conservative: a Gaussian the full projection gives radii > 0 in a
 camera always passes): near/far is the projection's own test; the image test bounds the radius
@@ -485,12 +490,61 @@ if triton is not None:
                 tl.store(colors_ptr + (cam * N.to(tl.int64) + offs) * 3 + ch, tl.maximum(col, 0.0), mask=live)
 
     @triton.jit
-    def _sh_backward(
-        mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr, v_sh0_ptr, v_shn_ptr,
-        N, C, KR, ch, DEG: tl.constexpr,
-    ):  # fmt: skip
-        """Colour channel ``ch``: writes the gradients of its coefficients; returns the gradient
-        of the mean through the view directions, summed over the cameras."""
+    def _cols4(a, b, c, d):
+        """[BLOCK, 4] tile of four [BLOCK] vectors, column i the i-th. Built with joins, so each
+        lane holds its own row; a store of the tile is one 2D store that Triton converts (through
+        shared memory) to a layout with consecutive lanes along a row's contiguous columns."""
+        t = tl.join(tl.join(a, c), tl.join(b, d))  # [BLOCK, 2, 2]: [i, k] is column 2 i + k
+        return tl.reshape(t, [a.shape[0], 4])
+
+    @triton.jit
+    def _cols8(v0, v1, v2, v3, v4, v5, v6, v7):
+        """[BLOCK, 8] tile of eight [BLOCK] vectors, column j the j-th (as :func:`_cols4`)."""
+        p0, p1, p2, p3 = tl.join(v0, v4), tl.join(v1, v5), tl.join(v2, v6), tl.join(v3, v7)  # [i0]: + 4 i0
+        t = tl.join(tl.join(p0, p2), tl.join(p1, p3))  # [i0, i1, i2]: column 4 i0 + 2 i1 + i2
+        return tl.reshape(t, [v0.shape[0], 8])
+
+    @triton.jit
+    def _store_rows(ptr, rows, live, tile, width: tl.constexpr):
+        """A [BLOCK, 4] tile into rows ``rows`` (int32, from ``ptr``: the block's first row) of a
+        contiguous [N, width] array (width <= 4). The block-relative int32 offsets keep the
+        tile's addresses at one 32-bit add each."""
+        col = tl.arange(0, 4)[None, :]
+        tl.store(ptr + (rows[:, None] * width + col), tile, mask=live[:, None] & (col < width))
+
+    @triton.jit
+    def _store_shn_half(ptr, rows, live, KR, J0: tl.constexpr, t0, t1, t2):
+        """Channels 0, 1, 2's [BLOCK, 8] tiles (column j: shN coefficient J0 + j) into rows ``rows``
+        (from ``ptr``, the block's first row) of shN's [N, KR, 3] gradient, as one [BLOCK, 32]
+        store: column 4 j + channel, the fourth skipped."""
+        tile = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, tl.zeros_like(t0))), [t0.shape[0], 32])
+        col = tl.arange(0, 32)[None, :]
+        j = col // 4 + J0
+        c = col % 4
+        tl.store(ptr + (rows[:, None] * (KR * 3) + (j * 3 + c)), tile, mask=live[:, None] & ((c < 3) & (j < KR)))
+
+    @triton.jit
+    def _store_shn(ptr, rows, live, KR, lo0, lo1, lo2, hi0, hi1, hi2):
+        """shN's gradient from the channels' tiles of coefficients 0-7 (``lo``) and 8-15 (``hi``),
+        in two halves (one [BLOCK, 64] tile costs 40 more registers); the bases beyond 16 are
+        :func:`_store_shn_tail`'s."""
+        _store_shn_half(ptr, rows, live, KR, 0, lo0, lo1, lo2)
+        _store_shn_half(ptr, rows, live, KR, 8, hi0, hi1, hi2)
+
+    @triton.jit
+    def _store_shn_tail(ptr, rows, live, KR):
+        """Zeros for shN's stored bases beyond 16 (KR = 24), rows ``rows`` from ``ptr``. Called
+        first: a loop after the tiles' stores costs them 40 registers."""
+        zero = tl.zeros_like(rows).to(tl.float32)
+        for k in range(48, KR * 3):
+            tl.store(ptr + (rows * (KR * 3) + k), zero, mask=live)
+
+    @triton.jit
+    def _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr, N, C, KR, ch,
+                     DEG: tl.constexpr):  # fmt: skip
+        """Colour channel ``ch``: the gradient of its sh0 coefficient, two [BLOCK, 8] tiles whose
+        column j is the gradient of its shN coefficient j, then j + 8 (0 beyond DEG), then the
+        gradient of the mean through the view directions, summed over the cameras."""
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15 = _load_coeffs(
             sh0_ptr, shn_ptr, offs, KR, ch, act, DEG
         )
@@ -536,28 +590,7 @@ if triton is not None:
                 vx += (gx - dot * x) * inv
                 vy += (gy - dot * y) * inv
                 vz += (gz - dot * z) * inv
-        live = offs < N
-        kr = tl.zeros_like(offs) + KR  # shN rows per Gaussian, as a tensor for the masks
-        tl.store(v_sh0_ptr + offs * 3 + ch, a0, mask=live)
-        base = v_shn_ptr + offs * (KR * 3) + ch
-        tl.store(base, a1, mask=live & (kr > 0))
-        tl.store(base + 3, a2, mask=live & (kr > 1))
-        tl.store(base + 6, a3, mask=live & (kr > 2))
-        tl.store(base + 9, a4, mask=live & (kr > 3))
-        tl.store(base + 12, a5, mask=live & (kr > 4))
-        tl.store(base + 15, a6, mask=live & (kr > 5))
-        tl.store(base + 18, a7, mask=live & (kr > 6))
-        tl.store(base + 21, a8, mask=live & (kr > 7))
-        tl.store(base + 24, a9, mask=live & (kr > 8))
-        tl.store(base + 27, a10, mask=live & (kr > 9))
-        tl.store(base + 30, a11, mask=live & (kr > 10))
-        tl.store(base + 33, a12, mask=live & (kr > 11))
-        tl.store(base + 36, a13, mask=live & (kr > 12))
-        tl.store(base + 39, a14, mask=live & (kr > 13))
-        tl.store(base + 42, a15, mask=live & (kr > 14))
-        for j in range(15, KR):  # stored bases beyond degree 3 (K = 25)
-            tl.store(base + j * 3, zero, mask=live)
-        return vx, vy, vz
+        return a0, _cols8(a1, a2, a3, a4, a5, a6, a7, a8), _cols8(a9, a10, a11, a12, a13, a14, a15, zero), vx, vy, vz
 
     @triton.jit(do_not_specialize=["N", "KR"])
     def _backward_kernel(
@@ -569,8 +602,11 @@ if triton is not None:
         HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
         HAS_COLORS: tl.constexpr,
     ):  # fmt: skip
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
+        rows = tl.arange(0, BLOCK)
+        offs = start + rows
         live = offs < N
+        _store_shn_tail(v_shn_ptr + start * (KR * 3), rows, live, KR)
         bits = tl.load(bits_ptr + offs, mask=live, other=0)
         act = live & (bits != 0)
         mx = tl.load(means_ptr + offs * 3, mask=act, other=0.0)
@@ -702,29 +738,33 @@ if triton is not None:
         vy = 2.0 * (x * (e01 + e10) + z * (e12 + e21) + w * (e02 - e20) - 2.0 * y * (e00 + e22))
         vz = 2.0 * (x * (e02 + e20) + y * (e12 + e21) + w * (e10 - e01) - 2.0 * z * (e00 + e11))
         dot = vw * w + vx * x + vy * y + vz * z  # through the normalization of the quaternion
-        tl.store(v_quats_ptr + offs * 4, tl.where(act, (vw - dot * w) * inv, 0.0), mask=live)
-        tl.store(v_quats_ptr + offs * 4 + 1, tl.where(act, (vx - dot * x) * inv, 0.0), mask=live)
-        tl.store(v_quats_ptr + offs * 4 + 2, tl.where(act, (vy - dot * y) * inv, 0.0), mask=live)
-        tl.store(v_quats_ptr + offs * 4 + 3, tl.where(act, (vz - dot * z) * inv, 0.0), mask=live)
-        tl.store(v_scales_ptr + offs * 3, tl.where(act, vs0, 0.0), mask=live)
-        tl.store(v_scales_ptr + offs * 3 + 1, tl.where(act, vs1, 0.0), mask=live)
-        tl.store(v_scales_ptr + offs * 3 + 2, tl.where(act, vs2, 0.0), mask=live)
+        vw = tl.where(act, (vw - dot * w) * inv, 0.0)
+        vx = tl.where(act, (vx - dot * x) * inv, 0.0)
+        vy = tl.where(act, (vy - dot * y) * inv, 0.0)
+        vz = tl.where(act, (vz - dot * z) * inv, 0.0)
+        _store_rows(v_quats_ptr + start * 4, rows, live, _cols4(vw, vx, vy, vz), 4)
+        vs0, vs1, vs2 = tl.where(act, vs0, 0.0), tl.where(act, vs1, 0.0), tl.where(act, vs2, 0.0)
+        _store_rows(v_scales_ptr + start * 3, rows, live, _cols4(vs0, vs1, vs2, zero), 3)
         tl.store(v_logits_ptr + offs, tl.where(act, vsig * op * (1.0 - op), 0.0), mask=live)
         # the SH after the rest: the geometry's values are no longer live
-        for ch in tl.static_range(3):
-            if HAS_COLORS:
-                dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr,
-                                          v_sh0_ptr, v_shn_ptr, N, C, KR, ch, DEG)  # fmt: skip
-                vmx += dx
-                vmy += dy
-                vmz += dz
-            else:
-                tl.store(v_sh0_ptr + offs * 3 + ch, zero, mask=live)
-                for j in range(0, KR):
-                    tl.store(v_shn_ptr + offs * (KR * 3) + j * 3 + ch, zero, mask=live)
-        tl.store(v_means_ptr + offs * 3, tl.where(act, vmx, 0.0), mask=live)
-        tl.store(v_means_ptr + offs * 3 + 1, tl.where(act, vmy, 0.0), mask=live)
-        tl.store(v_means_ptr + offs * 3 + 2, tl.where(act, vmz, 0.0), mask=live)
+        if HAS_COLORS:
+            c0, lo0, hi0, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
+                                                            v_colors_ptr, N, C, KR, 0, DEG)  # fmt: skip
+            vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
+            c1, lo1, hi1, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
+                                                            v_colors_ptr, N, C, KR, 1, DEG)  # fmt: skip
+            vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
+            c2, lo2, hi2, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
+                                                            v_colors_ptr, N, C, KR, 2, DEG)  # fmt: skip
+            vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
+            _store_rows(v_sh0_ptr + start * 3, rows, live, _cols4(c0, c1, c2, zero), 3)
+            _store_shn(v_shn_ptr + start * (KR * 3), rows, live, KR, lo0, lo1, lo2, hi0, hi1, hi2)
+        else:
+            _store_rows(v_sh0_ptr + start * 3, rows, live, _cols4(zero, zero, zero, zero), 3)
+            t0 = tl.zeros([BLOCK, 8], dtype=zero.dtype)
+            _store_shn(v_shn_ptr + start * (KR * 3), rows, live, KR, t0, t0, t0, t0, t0, t0)
+        vmx, vmy, vmz = tl.where(act, vmx, 0.0), tl.where(act, vmy, 0.0), tl.where(act, vmz, 0.0)
+        _store_rows(v_means_ptr + start * 3, rows, live, _cols4(vmx, vmy, vmz, zero), 3)
 
 
 def kernel_specs() -> dict:

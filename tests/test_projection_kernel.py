@@ -166,6 +166,30 @@ def run_poisoned(scene, deg, aa, grads):
     return runs
 
 
+def run_partial(scene, deg, aa, grads):
+    """backward_into with some outputs' gradients missing (the kernel's HAS_* flags off) and with
+    those gradients given as zeros: (missing, zeros) gradient dicts for no colour gradient, then
+    for the colour gradient alone."""
+    p = scene["params"]
+    N, C = p["means"].shape[0], scene["viewmats"].shape[0]
+    cams = [scene[k] for k in ("viewmats", "Ks", "campos")]
+    setup = projection.Setup(scene["width"], scene["height"], deg, NEAR, FAR, aa)
+    out = projection.empty_outputs(N, C, "cpu")
+    projection.forward_into(p, *cams, setup, out)
+    pairs = []
+    for missing in (("colors",), ("means2d", "depths", "conics", "opacities")):
+        runs = []
+        for given in (
+            {k: v for k, v in grads.items() if k not in missing},
+            {k: v * 0 if k in missing else v for k, v in grads.items()},
+        ):
+            g = {k: torch.full_like(v, float("nan")) for k, v in p.items()}
+            projection.backward_into(p, *cams, out["bits"], setup, given, g)
+            runs.append(g)
+        pairs.append(runs)
+    return pairs
+
+
 def run_probe(scene):
     """The kernel's conservative frustum test (projection._precull), bits per Gaussian."""
     p = scene["params"]
@@ -359,6 +383,20 @@ def test_every_output_element_is_written(interpreted, case):
         assert torch.equal(nan_grads[k], zero_grads[k]), k
 
 
+@pytest.mark.parametrize("case", POISONED)
+def test_missing_output_gradients_count_as_zeros(interpreted, case):
+    """No gradient for the colours (or for everything but them): the gradients of zeros there,
+    every element written (the outputs start as NaN), the SH coefficients' exactly 0 without a
+    colour gradient."""
+    _, _, _, out, _ = interpreted
+    no_colour, colour_only = out["partial"][case]
+    for missing, zeros in (no_colour, colour_only):
+        for k in projection.PARAM_KEYS:
+            assert torch.equal(missing[k], zeros[k]), k
+    assert (no_colour[0]["sh0"] == 0).all() and (no_colour[0]["shN"] == 0).all()
+    assert (colour_only[0]["shN"] != 0).any() and (colour_only[0]["quats"] == 0).all()
+
+
 def test_precull_is_conservative_and_culls(interpreted):
     """The frustum test before the quaternion and SH loads keeps every record the projection gives
     radii > 0 and drops most of the others; the scene has visible Gaussians whose centre projects
@@ -537,12 +575,13 @@ def test_gpu_bench_script_runs(tmp_path):
 
 if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
     data = torch.load(sys.argv[2])
-    fused, poisoned, probe, exact = [], {}, [], []
+    fused, poisoned, partial, probe, exact = [], {}, {}, [], []
     for i, (scene, grads, (N, C, K, deg, aa)) in enumerate(zip(data["scenes"], data["grads"], CASES)):
         ((out, unmasked),) = run_fused(scene, deg, aa, [grads], "cpu")
         fused.append(run_fused(scene, deg, aa, [masked(grads, out["radii"])], "cpu") + [(out, unmasked)])
         if i in POISONED:
             poisoned[i] = run_poisoned(scene, deg, aa, grads)
+            partial[i] = run_partial(scene, deg, aa, masked(grads, out["radii"]))
         probe.append(run_probe(scene))
         exact.append(run_exact(scene, deg, aa, grads))
-    torch.save(dict(fused=fused, poisoned=poisoned, probe=probe, exact=exact), sys.argv[3])
+    torch.save(dict(fused=fused, poisoned=poisoned, partial=partial, probe=probe, exact=exact), sys.argv[3])
