@@ -425,3 +425,14 @@ def test_help_into_a_reader_that_goes_away_ends_without_a_traceback():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) in (0, 1)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+@pytest.mark.parametrize("flags", [["--compression", "png"], ["--app_embed_dim", "32"], ["--with_ut"]])
+def test_gsplat_flags_this_trainer_lacks_are_unknown_flags(tmp_path, capsys, flags):
+    """gsplat options with no counterpart here (docs/gsplat-flags.md) fail as any unknown flag:
+    exit 2, the flag named, nothing written."""
+    with pytest.raises(SystemExit) as stop:
+        main(["default", *flags, "--result_dir", str(tmp_path / "r")])
+    assert stop.value.code == 2
+    assert flags[0] in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -117,8 +117,6 @@ def test_config_file_round_trip(tmp_path):
         (["default", "--random_tile_shift", "--app_opt"], "--random_tile_shift needs the fused step.*--app_opt"),
         (["default", "--random_tile_shift", "--pipeline", "gsplat-dist"], "cannot run with --pipeline gsplat-dist"),
         # gsplat simple_trainer options refused, or in combinations that cannot work
-        (["default", "--compression", "png"], "--compression"),
-        (["default", "--app_embed_dim", "32"], "--app_embed_dim"),
         (["mcmc", "--strategy.absgrad"], "--absgrad"),
         (["default", "--absgrad", "--pipeline", "gsplat-dist"], "--absgrad"),
         (["default", "--depth_loss", "--raster", "fused"], "--depth_loss"),

@@ -195,8 +195,6 @@ class Config:
     """Learn a colour (appearance) correction per training image (replicated; DDP over ranks)."""
     pose_noise: float = 0.0
     """Perturb the training cameras by a fixed random rigid transform (translation and 6D-rotation offsets with this standard deviation; gsplat's pose_noise), to test --pose_opt. Test views are not perturbed."""
-    app_embed_dim: Optional[int] = None
-    """gsplat's appearance MLP's embedding size: refused (--app_opt here is a per-image affine colour correction with no embedding; trainer/aux_modules.py)."""
     use_bilateral_grid: bool = False
     """Learn a bilateral grid per training image that colour-corrects its render before the loss (Wang et al. 2024, "Bilateral Guided Radiance Field Processing"; gsplat's lib_bilagrid idea), with gsplat's total-variation regularizer and schedule."""
     bilateral_grid_shape: list[int] = field(default_factory=lambda: [16, 16, 8])
@@ -275,8 +273,6 @@ class Config:
     """Export a PLY at --ply_steps and the last step (gsplat's default is off; here on, as before). --no-save_ply exports none (the checkpoints hold the model; --ckpt exports later)."""
     tb_save_image: bool = False
     """Every --log_every (--tb_every) steps, also write the training render (ground truth | render) to TensorBoard."""
-    compression: Optional[Literal["png"]] = None
-    """gsplat's PNG compression of the model: refused (it needs plas and torchpq, CUDA-only packages outside this trainer's dependencies)."""
     save_eval_images: bool = True
     """Write side-by-side test renders (ground truth | render) at each evaluation."""
     lpips_net: Literal["alex", "vgg"] = "alex"
@@ -462,17 +458,6 @@ def _gsplat_flag_checks(cfg: Config) -> list[tuple[bool, str]]:
     """The checks of the options gsplat simple_trainer users bring (docs/gsplat-flags.md: their table)."""
     fused = cfg.raster == "fused"
     return [
-        (
-            cfg.compression is None,
-            "--compression png is gsplat's PngCompression, which needs plas and torchpq (CUDA-only packages outside "
-            "splat-train's dependencies); it is not supported here: compress the checkpoint with gsplat's "
-            "examples instead",
-        ),
-        (
-            cfg.app_embed_dim is None,
-            "--app_embed_dim sizes gsplat's appearance MLP; --app_opt here is a per-image affine colour correction "
-            "with no embedding (trainer/aux_modules.py), so it is not supported: drop it",
-        ),
         (
             not (cfg.densify.absgrad and cfg.densify.strategy == "mcmc"),
             "--absgrad (--strategy.absgrad) is DefaultStrategy's; the mcmc strategy has none: drop one",
