@@ -104,6 +104,7 @@ class Trainer:
             masked=self.views.channels == 4,
             aux=tuple(self.aux),
             kernel_ready=lambda: native_kernel_everywhere(ctx, cfg.raster, self.report.warn),
+            loopback=ctx.loopback,
         )
         self._say_plan()
         self.batches = Batches(
@@ -146,9 +147,15 @@ class Trainer:
         self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
 
     def _check_pipeline(self) -> None:
-        """Raise ValueError for a run its device or data cannot take: mcmc's relocation and
+        """Raise ValueError for a run its device or data cannot take: --loopback without its
+        group (launch.loopback_group), mcmc's relocation and
         --pipeline gsplat-dist on the CPU, gsplat-dist's exchange with uneven batches."""
         cfg, ctx = self.cfg, self.ctx
+        if cfg.loopback != ctx.loopback:
+            raise ValueError(
+                "--loopback needs the process group of one rank that launch.loopback_group makes "
+                f"(this rank's context has loopback={ctx.loopback})"
+            )
         if cfg.densify.strategy == "mcmc" and self.device.type != "cuda":
             raise ValueError(
                 "the mcmc preset relocates Gaussians with gsplat's CUDA op, which needs a GPU; "
@@ -236,9 +243,9 @@ class Trainer:
 
     def shard_sizes(self) -> list[int]:
         """Every rank's Gaussian count, gathered after the last step that could change them (a
-        host synchronization, only then; none at W = 1)."""
+        host synchronization, only then; none in one process off the distributed path)."""
         n = int(self.params["means"].shape[0])
-        if self.ctx.world_size == 1:
+        if not self.ctx.distributed:
             self.shard.world_sizes = [n]
         elif self.shard.world_sizes is None:
             self.shard.world_sizes = exchange.gather_metadata(self.ctx, [n])[:, 0].tolist()
@@ -426,7 +433,7 @@ class Trainer:
         if saved:  # a scheduled checkpoint restarts the clock on every rank, also between agreements
             self._last_save = time.monotonic()
             due = False
-        if self.ctx.world_size > 1:
+        if self.ctx.distributed:
             if not request.check_due(done):
                 return
             agreed = exchange.max_over_ranks(self.ctx, [signum, due, request.seconds_per_step(done)])
