@@ -46,6 +46,14 @@ DEFAULT_VARIANTS = {
     "ours-packed-fused": "--packed --raster fused",
     "ours-dense-fused": "--raster fused",
 }
+# run only when --variants names them: the distributed path in one process (--loopback), against
+# the rows above at W = 1 (its host work and waits, without a second GPU); at W > 1 they are skipped
+OPTIONAL_VARIANTS = {
+    "ours-dense-loopback": "--raster unfused --loopback",
+    "ours-packed-loopback": "--packed --raster unfused --loopback",
+    "ours-dense-fused-loopback": "--raster fused --loopback",
+    "ours-packed-sparse-loopback": "--packed --sparse_grad_comm --raster unfused --loopback",
+}
 
 
 def _percentile(values, q):
@@ -144,6 +152,7 @@ def _worker(
     result = dict(
         rank=ctx.rank,
         world_size=ctx.world_size,
+        loopback=ctx.loopback,  # the distributed path over a group of one rank: its bytes to peers are zero
         backend=trainer.backend,
         device=str(ctx.device),
         ms_per_iter=ms_per_iter,
@@ -244,7 +253,8 @@ def run(args, on_result=None) -> dict:
 
     variants = dict(DEFAULT_VARIANTS)
     if args.variants:
-        variants = {k: v for k, v in variants.items() if k in args.variants}
+        known = {**DEFAULT_VARIANTS, **OPTIONAL_VARIANTS}
+        variants = {k: v for k, v in known.items() if k in args.variants}
     for spec in args.variant or []:
         name, _, flags = spec.partition("=")
         variants[name] = flags
@@ -265,6 +275,9 @@ def run(args, on_result=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for world_size in args.world_sizes:
             for name, extra in variants.items():
+                if world_size > 1 and "--loopback" in shlex.split(extra):
+                    print(f"bench: {name} skipped at W={world_size} (--loopback runs one process)", file=sys.stderr)
+                    continue
                 flags = variant_flags(args, start, extra, f"{tmp}/{name}_{world_size}")
                 files = [f"{tmp}/{name}_{world_size}_rank{r}.json" for r in range(world_size)]
                 t0 = time.perf_counter()
@@ -385,8 +398,12 @@ def check_variants(variants: dict, flags_of) -> None:
 
 
 def _worker_entry(ctx, scene, flags, steps, warmup, prefix, ckpt, phase_steps, profile_steps=0):
+    from splat_train.trainer.config import from_argv
+    from splat_train.trainer.launch import loopback_group
+
     try:
-        _worker(ctx, scene, flags, steps, warmup, f"{prefix}_rank{ctx.rank}.json", ckpt, phase_steps, profile_steps)
+        with loopback_group(ctx, from_argv(["default", *flags]).loopback) as ctx:  # --loopback: a group of one rank
+            _worker(ctx, scene, flags, steps, warmup, f"{prefix}_rank{ctx.rank}.json", ckpt, phase_steps, profile_steps)
     except Exception as e:  # the parent reports the first line of it in the variant's row
         Path(f"{prefix}_rank{ctx.rank}.error").write_text(f"{type(e).__name__}: {e}")
         raise
@@ -578,7 +595,11 @@ def parse(argv):
     p = argparse.ArgumentParser(prog="splat-train bench", description=__doc__.split("\n\n")[0])
     add_scene_args(p)
     p.add_argument("--world_sizes", type=int, nargs="+", default=[1])
-    p.add_argument("--variants", nargs="*", help=f"subset of {list(DEFAULT_VARIANTS)}")
+    p.add_argument(
+        "--variants",
+        nargs="*",
+        help=f"the variants to run, of {list(DEFAULT_VARIANTS)} (the default set) and {list(OPTIONAL_VARIANTS)}",
+    )
     p.add_argument("--variant", action="append", help='extra variant NAME="--flags ..."')
     p.add_argument(
         "--ckpt",

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 from ..configs import preset_names
 from .config import Config, from_argv, resolve_packed
-from .launch import DistContext, Interrupted, LaunchError, detect_external, interruptible, launch
+from .launch import DistContext, Interrupted, LaunchError, detect_external, interruptible, launch, loopback_group
 from .log import get_logger
 
 log = get_logger(__name__)
@@ -88,7 +88,8 @@ def run(ctx: DistContext, cfg: Config) -> None:
     from .render import check_camera_model
     from .viewer import check_training_viewer
 
-    with interruptible(ctx.stop):  # after the imports: pycolmap's native SIGTERM handler is replaced
+    # after the imports: pycolmap's native SIGTERM handler is replaced; --loopback: a group of one rank
+    with interruptible(ctx.stop), loopback_group(ctx, cfg.loopback) as ctx:
         # under an external launcher every process decided on its own (main); rank 0's decision stands
         cfg = dataclasses.replace(cfg, resume=exchange.from_main(ctx, cfg.resume))
         cfg, packed_line = resolve_packed(cfg, ctx.world_size)  # the bytesplat preset's exchange
@@ -188,7 +189,11 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         )
         cfg = dataclasses.replace(cfg, resume=resume)
         return launch(
-            run, (cfg,), nproc_per_node=cfg.nproc_per_node, device=cfg.device, dist_timeout_s=cfg.dist_timeout_s
+            run,
+            (cfg,),
+            nproc_per_node=1 if cfg.loopback else cfg.nproc_per_node,
+            device=cfg.device,
+            dist_timeout_s=cfg.dist_timeout_s,
         )
     except (ValueError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -221,6 +221,8 @@ class Config:
     """Where to train (auto: CUDA when visible)."""
     nproc_per_node: int = 0
     """Processes to start on this node: 0 = one per visible GPU (1 without GPUs); N > 1 without GPUs runs N CPU ranks over gloo."""
+    loopback: bool = False
+    """A benchmarking and testing mode of the distributed path: one process over a real process group of one rank (NCCL on a GPU, gloo on the CPU), whose step takes every step of a multi-GPU run (the collectives, the records and their gradients through the all_to_alls, --sparse_grad_comm's zero elision, the pruning statistics' routing) and none of one process's shortcuts; it trains what one process trains. CUDA graphs as at W > 1 (--cuda_graphs auto: none). Not with --nproc_per_node > 1 or a launcher's several ranks."""
 
     raster: Literal["auto", "unfused", "fused"] = "auto"
     """Training rasterization: fused (ByteSplat: one native CUDA/HIP kernel for forward, tile-local L1 + D-SSIM and backward of every tile, built on first use; kernels/fused_raster.py; on a GPU where it cannot be built, one line and the unfused step; on the CPU its PyTorch reference), unfused (rasterize, full-image L1 + D-SSIM, backward), or auto: fused on a GPU unless the run needs the rendered image (--app_opt, --depth_loss, --use_bilateral_grid, --tb_save_image, --pipeline gsplat-dist, training views with loss masks), unfused on the CPU."""
@@ -363,6 +365,10 @@ def validate(cfg: Config) -> None:
         (cfg.init_num_pts >= 1, "--init_num_pts must be >= 1"),
         (0.0 <= cfg.ssim_lambda <= 1.0, "--ssim_lambda must be in [0, 1]"),
         (cfg.nproc_per_node >= 0, "--nproc_per_node must be >= 0"),
+        (
+            not (cfg.loopback and cfg.nproc_per_node > 1),
+            "--loopback runs one process over a group of one rank; drop --nproc_per_node or --loopback",
+        ),
         (cfg.schedule.sh_degree_interval >= 1, "--sh_degree_interval must be >= 1"),
         (cfg.schedule.refine_every >= 1, "--refine_every must be >= 1"),
         (cfg.schedule.reset_every >= 1, "--reset_every must be >= 1"),

@@ -17,7 +17,8 @@ Gaussian Splatting Training"): ranks own disjoint shards of the Gaussians and th
 
 No collective here reduces a Gaussian gradient: a Gaussian's partial gradients reach its owner
 through the reverse exchange and are summed there by autograd. At world size 1 every function is
-the identity and issues no collective.
+the identity and issues no collective, except under ``--loopback`` (launch.loopback_group;
+``DistContext.distributed``), where each runs as at W > 1, over a process group of one rank.
 
 Besides the step's pairs, this module is the one home of every other collective of a run (with
 sparse_exchange.py for the zero-eliding backward and launch.py for the process group itself):
@@ -59,7 +60,7 @@ def gather_metadata(ctx: DistContext, values: Sequence[int]) -> torch.Tensor:
 
     One all_gather_single (all_gather_into_tensor before torch 2.13; not all_gather_object, which pickles through the host)."""
     local = torch.tensor(list(values), dtype=torch.int32)
-    if ctx.world_size == 1:
+    if not ctx.distributed:
         return local[None].long()
     local = local.to(ctx.comm_device)
     out = torch.empty(ctx.world_size * len(values), dtype=torch.int32, device=ctx.comm_device)
@@ -71,7 +72,7 @@ def gather_metadata(ctx: DistContext, values: Sequence[int]) -> torch.Tensor:
 def any_rank(ctx: DistContext, flags: Sequence[bool]) -> list[bool]:
     """For each flag, whether it is set on any rank: one all_reduce (MAX) of a few int32 control
     values, read on the host (a synchronization; no Gaussian data). Identity at world size 1."""
-    if ctx.world_size == 1:
+    if not ctx.distributed:
         return [bool(f) for f in flags]
     values = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32, device=ctx.comm_device)
     dist.all_reduce(values, op=dist.ReduceOp.MAX, group=ctx.group)
@@ -83,7 +84,7 @@ def max_over_ranks(ctx: DistContext, values: Sequence[float]) -> list[float]:
     """Each value's maximum over the ranks: one all_reduce (MAX) of a few float64 control values,
     read on the host (a synchronization; no Gaussian data), counted in the "control" phase of
     the rank's CommStats. Identity at world size 1."""
-    if ctx.world_size == 1:
+    if not ctx.distributed:
         return [float(v) for v in values]
     tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=ctx.comm_device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=ctx.group)
@@ -96,7 +97,7 @@ def max_over_ranks(ctx: DistContext, values: Sequence[float]) -> list[float]:
 def from_main(ctx: DistContext, obj):
     """Rank 0's ``obj`` on every rank (a pickled broadcast through the host; control values only,
     e.g. rank 0's decision to resume and from which files). Identity at world size 1."""
-    if ctx.world_size == 1:
+    if not ctx.distributed:
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=0, group=ctx.group, device=ctx.comm_device)
@@ -107,7 +108,7 @@ def gather_to_main(ctx: DistContext, obj) -> "list | None":
     """Every rank's ``obj`` on rank 0, as a list in rank order (None on the other ranks; a pickled
     gather through the host: small results such as scores, or a shard for an export). ``[obj]``
     at world size 1."""
-    if ctx.world_size == 1:
+    if not ctx.distributed:
         return [obj]
     out = [None] * ctx.world_size if ctx.is_main else None
     dist.gather_object(obj, out, dst=0, group=ctx.group)
@@ -118,7 +119,7 @@ def all_gather_rows(ctx: DistContext, rows: torch.Tensor) -> torch.Tensor:
     """[n_r, D] on each rank -> [sum n_r, D] in rank order on every rank, on ``rows``'s device
     (identity at world size 1): the row counts first (:func:`gather_metadata`), then one
     all_gather of rows padded to the largest count."""
-    if ctx.world_size == 1:
+    if not ctx.distributed:
         return rows
     counts = gather_metadata(ctx, [rows.shape[0]])[:, 0].tolist()
     out = _padded_all_gather(ctx, rows.to(ctx.comm_device), counts)
@@ -143,7 +144,7 @@ def replicate(module: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
     W > 1, wrap it in DistributedDataParallel whose gradient all_reduce sums over ranks (every rank
     then applies the same Adam step, so the replicas stay identical)."""
     module = module.to(ctx.device)
-    if ctx.world_size == 1:
+    if not ctx.distributed:
         return module
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -225,7 +226,7 @@ class AllGatherCameras(torch.autograd.Function):
 def all_gather_cameras(ctx: DistContext, viewmats: torch.Tensor, Ks: torch.Tensor, counts: list[int]):
     """viewmats [C_local, 4, 4], Ks [C_local, 3, 3] -> every rank's, [C_all, 4, 4] and [C_all, 3, 3],
     in one collective (both packed into one [C, 25] buffer)."""
-    if ctx.world_size == 1:
+    if not ctx.distributed:
         return viewmats, Ks
     rows = torch.cat([viewmats.reshape(-1, 16), Ks.reshape(-1, 9)], dim=1)
     rows = AllGatherCameras.apply(rows, ctx, counts)
@@ -235,7 +236,7 @@ def all_gather_cameras(ctx: DistContext, viewmats: torch.Tensor, Ks: torch.Tenso
 def exchange_counts(ctx: DistContext, send_counts: torch.Tensor) -> list[int]:
     """all_to_all of one int per peer: how many records this rank sends each rank -> how many it
     receives from each rank (packed mode's first exchange)."""
-    if ctx.world_size == 1:
+    if not ctx.distributed:
         return [int(send_counts[0])]
     send = send_counts.to(device=ctx.comm_device, dtype=torch.int64)
     recv = torch.empty_like(send)
@@ -298,7 +299,7 @@ class AllToAll(torch.autograd.Function):
 
 def all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int]) -> torch.Tensor:
     """Non-differentiable all_to_all of rows (for statistics routed like gradients)."""
-    if ctx.world_size == 1:
+    if not ctx.distributed:
         return x
     return _all_to_all_rows(ctx, x.contiguous(), list(send_rows), list(recv_rows))
 
@@ -313,7 +314,7 @@ def all_to_all(
 ) -> torch.Tensor:
     """Differentiable all_to_all of rows (identity at world size 1); see :class:`AllToAll`.
     ``sparse``: the backward elides zero gradient rows (--sparse_grad_comm)."""
-    if ctx.world_size == 1:
+    if not ctx.distributed:
         return x
     return AllToAll.apply(x, ctx, list(send_rows), list(recv_rows), grad_cols, sparse)
 

@@ -18,6 +18,7 @@ backend is ``nccl`` on GPUs (RCCL answers to that name on ROCm) and ``gloo`` on 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import faulthandler
 import logging
@@ -87,10 +88,18 @@ class DistContext:
     group: Any = None
     stats: CommStats = field(default_factory=CommStats)
     stop: "StopRequest" = field(default_factory=lambda: StopRequest())
+    loopback: bool = False  # one process over a real group of one rank (--loopback, :func:`loopback_group`)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """Whether this process takes the distributed path: every collective issued and every
+        record routed through the exchange (world_size > 1, or ``loopback`` at world size 1);
+        else the exchange's identity shortcuts of one process."""
+        return self.world_size > 1 or self.loopback
 
     @property
     def comm_device(self) -> torch.device:
@@ -383,6 +392,33 @@ def init_context(
         group=dist.group.WORLD,
         stop=stop,
     )
+
+
+@contextlib.contextmanager
+def loopback_group(ctx: DistContext, enabled: bool = True) -> Iterator[DistContext]:
+    """``--loopback``: ``ctx`` (one process, no group) as a rank of a real process group of one
+    rank (NCCL on a GPU, gloo on the CPU, over an in-process HashStore: no port, no file), with
+    ``loopback`` set, so that the step takes the distributed path (:attr:`DistContext.distributed`:
+    every collective issued, every record and gradient through the all_to_alls) with no peer to
+    wait for: a benchmarking and testing mode of that path. The group is destroyed on exit.
+    ``enabled`` False yields ``ctx`` unchanged. Raises ValueError for a context of several ranks
+    or a process that already has a process group."""
+    if not enabled:
+        yield ctx
+        return
+    if ctx.world_size > 1:
+        raise ValueError(f"--loopback runs one process over a group of one rank; this run has {ctx.world_size} ranks")
+    if dist.is_initialized():
+        raise ValueError("--loopback: this process already has a process group")
+    backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = dict(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    if ctx.device.type == "cuda":
+        kwargs["device_id"] = ctx.device
+    dist.init_process_group(**kwargs)
+    try:
+        yield dataclasses.replace(ctx, backend=backend, group=dist.group.WORLD, loopback=True)
+    finally:
+        dist.destroy_process_group()
 
 
 def _free_store(world_size: int, attempts: int = 5):

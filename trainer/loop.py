@@ -58,7 +58,7 @@ class Trainer:
         # every rank's sampler: a rank knows what every other rank renders at a step without asking
         self.samplers = [CameraSampler(self.trainset, cfg.batch_size, cfg.seed, r) for r in range(ctx.world_size)]
         self.sampler = self.samplers[ctx.rank]
-        check_pipeline(cfg, self.device.type, ctx.world_size, self.sampler)
+        check_pipeline(cfg, self.device.type, ctx.world_size, self.sampler, ctx.loopback)
         self.depth_targets = DepthTargets(self.trainset, cfg.camera_model, self.device) if cfg.depth_loss else None
         self.views = TrainViews(
             self.trainset,
@@ -104,6 +104,7 @@ class Trainer:
             masked=self.views.channels == 4,
             aux=tuple(self.aux),
             kernel_ready=lambda: native_kernel_everywhere(ctx, cfg.raster, self.report.warn),
+            loopback=ctx.loopback,
         )
         self._say_plan()
         self.batches = Batches(
@@ -213,9 +214,9 @@ class Trainer:
 
     def shard_sizes(self) -> list[int]:
         """Every rank's Gaussian count, gathered after the last step that could change them (a
-        host synchronization, only then; none at W = 1)."""
+        host synchronization, only then; none in one process off the distributed path)."""
         n = int(self.params["means"].shape[0])
-        if self.ctx.world_size == 1:
+        if not self.ctx.distributed:
             self.shard.world_sizes = [n]
         elif self.shard.world_sizes is None:
             self.shard.world_sizes = exchange.gather_metadata(self.ctx, [n])[:, 0].tolist()
@@ -403,7 +404,7 @@ class Trainer:
         if saved:  # a scheduled checkpoint restarts the clock on every rank, also between agreements
             self._last_save = time.monotonic()
             due = False
-        if self.ctx.world_size > 1:
+        if self.ctx.distributed:
             if not request.check_due(done):
                 return
             agreed = exchange.max_over_ranks(self.ctx, [signum, due, request.seconds_per_step(done)])

@@ -631,7 +631,7 @@ def route_to_owners(ctx: DistContext, info: RenderInfo, values: torch.Tensor) ->
     if layout is None:
         raise ValueError("route_to_owners needs a pass of this trainer's exchange (--pipeline ours)")
     rows = values.reshape(-1, K).detach().contiguous()
-    if ctx.world_size == 1:
+    if not ctx.distributed:
         back = rows
     else:
         if not layout.packed:
@@ -666,8 +666,9 @@ def _exchange_dense(
     ctx, fields, N, N_world, C_world, timer, absgrad_lanes=None, sparse=False
 ) -> tuple[Records, ExchangeLayout]:
     """Dense all_to_all: rank r sends all N local records of every camera rank j renders.
-    ``absgrad_lanes``: the radii as float lanes that require grad (absgrad), sent in their place."""
-    if ctx.world_size == 1:
+    ``absgrad_lanes``: the radii as float lanes that require grad (absgrad), sent in their place.
+    One process off the distributed path (not ``ctx.distributed``): the fields are the records."""
+    if not ctx.distributed:
         return (
             _local_records(fields, timer, absgrad_lanes),
             ExchangeLayout(False, N, N_world, send_rows=[N * c for c in C_world], recv_rows=[C_world[0] * N]),
@@ -686,7 +687,7 @@ def _exchange_dense(
 
 
 def _local_records(fields, timer, absgrad_lanes, **ids) -> Records:
-    """World size 1: the projected fields are the records (radii stay int32); the 2D means get
+    """One process off the distributed path: the projected fields are the records (radii stay int32); the 2D means get
     the backward phase boundaries the exchange would have put around them."""
     radii, means2d, depths, conics, opacities, colors = fields
     means2d = boundary(boundary(means2d, timer, "backward_projection"), timer, "backward_exchange")
@@ -712,7 +713,7 @@ def _exchange_packed(
     Camera ids are rebased global -> the receiver's local ids and Gaussian ids local -> global
     before sending (gsplat rendering.py does the same with two more all_to_alls; here they ride
     in the payload buffer, bit-cast into float lanes)."""
-    if ctx.world_size == 1:  # local ids are global ids: nothing to rebase, nothing to send
+    if not ctx.distributed:  # local ids are global ids: nothing to rebase, nothing to send
         return (
             _local_records(fields, timer, absgrad_lanes, image_ids=cam_ids, gaussian_ids=gs_ids),
             ExchangeLayout(True, N_world[0], N_world, [cam_ids.shape[0]], [cam_ids.shape[0]], gs_ids),

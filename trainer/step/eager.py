@@ -201,7 +201,7 @@ class EagerStep:
             near_plane=cfg.near_plane,
             far_plane=cfg.far_plane,
             backgrounds=backgrounds,
-            distributed=ctx.world_size > 1,
+            distributed=ctx.distributed,
             camera_model=cfg.camera_model,
             rasterize_mode="antialiased" if cfg.antialiased else "classic",
         )

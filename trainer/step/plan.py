@@ -1,7 +1,10 @@
 """Which training step a run takes, decided once: :class:`StepPlan`.
 
-A step has four independent choices, each made here and nowhere else, each with its reason:
+A step has five independent choices, each made here and nowhere else, each with its reason:
 
+- the path (``distributed``): the distributed one (every collective, the records and their
+  gradients through the all_to_alls; W > 1, or ``--loopback``: one process over a process group
+  of one rank, launch.loopback_group) or one process's, whose exchange is the identity;
 - the projection (``projection``): kernels/projection.py's Triton kernels on the raw parameters
   (activation, projection and SH in one launch, a per-Gaussian backward in another) or the
   activations and gsplat's projection and SH ops;
@@ -43,6 +46,8 @@ class StepPlan:
     selective_adam: bool = False  # --visible_adam / --sparse_grad: only visible Gaussians step
     projection: str = "gsplat"  # "triton" (kernels/projection.py) | "gsplat"
     projection_why: str = ""
+    distributed: bool = False  # the distributed path (W > 1 or --loopback; DistContext.distributed)
+    distributed_why: str = ""
 
     @property
     def fused(self) -> bool:
@@ -52,8 +57,10 @@ class StepPlan:
         """One console line: the step and why."""
         exchange = "gsplat's distributed pass" if self.pipeline != "ours" else ("packed" if self.packed else "dense")
         graphs = {"whole": "whole-step CUDA graphs", "head": "CUDA graphs of the projection", "off": "no CUDA graphs"}
+        path = "the distributed path" if self.distributed else "one process's path"
         return (
-            f"step: {self.projection} projection ({self.projection_why}), {self.raster} rasterization "
+            f"step: {path} ({self.distributed_why}), {self.projection} projection ({self.projection_why}), "
+            f"{self.raster} rasterization "
             f"({self.raster_why}), {exchange} records, {graphs[self.graphs]} ({self.graphs_why})"
         )
 
@@ -109,14 +116,24 @@ def native_kernel_everywhere(ctx, raster_flag: str, warn: Callable[[str], None])
     return False
 
 
-def use_cuda_graphs(setting: str, world_size: int) -> bool:
+def use_cuda_graphs(setting: str, world_size: int, loopback: bool = False) -> bool:
     """Whether --cuda_graphs ``setting`` ("auto", "on", "off") asks for graphs in a run of
-    ``world_size`` processes: "auto" is on for one process on CUDA (not on a ROCm build of torch)."""
+    ``world_size`` processes: "auto" is on for one process off the distributed path (not
+    ``loopback``) on CUDA (not on a ROCm build of torch)."""
     if setting not in ("auto", "on", "off"):
         raise ValueError(f"--cuda_graphs must be auto, on or off, got {setting!r}")
     if setting == "auto":
-        return world_size == 1 and torch.version.hip is None
+        return world_size == 1 and not loopback and torch.version.hip is None
     return setting == "on"
+
+
+def path_mode(world_size: int, loopback: bool) -> tuple[bool, str]:
+    """(whether the step takes the distributed path, why): W > 1, or ``loopback`` (--loopback)."""
+    if loopback:
+        return True, "--loopback: a process group of one rank, no shortcut of one process"
+    if world_size > 1:
+        return True, f"{world_size} processes"
+    return False, "one process: the exchange is the identity"
 
 
 def trains_photometric_only(cfg: Config, aux: tuple[str, ...]) -> Optional[str]:
@@ -136,24 +153,28 @@ def trains_photometric_only(cfg: Config, aux: tuple[str, ...]) -> Optional[str]:
     return None
 
 
-def graphs_mode(cfg: Config, device_type: str, world_size: int, raster: str, aux: tuple[str, ...]) -> tuple[str, str]:
+def graphs_mode(
+    cfg: Config, device_type: str, world_size: int, raster: str, aux: tuple[str, ...], loopback: bool = False
+) -> tuple[str, str]:
     """(the step's CUDA graphs, why): "whole" (the step as three replays around the tile
-    intersection: one process, dense records, nothing but the photometric loss, no tile shift),
-    "head" (the activation, projection and SH replayed, the rest eager) or "off"."""
+    intersection: one process off the distributed path, dense records, nothing but the
+    photometric loss, no tile shift), "head" (the activation, projection and SH replayed, the
+    rest eager; the distributed path's, W > 1 or ``loopback``, with --cuda_graphs on) or "off"."""
     if cfg.cuda_graphs == "off":
         return "off", "--cuda_graphs off"
     if device_type != "cuda":
         return "off", "a CPU run"
-    if not use_cuda_graphs(cfg.cuda_graphs, world_size):
-        return "off", "--cuda_graphs auto: " + ("a ROCm build" if world_size == 1 else f"{world_size} processes")
+    if not use_cuda_graphs(cfg.cuda_graphs, world_size, loopback):
+        why = "--loopback" if loopback else ("a ROCm build" if world_size == 1 else f"{world_size} processes")
+        return "off", f"--cuda_graphs auto: {why}"
     if cfg.pipeline != "ours":
         return "off", "--pipeline gsplat-dist"
     if cfg.packed:
         return "off", "--packed"
     if cfg.random_tile_shift and raster == "fused":
         return "off", "--random_tile_shift"
-    if world_size > 1:
-        return "head", f"{world_size} processes"
+    if world_size > 1 or loopback:
+        return "head", "--loopback" if loopback else f"{world_size} processes"
     extra = trains_photometric_only(cfg, aux)
     if extra is not None:
         return "head", f"{extra} trains besides the photometric loss"
@@ -191,10 +212,16 @@ def projection_mode(cfg: Config, device_type: str, world_size: int, aux: tuple[s
     return "gsplat", f"--projection auto: {why_not}"
 
 
-def check_pipeline(cfg: Config, device_type: str, world_size: int, sampler) -> None:
-    """Raise ValueError for a run its device or data cannot take: mcmc's relocation and
-    --pipeline gsplat-dist on the CPU, gsplat-dist's exchange with uneven batches (``sampler``:
-    this rank's data.CameraSampler)."""
+def check_pipeline(cfg: Config, device_type: str, world_size: int, sampler, loopback: bool = False) -> None:
+    """Raise ValueError for a run its device or data cannot take: --loopback without its group
+    (``loopback``: the rank's DistContext.loopback, set by launch.loopback_group), mcmc's
+    relocation and --pipeline gsplat-dist on the CPU, gsplat-dist's exchange with uneven batches
+    (``sampler``: this rank's data.CameraSampler)."""
+    if cfg.loopback != loopback:
+        raise ValueError(
+            "--loopback needs the process group of one rank that launch.loopback_group makes "
+            f"(this rank's context has loopback={loopback})"
+        )
     if cfg.densify.strategy == "mcmc" and device_type != "cuda":
         raise ValueError(
             "the mcmc preset relocates Gaussians with gsplat's CUDA op, which needs a GPU; "
@@ -222,13 +249,16 @@ def plan_step(
     masked: bool,
     aux: tuple[str, ...] = (),
     kernel_ready: Callable[[], bool] = lambda: True,
+    loopback: bool = False,
 ) -> StepPlan:
     """The :class:`StepPlan` of a run of ``cfg`` on ``device_type`` ("cuda" | "cpu") with
     ``world_size`` processes; ``masked``: the training views have loss masks; ``aux``: the
     auxiliary modules it trains; ``kernel_ready``: whether every rank can run the native kernel
-    (asked only for a fused step on a GPU). Raises ValueError as :func:`raster_mode`."""
+    (asked only for a fused step on a GPU); ``loopback``: one process on the distributed path
+    (launch.loopback_group). Raises ValueError as :func:`raster_mode`."""
     raster, raster_why = raster_mode(cfg, device_type, masked, kernel_ready)
-    graphs, graphs_why = graphs_mode(cfg, device_type, world_size, raster, aux)
+    graphs, graphs_why = graphs_mode(cfg, device_type, world_size, raster, aux, loopback)
+    distributed, distributed_why = path_mode(world_size, loopback)
     projection, projection_why = projection_mode(cfg, device_type, world_size, aux)
     return StepPlan(
         raster=raster,
@@ -241,4 +271,6 @@ def plan_step(
         selective_adam=cfg.visible_adam or cfg.sparse_grad,
         projection=projection,
         projection_why=projection_why,
+        distributed=distributed,
+        distributed_why=distributed_why,
     )
