@@ -412,8 +412,9 @@ def loopback_group(ctx: DistContext, enabled: bool = True) -> Iterator[DistConte
         raise ValueError("--loopback: this process already has a process group")
     backend = "nccl" if ctx.device.type == "cuda" else "gloo"
     kwargs: dict[str, Any] = dict(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
-    if ctx.device.type == "cuda":
-        kwargs["device_id"] = ctx.device
+    if ctx.device.type == "cuda":  # NCCL binds the group to one device, named with its index
+        index = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
+        kwargs["device_id"] = torch.device("cuda", index)
     dist.init_process_group(**kwargs)
     try:
         yield dataclasses.replace(ctx, backend=backend, group=dist.group.WORLD, loopback=True)
