@@ -2,7 +2,9 @@
 # device call: each scene's bench invocation runs gsplat's distributed pass and this trainer's
 # steps from the same initial model (W = 1), 12 steps after 4 of warm-up, 3 synchronized steps
 # for the phase split and 3 profiled steps (bench.json: ms/iter, phases, peak memory, the trace
-# summary of each variant). Outputs: bench-<scene>/bench.{json,md}; projection/*.json.
+# summary of each variant). Outputs: bench-<scene>/bench.{json,md} and console.log;
+# projection/*.{json,log}. Measured at 493b377 (20 M, city 20 M, 60 M, projection); the 2 M and
+# 100 M rows did not fit the call's time.
 V="--steps 12 --warmup 4 --phase_steps 3 --profile_steps 3 --world_sizes 1"
 splat-train bench --synthetic_gaussians 20000000 --resolution 1920x1080 --variants gsplat-dist ours-dense ours-dense-fused $V --out bench-20m
 splat-train bench --synthetic_layout city --synthetic_gaussians 20000000 --resolution 1920x1080 --variants gsplat-dist ours-dense ours-dense-fused $V --out bench-city-20m
