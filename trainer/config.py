@@ -587,6 +587,11 @@ def dump_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
 
+TYRO_CONFIG: dict[str, Any] = {"use_underscores": True, "config": (tyro.conf.OmitArgPrefixes,)}
+"""How tyro reads Config (from_argv, scripts/flag_reference.py): underscores as gsplat spells the
+flags, and the section prefixes omitted (``--max_steps``, not ``--schedule.max_steps``)."""
+
+
 def _pop_config_flag(args: list[str]) -> Optional[Path]:
     for i, a in enumerate(args):
         if a == "--config":
@@ -643,9 +648,8 @@ def from_argv(argv: Sequence[str], prog: Optional[str] = None) -> Config:
         Config,
         default=base,
         args=args,
-        use_underscores=True,
         prog=prog or f"splat-train {preset or ''}".strip(),
-        config=(tyro.conf.OmitArgPrefixes,),
+        **TYRO_CONFIG,
     )
     if cfg.packed_auto and any(a in PACKED_FLAGS for a in args):
         cfg = dataclasses.replace(cfg, packed_auto=False)  # the user's --packed / --no_packed wins
