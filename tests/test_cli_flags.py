@@ -17,11 +17,13 @@ RECORD = Path(__file__).resolve().parent / "data" / "cli_flags.json"
 
 def contract(preset: str) -> dict[str, list]:
     """{the flag's spellings in the parser's order, space-separated: [metavar, help with its
-    default]} of ``splat-train <preset>`` (tyro's parser; the section a flag sits in is left out)."""
-    return {
-        " ".join(a.option_strings): [a.metavar if isinstance(a.metavar, str) else None, a.help]
-        for a in parser(preset)._actions
+    default]} of ``splat-train <preset>`` (tyro's parser; the section a flag sits in is left out),
+    and under "" the command's description."""
+    p = parser(preset)
+    flags = {
+        " ".join(a.option_strings): [a.metavar if isinstance(a.metavar, str) else None, a.help] for a in p._actions
     }
+    return {"": [None, p.description], **flags}
 
 
 def _record() -> dict:
@@ -51,6 +53,8 @@ def test_flags_equal_the_record():
 @pytest.mark.parametrize("flag", ["--max_steps", "--data_dir", "--strategy.grow_grad2d", "--tb_every", "--seed"])
 def test_record_holds_flat_flags(flag):
     """The record is of the flat command line (no section prefix such as --schedule.)."""
-    names = {n for key in json.loads(RECORD.read_text())["default"] for n in key.split()}
+    recorded = json.loads(RECORD.read_text())["default"]
+    assert recorded[""][1].startswith("A splat-train run.")
+    names = {n for key in recorded for n in key.split()}
     assert flag in names
     assert not any(n.startswith(("--schedule.", "--data.", "--step.", "--outputs.")) for n in names)
