@@ -19,6 +19,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Sequence
 
 import tyro
 
@@ -43,8 +44,8 @@ class Flag:
     default: str
 
 
-def parser(preset: str = "default") -> argparse.ArgumentParser:
-    """The argparse parser tyro builds for ``splat-train <preset>`` (config.from_argv's call)."""
+def parser(preset: str = "default") -> Any:
+    """The (argparse-like) parser tyro builds for ``splat-train <preset>`` (config.from_argv's call)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # tyro 1.x deprecates get_parser, keeps it working
         return tyro.extras.get_parser(
@@ -52,7 +53,7 @@ def parser(preset: str = "default") -> argparse.ArgumentParser:
         )
 
 
-def _canonical_first(names: list[str], field: str) -> tuple[str, ...]:
+def _canonical_first(names: Sequence[str], field: str) -> tuple[str, ...]:
     """``names`` with the field's own spellings (``--x``, ``--no_x``) before its aliases."""
     return tuple(sorted(names, key=lambda n: n.lstrip("-").removeprefix("no_") != field))
 
@@ -103,7 +104,7 @@ def markdown() -> str:
             title = "top level" if section == "options" else section.removesuffix(" options")
             lines += ["", f"## {title}", ""]
             if f.section_doc and section != "options":
-                lines += [f.section_doc, ""]
+                lines += [f.section_doc.replace("``", "`"), ""]
             lines += ["| flag | default | meaning |", "| --- | --- | --- |"]
         spelled = ", ".join(f"`{n}`" for n in f.names)
         if f.metavar:

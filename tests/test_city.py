@@ -82,7 +82,7 @@ def test_the_ground_truth_is_the_trainers_render_of_the_known_gaussians(scene):
     from splat_train.trainer.render import CameraBatch, render
 
     cfg = from_argv(["default", "--synthetic_layout", "city"])
-    assert cfg.far_plane == city.VIEW_DISTANCE
+    assert cfg.step.far_plane == city.VIEW_DISTANCE
     g = city.city_gaussians(city.city_layout(0), N, seed=0)
     model = dict(
         means=g["means"],
@@ -95,11 +95,11 @@ def test_the_ground_truth_is_the_trainers_render_of_the_known_gaussians(scene):
     Ks = torch.stack([torch.from_numpy(c.K) for c in scene.cameras])
     cams = CameraBatch(viewmats, Ks, W, H)
     with torch.no_grad():
-        out = render(model, cams, DistContext(), reference, 0, near=cfg.near_plane, far=cfg.far_plane)
+        out = render(model, cams, DistContext(), reference, 0, near=cfg.step.near_plane, far=cfg.step.far_plane)
         kept = [
             (reference.fully_fused_projection(*args, far_plane=far, opacities=g["opacities"])[0] > 0).all(-1).sum(-1)
             for args in [(g["means"], None, g["quats"], g["scales"], viewmats, Ks, W, H)]
-            for far in (cfg.far_plane, 1e10)
+            for far in (cfg.step.far_plane, 1e10)
         ]
     truth = torch.from_numpy(np.stack(scene.images)).float() / 255.0
     assert (out.colors.clamp(0, 1) - truth).abs().max() <= 0.5 / 255 + 1e-4
