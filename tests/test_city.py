@@ -128,8 +128,8 @@ def test_the_city_refuses_what_it_cannot_give():
     for extra, says in ((["--camera_model", "fisheye"], "pinholes"), (["--depth_loss"], "--depth_loss")):
         with pytest.raises(DataError, match=says):
             scene_from_config(from_argv([*tiny, *extra]))
-    assert from_argv([*tiny, "--far_plane", "100"]).far_plane == 100.0  # a far plane given is kept
-    assert from_argv(["default"]).far_plane == 1e10  # the orbit's is unbounded
+    assert from_argv([*tiny, "--far_plane", "100"]).step.far_plane == 100.0  # a far plane given is kept
+    assert from_argv(["default"]).step.far_plane == 1e10  # the orbit's is unbounded
     with pytest.raises(ValueError, match="--synthetic_image_height"):
         from_argv([*tiny, "--synthetic_image_height", "8"])
 

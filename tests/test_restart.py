@@ -28,8 +28,8 @@ TINY = [
 
 
 def test_resume_auto_is_an_alias_and_refuses_what_cannot_go_with_it():
-    assert parse_args([*TINY, "--resume", "auto"]).auto_resume
-    assert parse_args([*TINY, "--resume=auto"]).auto_resume
+    assert parse_args([*TINY, "--resume", "auto"]).distributed.auto_resume
+    assert parse_args([*TINY, "--resume=auto"]).distributed.auto_resume
     cfg = parse_args([*TINY, "--resume"])
     assert cfg.distributed.resume and not cfg.distributed.auto_resume  # gsplat's switch keeps its meaning
     for extra in (["--overwrite"], ["--ckpt", "x.pt"]):
