@@ -28,6 +28,7 @@ from ..trainer.config import Config, TYRO_CONFIG, load_yaml
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "flags.md"
 _DEFAULT = re.compile(r"\s*\(default: (.*)\)$", re.S)
+_CODE = re.compile(r"(``.*?``|`[^`]*`)")
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,16 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _prose(text: str) -> str:
+    """Help text as Markdown shows it verbatim: outside its code spans ``<f>`` is no HTML tag and
+    ``*`` no emphasis."""
+    parts = _CODE.split(text)  # odd items: the code spans, shown as they are
+    escaped = (
+        p if i % 2 else p.replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*") for i, p in enumerate(parts)
+    )
+    return _cell("".join(escaped))
+
+
 def markdown() -> str:
     """docs/flags.md: one table per section of ``splat-train default``, then each other preset's
     changed defaults."""
@@ -104,12 +115,12 @@ def markdown() -> str:
             title = "top level" if section == "options" else section.removesuffix(" options")
             lines += ["", f"## {title}", ""]
             if f.section_doc and section != "options":
-                lines += [f.section_doc.replace("``", "`"), ""]
+                lines += [_prose(f.section_doc.replace("``", "`")), ""]
             lines += ["| flag | default | meaning |", "| --- | --- | --- |"]
         spelled = ", ".join(f"`{n}`" for n in f.names)
         if f.metavar:
             spelled += f" `{f.metavar}`"
-        lines.append(f"| {_cell(spelled)} | {_cell(f'`{f.default}`')} | {_cell(f.help)} |")
+        lines.append(f"| {_cell(spelled)} | {_cell(f'`{f.default}`')} | {_prose(f.help)} |")
     by_name = {f.names[0]: f for f in base}
     for preset in preset_names():
         if preset == "default":
