@@ -166,8 +166,8 @@ def _worker(
         bytes_recv_per_iter=per_iter("bytes_recv"),
         peak_memory_bytes=peak,
         num_gaussians_local=steady[-1]["num_gaussians"],
-        memory_model=memory_model(cfg.sh_degree, ctx.world_size, ctx.device),
-        batch_size=cfg.batch_size,
+        memory_model=memory_model(cfg.model.sh_degree, ctx.world_size, ctx.device),
+        batch_size=cfg.step.batch_size,
         steps=steps,
         warmup=warmup,
         phase_steps=phase_steps,
@@ -222,13 +222,13 @@ def points_knn_rms(points: np.ndarray, device: str) -> np.ndarray:
 
 
 def build_scene(args):
-    from splat_train.trainer.config import Config
+    from splat_train.trainer.config import Config, DataConfig
     from splat_train.trainer.data import scene_from_config
     from splat_train.trainer.data.city import make_city_scene
     from splat_train.trainer.data.synthetic import make_synthetic_scene
 
     if args.data_dir:
-        return scene_from_config(Config(data_dir=Path(args.data_dir), data_factor=args.data_factor))
+        return scene_from_config(Config(data=DataConfig(data_dir=Path(args.data_dir), data_factor=args.data_factor)))
     w, h = (int(v) for v in args.resolution.lower().split("x"))
     device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
     if args.synthetic_layout == "city":  # its far plane: the trainer's for the layout (variant_flags)
@@ -402,7 +402,9 @@ def _worker_entry(ctx, scene, flags, steps, warmup, prefix, ckpt, phase_steps, p
     from splat_train.trainer.launch import loopback_group
 
     try:
-        with loopback_group(ctx, from_argv(["default", *flags]).loopback) as ctx:  # --loopback: a group of one rank
+        with loopback_group(
+            ctx, from_argv(["default", *flags]).distributed.loopback
+        ) as ctx:  # --loopback: a group of one rank
             _worker(ctx, scene, flags, steps, warmup, f"{prefix}_rank{ctx.rank}.json", ckpt, phase_steps, profile_steps)
     except Exception as e:  # the parent reports the first line of it in the variant's row
         Path(f"{prefix}_rank{ctx.rank}.error").write_text(f"{type(e).__name__}: {e}")

@@ -125,9 +125,9 @@ def capture_inputs(args) -> dict:
             trainer.ctx,
             trainer.ops,
             trainer.sh_degree_at(trainer.step),
-            packed=cfg.packed,
-            near=cfg.near_plane,
-            far=cfg.far_plane,
+            packed=cfg.step.packed,
+            near=cfg.step.near_plane,
+            far=cfg.step.far_plane,
             rasterize=False,
         )
     info, rec, tiles = result.info, result.info.records, result.info.tiles
@@ -140,7 +140,7 @@ def capture_inputs(args) -> dict:
         gts=batch["image"].to(device).float(),
         width=int(info.width),
         height=int(info.height),
-        packed=cfg.packed,
+        packed=cfg.step.packed,
         ops=trainer.ops,
         backend=trainer.backend,
         device=device,

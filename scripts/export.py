@@ -65,7 +65,7 @@ def convert(
     step, files = checkpoint.step_files(result_dir / "ckpts", step)
     states = [checkpoint.read(f) for f in files]
     cfg = apply_overrides(Config(), states[0].get("config") or {}, str(files[0]))
-    frame = frame or cfg.export_frame
+    frame = frame or cfg.outputs.export_frame
     scene = None
     transform = states[0].get("world_transform")
     if transform is None and frame == "original":
@@ -87,7 +87,7 @@ def convert(
         from splat_train.trainer.data import split_indices
 
         loaded = scene or _scene(cfg)
-        return [loaded.cameras[i] for i in split_indices(len(loaded.cameras), cfg.test_every)[0]]
+        return [loaded.cameras[i] for i in split_indices(len(loaded.cameras), cfg.data.test_every)[0]]
 
     export = dict(step=step, path=path, params=params, to_frame=to_frame)
     return [path, *write_formats(formats, export, out_dir, training_cameras, cfg)]

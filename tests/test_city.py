@@ -82,7 +82,7 @@ def test_the_ground_truth_is_the_trainers_render_of_the_known_gaussians(scene):
     from splat_train.trainer.render import CameraBatch, render
 
     cfg = from_argv(["default", "--synthetic_layout", "city"])
-    assert cfg.far_plane == city.VIEW_DISTANCE
+    assert cfg.step.far_plane == city.VIEW_DISTANCE
     g = city.city_gaussians(city.city_layout(0), N, seed=0)
     model = dict(
         means=g["means"],
@@ -95,11 +95,11 @@ def test_the_ground_truth_is_the_trainers_render_of_the_known_gaussians(scene):
     Ks = torch.stack([torch.from_numpy(c.K) for c in scene.cameras])
     cams = CameraBatch(viewmats, Ks, W, H)
     with torch.no_grad():
-        out = render(model, cams, DistContext(), reference, 0, near=cfg.near_plane, far=cfg.far_plane)
+        out = render(model, cams, DistContext(), reference, 0, near=cfg.step.near_plane, far=cfg.step.far_plane)
         kept = [
             (reference.fully_fused_projection(*args, far_plane=far, opacities=g["opacities"])[0] > 0).all(-1).sum(-1)
             for args in [(g["means"], None, g["quats"], g["scales"], viewmats, Ks, W, H)]
-            for far in (cfg.far_plane, 1e10)
+            for far in (cfg.step.far_plane, 1e10)
         ]
     truth = torch.from_numpy(np.stack(scene.images)).float() / 255.0
     assert (out.colors.clamp(0, 1) - truth).abs().max() <= 0.5 / 255 + 1e-4
@@ -128,8 +128,8 @@ def test_the_city_refuses_what_it_cannot_give():
     for extra, says in ((["--camera_model", "fisheye"], "pinholes"), (["--depth_loss"], "--depth_loss")):
         with pytest.raises(DataError, match=says):
             scene_from_config(from_argv([*tiny, *extra]))
-    assert from_argv([*tiny, "--far_plane", "100"]).far_plane == 100.0  # a far plane given is kept
-    assert from_argv(["default"]).far_plane == 1e10  # the orbit's is unbounded
+    assert from_argv([*tiny, "--far_plane", "100"]).step.far_plane == 100.0  # a far plane given is kept
+    assert from_argv(["default"]).step.far_plane == 1e10  # the orbit's is unbounded
     with pytest.raises(ValueError, match="--synthetic_image_height"):
         from_argv([*tiny, "--synthetic_image_height", "8"])
 

@@ -2,15 +2,29 @@
 
 import dataclasses
 import typing
+from pathlib import Path
 
 import pytest
+import yaml
 
 from splat_train.configs import preset_names
 from splat_train.trainer.cli import parse_args
-from splat_train.trainer.config import Config, Schedule, dump_yaml, load_yaml, scale_schedule, to_dict
+from splat_train.trainer.config import (
+    Config,
+    Schedule,
+    StepConfig,
+    apply_overrides,
+    dump_yaml,
+    leaf_sections,
+    load_yaml,
+    nest,
+    saved_setting,
+    scale_schedule,
+    to_dict,
+)
 
 STEP_LIKE = ("steps", "_iter", "_every", "interval")
-NOT_STEPS = {"test_every"}  # counts images, not steps
+NOT_STEPS = {"data.test_every"}  # counts images, not steps
 
 
 def _fields(cls, prefix=""):
@@ -35,17 +49,33 @@ def test_every_schedule_field_scales():
             assert after == max(int(before * 0.5), 1 if before else 0), f.name
 
 
-def test_no_step_field_outside_schedule():
-    """A step-valued field added anywhere but Schedule would escape --steps_scaler."""
-    offenders = [
+def _step_fields_outside_schedule(cls):
+    return [
         name
-        for name, tp in _fields(Config)
+        for name, tp in _fields(cls)
         if not name.startswith("schedule.")
         and any(tag in name.split(".")[-1] for tag in STEP_LIKE)
         and tp in (int, list[int])
         and name not in NOT_STEPS
     ]
-    assert offenders == []
+
+
+def test_no_step_field_outside_schedule():
+    """A step-valued field added anywhere but Schedule (the top level or any other section) would
+    escape --steps_scaler."""
+    sections = {name.split(".")[0] for name, _ in _fields(Config) if "." in name}
+    assert sections == {"data", "model", "step", "schedule", "optim", "densify", "prune", "outputs", "distributed"}
+    assert _step_fields_outside_schedule(Config) == []
+
+    @dataclasses.dataclass
+    class Step(StepConfig):
+        warmup_steps: int = 100
+
+    @dataclasses.dataclass
+    class Tree(Config):
+        step: Step = dataclasses.field(default_factory=Step)
+
+    assert _step_fields_outside_schedule(Tree) == ["step.warmup_steps"]  # the check sees into sections
 
 
 def test_steps_scaler_flag_scales_everything(tmp_path):
@@ -81,8 +111,8 @@ def test_flags_spelled_as_gsplat(tmp_path):
             str(tmp_path),
         ]
     )
-    assert (cfg.data_factor, cfg.schedule.max_steps, cfg.batch_size, cfg.packed) == (2, 123, 3, True)
-    assert (cfg.sh_degree, cfg.test_every, cfg.init_type) == (2, 5, "random")
+    assert (cfg.data.data_factor, cfg.schedule.max_steps, cfg.step.batch_size, cfg.step.packed) == (2, 123, 3, True)
+    assert (cfg.model.sh_degree, cfg.data.test_every, cfg.model.init_type) == (2, 5, "random")
     assert cfg.schedule.eval_steps == [10, 20]
 
 
@@ -91,7 +121,7 @@ def test_presets_differ_and_load():
     mcmc = parse_args(["mcmc"])
     default = parse_args(["default"])
     assert mcmc.densify.strategy == "mcmc" and default.densify.strategy == "default"
-    assert mcmc.opacity_reg > 0 and default.opacity_reg == 0
+    assert mcmc.step.opacity_reg > 0 and default.step.opacity_reg == 0
 
 
 def test_config_file_round_trip(tmp_path):
@@ -102,6 +132,61 @@ def test_config_file_round_trip(tmp_path):
     assert to_dict(again) == to_dict(cfg)
     override = parse_args(["--config", str(path), "--max_steps", "5"])
     assert override.schedule.max_steps == 5
+
+
+FLAT_CFG = Path(__file__).resolve().parent / "data" / "cfg_flat.yml"
+"""A cfg.yml as runs wrote it before the settings were grouped into sections: flat top-level keys
+(``splat-train bytesplat --data_factor 2 --max_steps 200 --steps_scaler 0.5 --raster unfused
+--result_dir /tmp/old_run --seed 7 --num_traj_frames 0 --lpips_net vgg --synthetic_layout city
+--export_formats ply splat --resume``, resolved)."""
+
+
+def test_a_flat_cfg_yml_of_before_the_sections_loads_into_them():
+    flat = yaml.safe_load(FLAT_CFG.read_text())
+    assert "raster" in flat and "step" not in flat  # the old layout
+    cfg = parse_args(["--config", str(FLAT_CFG)])
+    assert (cfg.data.data_factor, cfg.data.synthetic_layout, cfg.step.raster, cfg.step.sparse_grad_comm) == (
+        2,
+        "city",
+        "unfused",
+        True,
+    )
+    assert (cfg.schedule.max_steps, cfg.schedule.prune_stage2_step, cfg.seed) == (100, 7500, 7)
+    assert (cfg.outputs.result_dir, cfg.outputs.num_traj_frames, cfg.outputs.lpips_net) == (
+        Path("/tmp/old_run"),
+        0,
+        "vgg",
+    )
+    assert cfg.outputs.export_formats == ["ply", "splat"]
+    assert not cfg.distributed.resume  # rerunning a saved config starts a new run (from_argv)
+    assert load_yaml(FLAT_CFG).distributed.resume  # the file's own value, as --resume of that run reads it
+    # the sectioned file the run writes now holds the same settings
+    sectioned = yaml.safe_load(dump_yaml(load_yaml(FLAT_CFG)))
+    assert "raster" not in sectioned and sectioned["step"]["raster"] == "unfused"
+    assert {k for section in sectioned.values() if isinstance(section, dict) for k in section} | set(sectioned) >= set(
+        flat
+    )
+    assert to_dict(apply_overrides(Config(), sectioned, "x")) == to_dict(load_yaml(FLAT_CFG))
+
+
+def test_a_flat_key_goes_into_its_section_and_twice_is_refused():
+    assert nest({"raster": "fused", "seed": 3, "step": {"packed": True}}, "x") == {
+        "seed": 3,
+        "step": {"packed": True, "raster": "fused"},
+    }
+    assert leaf_sections()["max_steps"] == ("schedule",) and leaf_sections()["steps_scaler"] == ()
+    with pytest.raises(ValueError, match=r"f.yml: raster is given twice, at the top level and under step"):
+        apply_overrides(Config(), {"raster": "fused", "step": {"raster": "unfused"}}, "f.yml")
+    with pytest.raises(ValueError, match=r"f.yml: unknown setting\(s\) \['rastr'\]"):
+        apply_overrides(Config(), {"rastr": "fused"}, "f.yml")
+
+
+def test_a_checkpoints_config_is_read_flat_or_in_sections():
+    """resume.py reads the step a checkpoint took from its config, written flat by older runs."""
+    flat = yaml.safe_load(FLAT_CFG.read_text())
+    assert saved_setting(flat, "raster") == "unfused"
+    assert saved_setting(to_dict(Config()), "raster") == "auto" and to_dict(Config())["step"]["raster"] == "auto"
+    assert saved_setting({}, "raster") is None
 
 
 @pytest.mark.parametrize(
@@ -166,9 +251,9 @@ def test_cuda_graphs_in_a_config_file_reads_yaml_on_off_and_old_booleans(tmp_pat
     path = tmp_path / "c.yml"
     for text, want in [("on", "on"), ("off", "off"), ("true", "on"), ("false", "off"), ("auto", "auto")]:
         path.write_text(f"cuda_graphs: {text}\n")
-        assert load_yaml(path).cuda_graphs == want, text
+        assert load_yaml(path).step.cuda_graphs == want, text
         path.write_text(dump_yaml(load_yaml(path)))
-        assert load_yaml(path).cuda_graphs == want, text
+        assert load_yaml(path).step.cuda_graphs == want, text
     path.write_text("cuda_graphs: sometimes\n")
     with pytest.raises(ValueError, match="cuda_graphs"):
         load_yaml(path)
@@ -223,7 +308,7 @@ def test_raster_auto_is_fused_on_a_gpu_unless_the_run_needs_the_image(flags, dev
     from splat_train.trainer.step.plan import raster_mode
 
     cfg = parse_args(["default", *flags])
-    assert cfg.raster == (flags[1] if flags[:1] == ["--raster"] else "auto")
+    assert cfg.step.raster == (flags[1] if flags[:1] == ["--raster"] else "auto")
     calls = []
 
     def kernel_ready():

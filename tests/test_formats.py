@@ -99,9 +99,9 @@ def test_cameras_json_in_the_inria_schema_projects_the_exported_points_where_tra
 
 
 def test_cfg_args_reads_back_as_the_inria_scripts_and_the_sibr_viewer_read_it(tmp_path):
-    from splat_train.trainer.config import Config
+    from splat_train.trainer.config import Config, DataConfig, ModelConfig
 
-    cfg = Config(data_dir=tmp_path / "scene", data_factor=4, sh_degree=2)
+    cfg = Config(data=DataConfig(data_dir=tmp_path / "scene", data_factor=4), model=ModelConfig(sh_degree=2))
     text = formats.cfg_args_text(cfg, tmp_path / "out", width=480)
     args = eval(text, {"Namespace": Namespace})  # arguments/__init__.py get_combined_args
     for key in (
@@ -126,7 +126,9 @@ def test_cfg_args_reads_back_as_the_inria_scripts_and_the_sibr_viewer_read_it(tm
 
     assert sibr_value("source_path")[1:-1] == args.source_path
     assert int(sibr_value("sh_degree")) == 2 and "False" in sibr_value("white_background")
-    assert formats.cfg_args_text(Config(data_factor=3), tmp_path, width=320).count("resolution=320") == 1
+    assert (
+        formats.cfg_args_text(Config(data=DataConfig(data_factor=3)), tmp_path, width=320).count("resolution=320") == 1
+    )
 
 
 def _splats(num, seed=0):

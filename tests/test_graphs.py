@@ -209,10 +209,10 @@ def test_cuda_graphs_setting_auto_is_on_for_one_cuda_process_only(monkeypatch):
 
 
 def test_cuda_graphs_flag_is_inert_on_the_cpu(capsys):
-    assert trainer().cfg.cuda_graphs == "auto"  # the default
+    assert trainer().cfg.step.cuda_graphs == "auto"  # the default
     assert "--cuda_graphs on" not in capsys.readouterr().err  # auto says nothing
     t = trainer("--cuda_graphs", "on")
-    assert t.cfg.cuda_graphs == "on" and t.forward_backward.graphed_head is None
+    assert t.cfg.step.cuda_graphs == "on" and t.forward_backward.graphed_head is None
     assert "--cuda_graphs on: graphs do not apply to this run (a CPU run)" in capsys.readouterr().err
     t.train_step(0)
 

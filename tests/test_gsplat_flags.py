@@ -373,7 +373,7 @@ def test_visible_adam_moves_only_the_visible_gaussians():
     for k in t.params:
         still = ~((t.params[k] != before[k]).reshape(len(moved), -1).any(-1))
         assert still[~moved].all(), k
-    assert parse_args(["default", "--sparse_grad"]).sparse_grad and trainer("--sparse_grad").plan.selective_adam
+    assert parse_args(["default", "--sparse_grad"]).step.sparse_grad and trainer("--sparse_grad").plan.selective_adam
 
 
 # ---------------------------------------------------------------------------------- bilateral grid

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from splat_train.trainer.config import Config, Schedule, StrategyConfig
+from splat_train.trainer.config import Config, ModelConfig, Schedule, StepConfig, StrategyConfig
 from splat_train.trainer.data import DataError, Scene
 from splat_train.trainer.render import RenderInfo
 from splat_train.trainer.densify import DefaultStrategy, initialize_state, make_strategy, ndc_scales, strategy_info
@@ -27,7 +27,7 @@ def _points(n=50, seed=0):
 
 
 def test_shards_partition_the_points_round_robin():
-    pts, cfg = _points(53), Config(sh_degree=2)
+    pts, cfg = _points(53), Config(model=ModelConfig(sh_degree=2))
     shards = [create_shard(pts, cfg, r, 3, torch.device("cpu")) for r in range(3)]
     assert [s["means"].shape[0] for s in shards] == [18, 18, 17]
     merged = torch.cat([s["means"] for s in shards])
@@ -35,7 +35,7 @@ def test_shards_partition_the_points_round_robin():
     assert torch.equal(merged, torch.from_numpy(expected))
     s = shards[0]
     assert s["shN"].shape == (18, 8, 3) and s["sh0"].shape == (18, 1, 3)
-    assert torch.allclose(torch.sigmoid(s["opacities"]), torch.full((18,), cfg.init_opa))
+    assert torch.allclose(torch.sigmoid(s["opacities"]), torch.full((18,), cfg.model.init_opa))
     assert torch.equal(s["quats"][:, 0], torch.ones(18))
     # scales come from the neighbours in the whole set, not the shard
     d = knn_mean_distance(pts.means, pts.means[0::3])
@@ -60,7 +60,7 @@ def test_batch_rule_betas_stay_in_open_interval(bs):
 
 
 def test_optimizers_one_per_parameter_with_scaled_lr():
-    cfg = Config(batch_size=2)
+    cfg = Config(step=StepConfig(batch_size=2))
     params = create_shard(_points(), cfg, 0, 2, torch.device("cpu"))
     opts = create_optimizers(params, cfg, world_size=2, scene_scale=3.0)
     assert set(opts) == set(params)
@@ -83,7 +83,7 @@ def test_sfm_init_without_points_suggests_random():
         source="colmap",
     )
     with pytest.raises(DataError, match="--init_type random"):
-        initial_points(scene, Config(init_type="sfm"), 1.0)
+        initial_points(scene, Config(model=ModelConfig(init_type="sfm")), 1.0)
 
 
 def _toy_strategy_run(steps, reset_every):
@@ -92,7 +92,7 @@ def _toy_strategy_run(steps, reset_every):
         densify=StrategyConfig(),
     )
     strategy = make_strategy(cfg)
-    params = create_shard(_points(20), Config(init_opa=0.9), 0, 1, torch.device("cpu"))
+    params = create_shard(_points(20), Config(model=ModelConfig(init_opa=0.9)), 0, 1, torch.device("cpu"))
     opts = create_optimizers(params, Config(), 1, 1.0)
     state = initialize_state(strategy, 1.0)
     history = []
@@ -237,6 +237,6 @@ def test_create_shard_takes_precomputed_neighbour_distances():
     """The benchmark computes the points' neighbour distances once for all its variants."""
     pts = _points(40)
     pts.knn_rms = np.full(40, 0.25, dtype=np.float32)
-    params = create_shard(pts, Config(init_scale=2.0), 1, 4, torch.device("cpu"))
+    params = create_shard(pts, Config(model=ModelConfig(init_scale=2.0)), 1, 4, torch.device("cpu"))
     assert params["scales"].shape == (10, 3)
     assert torch.allclose(params["scales"], torch.full((10, 3), math.log(0.5)))

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import yaml
 
 from splat_train.kernels import reference
 from splat_train.trainer import prune, shard
@@ -188,9 +189,9 @@ def test_measurement_sums_the_over_budget_tiles_and_sizes_the_round():
             tr.ctx,
             tr.ops,
             0,
-            packed=tr.cfg.packed,
-            near=tr.cfg.near_plane,
-            far=tr.cfg.far_plane,
+            packed=tr.cfg.step.packed,
+            near=tr.cfg.step.near_plane,
+            far=tr.cfg.step.far_plane,
             rasterize=False,
         )
         counts = prune.tile_counts(res.info.tiles.offsets, res.info.tiles.flatten_ids.numel())
@@ -445,9 +446,9 @@ def test_cli_runs_both_stages(tmp_path, capsys):
     assert exchange_lines == [exchange_lines[0]] and exchange_lines[0].startswith(
         "exchange: dense records at world size 1"
     )
-    cfg = (tmp_path / "cfg.yml").read_text()
-    assert "sparse_grad_comm: true" in cfg
-    assert "\npacked: false\n" in cfg and "\npacked_auto: false\n" in cfg  # a rerun of cfg.yml trains dense
+    step = yaml.safe_load((tmp_path / "cfg.yml").read_text())["step"]
+    assert step["sparse_grad_comm"] is True
+    assert step["packed"] is False and step["packed_auto"] is False  # a rerun of cfg.yml trains dense
 
 
 def test_preset_picks_the_exchange_by_world_size_unless_told():
@@ -457,24 +458,24 @@ def test_preset_picks_the_exchange_by_world_size_unless_told():
     from splat_train.trainer.config import from_argv, resolve_packed
 
     cfg = from_argv(["bytesplat"])
-    assert cfg.packed_auto
+    assert cfg.step.packed_auto
     one, line1 = resolve_packed(cfg, 1)
     two, line2 = resolve_packed(cfg, 2)
-    assert (one.packed, two.packed, one.packed_auto, two.packed_auto) == (False, True, False, False)
+    assert (one.step.packed, two.step.packed, one.step.packed_auto, two.step.packed_auto) == (False, True, False, False)
     assert line1.startswith("exchange: dense records at world size 1") and "--packed overrides" in line1
     assert line2.startswith("exchange: packed records at world size 2") and "--no_packed overrides" in line2
     dist, _ = resolve_packed(
         from_argv(["bytesplat", "--raster", "unfused", "--pipeline", "gsplat-dist", "--no_sparse_grad_comm"]), 4
     )
-    assert not dist.packed
+    assert not dist.step.packed
     for flag, packed in (("--packed", True), ("--no_packed", False), ("--no-packed", False)):
         told = from_argv(["bytesplat", flag])
-        assert not told.packed_auto and told.packed == packed
+        assert not told.step.packed_auto and told.step.packed == packed
         for world_size in (1, 2):
             assert resolve_packed(told, world_size) == (told, None)
     default = from_argv(["default"])
-    assert resolve_packed(default, 2) == (default, None) and not default.packed
-    assert resolve_packed(from_argv(["default", "--packed_auto"]), 2)[0].packed  # the flag alone, any preset
+    assert resolve_packed(default, 2) == (default, None) and not default.step.packed
+    assert resolve_packed(from_argv(["default", "--packed_auto"]), 2)[0].step.packed  # the flag alone, any preset
 
 
 def test_preset_trains_packed_records_at_two_ranks(tmp_path, capfd):
@@ -488,7 +489,7 @@ def test_preset_trains_packed_records_at_two_ranks(tmp_path, capfd):
         "exchange: packed records at world size 2 (--packed_auto: only visible records travel between ranks; "
         "--no_packed overrides it)"
     ]
-    assert "\npacked: true\n" in (out_dir / "cfg.yml").read_text()
+    assert yaml.safe_load((out_dir / "cfg.yml").read_text())["step"]["packed"] is True
 
 
 def test_config_stage_steps_scale_and_validate():
@@ -496,7 +497,7 @@ def test_config_stage_steps_scale_and_validate():
 
     cfg = parse_args(["bytesplat", "--steps_scaler", "0.5"])
     assert (cfg.schedule.prune_stage2_step, cfg.schedule.prune_stage3_step) == (7500, 10000)
-    assert cfg.sparse_grad_comm and cfg.schedule.prune_stage2_step >= cfg.schedule.refine_stop_iter
+    assert cfg.step.sparse_grad_comm and cfg.schedule.prune_stage2_step >= cfg.schedule.refine_stop_iter
     with pytest.raises(ValueError, match="--prune_stage3_step"):
         parse_args(["bytesplat", "--prune_stage2_step", "100", "--prune_stage3_step", "50"])
     with pytest.raises(ValueError, match="--prune_fraction"):

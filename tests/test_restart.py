@@ -28,10 +28,10 @@ TINY = [
 
 
 def test_resume_auto_is_an_alias_and_refuses_what_cannot_go_with_it():
-    assert parse_args([*TINY, "--resume", "auto"]).auto_resume
-    assert parse_args([*TINY, "--resume=auto"]).auto_resume
+    assert parse_args([*TINY, "--resume", "auto"]).distributed.auto_resume
+    assert parse_args([*TINY, "--resume=auto"]).distributed.auto_resume
     cfg = parse_args([*TINY, "--resume"])
-    assert cfg.resume and not cfg.auto_resume  # gsplat's switch keeps its meaning
+    assert cfg.distributed.resume and not cfg.distributed.auto_resume  # gsplat's switch keeps its meaning
     for extra in (["--overwrite"], ["--ckpt", "x.pt"]):
         with pytest.raises(ValueError, match="--resume auto"):
             parse_args([*TINY, "--resume", "auto", *extra])
@@ -211,4 +211,4 @@ def test_cfg_yml_holds_an_absolute_data_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "scene").mkdir()
     cfg = parse_args(["default", "--data_dir", "scene"])
-    assert cfg.data_dir == tmp_path / "scene" and cfg.data_dir.is_absolute()
+    assert cfg.data.data_dir == tmp_path / "scene" and cfg.data.data_dir.is_absolute()

@@ -21,7 +21,7 @@ pytest.importorskip("viser", reason="the viewer extra (pip install -e '.[viewer]
 pytest.importorskip("nerfview", reason="the viewer extra (pip install -e '.[viewer]') is not installed")
 
 from splat_train.trainer import viewer as viewer_module  # noqa: E402
-from splat_train.trainer.config import Config  # noqa: E402
+from splat_train.trainer.config import Config, OutputsConfig  # noqa: E402
 from splat_train.trainer.export import save_ply  # noqa: E402
 
 TINY = [
@@ -258,7 +258,9 @@ def test_view_errors_and_which_export_it_shows(tmp_path, capsys):
 def test_a_multi_process_run_is_told_how_to_watch_it():
     viewer_module.check_training_viewer(Config(), world_size=4)  # the default: no viewer, nothing to check
     with pytest.raises(ValueError, match=r"--no_disable_viewer .* has 4; watch it with `splat-train view results/x`"):
-        viewer_module.check_training_viewer(Config(disable_viewer=False, result_dir=Path("results/x")), world_size=4)
+        viewer_module.check_training_viewer(
+            Config(outputs=OutputsConfig(disable_viewer=False, result_dir=Path("results/x"))), world_size=4
+        )
 
 
 def test_stopping_after_a_failed_step_releases_the_viewer_lock():

@@ -87,16 +87,16 @@ def make_aux_modules(cfg, num_images: int, ctx) -> tuple[dict, dict, dict]:
     aux: dict = {}
     opts: dict = {}
     schedulers: dict = {}
-    lr_mult = batch_rule(cfg.batch_size, ctx.world_size)[0]
+    lr_mult = batch_rule(cfg.step.batch_size, ctx.world_size)[0]
     for name, enabled, cls, lr, reg in (
-        ("pose", cfg.pose_opt, PoseOptModule, cfg.optim.pose_opt_lr, cfg.optim.pose_opt_reg),
-        ("app", cfg.app_opt, AppearanceModule, cfg.optim.app_opt_lr, cfg.optim.app_opt_reg),
+        ("pose", cfg.step.pose_opt, PoseOptModule, cfg.optim.pose_opt_lr, cfg.optim.pose_opt_reg),
+        ("app", cfg.step.app_opt, AppearanceModule, cfg.optim.app_opt_lr, cfg.optim.app_opt_reg),
     ):
         if enabled:
             aux[name] = replicate(cls(num_images), ctx)
             opts[name] = torch.optim.Adam(aux[name].parameters(), lr=lr * lr_mult, weight_decay=reg)
-    if cfg.use_bilateral_grid:
-        aux["bilagrid"] = replicate(BilateralGrid(num_images, *cfg.bilateral_grid_shape), ctx)
+    if cfg.step.use_bilateral_grid:
+        aux["bilagrid"] = replicate(BilateralGrid(num_images, *cfg.step.bilateral_grid_shape), ctx)
         opts["bilagrid"] = torch.optim.Adam(aux["bilagrid"].parameters(), lr=BILAGRID_LR * lr_mult, eps=1e-15)
         schedulers["bilagrid"] = torch.optim.lr_scheduler.LambdaLR(
             opts["bilagrid"], bilagrid_lr_lambda(cfg.schedule.bilateral_grid_warmup, cfg.schedule.max_steps)

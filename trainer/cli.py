@@ -89,35 +89,36 @@ def run(ctx: DistContext, cfg: Config) -> None:
     from .viewer import check_training_viewer
 
     # after the imports: pycolmap's native SIGTERM handler is replaced; --loopback: a group of one rank
-    with interruptible(ctx.stop), loopback_group(ctx, cfg.loopback) as ctx:
+    with interruptible(ctx.stop), loopback_group(ctx, cfg.distributed.loopback) as ctx:
         # under an external launcher every process decided on its own (main); rank 0's decision stands
-        cfg = dataclasses.replace(cfg, resume=exchange.from_main(ctx, cfg.resume))
+        resume = exchange.from_main(ctx, cfg.distributed.resume)
+        cfg = dataclasses.replace(cfg, distributed=dataclasses.replace(cfg.distributed, resume=resume))
         cfg, packed_line = resolve_packed(cfg, ctx.world_size)  # the bytesplat preset's exchange
         check_training_viewer(cfg, ctx.world_size)
         lpips = require_lpips(cfg) if ctx.is_main else None  # a named backbone file fails here, not at evaluation
         scene = build_scene(cfg, log=_say if ctx.is_main else None)
-        camera_line = check_camera_model(scene, cfg.camera_model)  # ValueError before any decode
+        camera_line = check_camera_model(scene, cfg.data.camera_model)  # ValueError before any decode
         if ctx.is_main:
             if packed_line:
                 _say(packed_line)
-            if not (cfg.ckpt or cfg.resume):  # a loaded model is not the initial one
+            if not (cfg.distributed.ckpt or cfg.distributed.resume):  # a loaded model is not the initial one
                 _say(check_first_step(cfg, scene, ctx.world_size, ctx.device))
             for line in describe_views(
                 scene,
-                *split_indices(len(scene.cameras), cfg.test_every),
-                cfg.alpha_as_mask,
-                cache_bytes=int(cfg.image_cache_gb * 2**30),
+                *split_indices(len(scene.cameras), cfg.data.test_every),
+                cfg.data.alpha_as_mask,
+                cache_bytes=int(cfg.data.image_cache_gb * 2**30),
             ):
                 _say(line)  # just before the Trainer decodes them
             if camera_line:
                 _say(camera_line)
         trainer = Trainer(cfg, ctx, scene)
         trainer.evaluation.lpips_metric = lpips
-        if cfg.ckpt:
-            evaluate_only(trainer, list(cfg.ckpt))
+        if cfg.distributed.ckpt:
+            evaluate_only(trainer, list(cfg.distributed.ckpt))
             return
-        if cfg.resume:
-            resume_from(trainer, Path(cfg.result_dir) / "ckpts")
+        if cfg.distributed.resume:
+            resume_from(trainer, Path(cfg.outputs.result_dir) / "ckpts")
         trainer.train()
 
 
@@ -126,9 +127,9 @@ def stopped_message(cfg: Optional[Config], signum: int) -> str:
     from .checkpoint import list_checkpoints, run_outputs
 
     line = f"stopped by {signal.Signals(signum).name}"
-    if cfg is None or cfg.ckpt:
+    if cfg is None or cfg.distributed.ckpt:
         return line
-    result_dir = Path(cfg.result_dir)
+    result_dir = Path(cfg.outputs.result_dir)
     steps = list_checkpoints(result_dir / "ckpts")
     if steps:
         return (
@@ -171,29 +172,29 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = None
     try:
         cfg = parse_args(argv)
-        if cfg.data_dir is not None and not Path(cfg.data_dir).is_dir():
-            raise ValueError(f"--data_dir: no such folder: {cfg.data_dir}")
-        for f in cfg.ckpt or []:
+        if cfg.data.data_dir is not None and not Path(cfg.data.data_dir).is_dir():
+            raise ValueError(f"--data_dir: no such folder: {cfg.data.data_dir}")
+        for f in cfg.distributed.ckpt or []:
             if not Path(f).is_file():
                 raise ValueError(f"--ckpt: no such file: {f}")
             check_readable(f)
         external = detect_external()  # under torchrun / mpirun / srun every process gets here
         resume = prepare_result_dir(
-            Path(cfg.result_dir),
-            cfg.resume,
-            cfg.overwrite,
-            evaluating=bool(cfg.ckpt),
-            auto_resume=cfg.auto_resume,
+            Path(cfg.outputs.result_dir),
+            cfg.distributed.resume,
+            cfg.distributed.overwrite,
+            evaluating=bool(cfg.distributed.ckpt),
+            auto_resume=cfg.distributed.auto_resume,
             mutate=external is None or external["rank"] == 0,
             log=_warn if external is None or external["rank"] == 0 else None,
         )
-        cfg = dataclasses.replace(cfg, resume=resume)
+        cfg = dataclasses.replace(cfg, distributed=dataclasses.replace(cfg.distributed, resume=resume))
         return launch(
             run,
             (cfg,),
-            nproc_per_node=1 if cfg.loopback else cfg.nproc_per_node,
-            device=cfg.device,
-            dist_timeout_s=cfg.dist_timeout_s,
+            nproc_per_node=1 if cfg.distributed.loopback else cfg.distributed.nproc_per_node,
+            device=cfg.distributed.device,
+            dist_timeout_s=cfg.distributed.dist_timeout_s,
         )
     except (ValueError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr)

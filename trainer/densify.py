@@ -160,7 +160,7 @@ def post_backward(shard: "GaussianShard", cfg: Config, step: int, render_info: "
         )
     else:
         shard.strategy.step_post_backward(
-            shard.params, shard.optimizers, shard.strategy_state, step, info, packed=cfg.packed
+            shard.params, shard.optimizers, shard.strategy_state, step, info, packed=cfg.step.packed
         )
     if step % cfg.schedule.refine_every == 0:  # the strategies grow, prune or relocate only here
         shard.sizes_changed()

@@ -72,11 +72,11 @@ def require_lpips(cfg) -> Optional[metrics.LPIPSMetric]:
     """With --lpips_weights: the metric, built now (before any image is decoded); ValueError naming
     the flag and the file when it cannot be built from it (a file the user named is an error, not
     a note). None without the flag (the metric is then built at the first evaluation)."""
-    if cfg.lpips_weights is None:
+    if cfg.outputs.lpips_weights is None:
         return None
-    metric = metrics.LPIPSMetric(cfg.lpips_net, weights=cfg.lpips_weights)
+    metric = metrics.LPIPSMetric(cfg.outputs.lpips_net, weights=cfg.outputs.lpips_weights)
     if not metric.available:
-        raise ValueError(f"--lpips_weights {cfg.lpips_weights}: {metric.reason}")
+        raise ValueError(f"--lpips_weights {cfg.outputs.lpips_weights}: {metric.reason}")
     return metric
 
 
@@ -168,7 +168,7 @@ class Evaluation:
         (with --lpips_weights :func:`require_lpips` built it at start); when it is unavailable,
         the reason is printed then, once per run."""
         if self.lpips_metric is None:
-            self.lpips_metric = metrics.LPIPSMetric(self.cfg.lpips_net, weights=self.cfg.lpips_weights)
+            self.lpips_metric = metrics.LPIPSMetric(self.cfg.outputs.lpips_net, weights=self.cfg.outputs.lpips_weights)
             if not self.lpips_metric.available:
                 self.report.line(f"note: {self.lpips_metric.reason}; test metrics are PSNR and SSIM")
         return self.lpips_metric
@@ -215,7 +215,7 @@ class Evaluation:
             if lpips.available:
                 row["lpips"] = float(lpips(pred[None], gt[None]))
             rows.append(row)
-            if cfg.save_eval_images:
+            if cfg.outputs.save_eval_images:
                 pngs.append((name, np.concatenate([gt.numpy(), pred.numpy()], axis=1)))
                 if len(pngs) >= PNG_BATCH:  # written as they come: a rank holds at most a few
                     _write_some(folder, step, pngs)
@@ -276,8 +276,8 @@ class Evaluation:
         """Render ``num_traj_frames`` frames along :func:`trajectory.trajectory` collectively; rank 0 writes
         ``videos/traj_<step>.mp4`` (:func:`write_video`, 30 fps; an optional output). Returns the path
         on rank 0 when written."""
-        n = self.cfg.num_traj_frames
-        if n <= 0 or self.cfg.disable_video or len(self.trainset) == 0:
+        n = self.cfg.outputs.num_traj_frames
+        if n <= 0 or self.cfg.outputs.disable_video or len(self.trainset) == 0:
             return None
         ctx = self.setup.ctx
         if not _can_write_mp4():
@@ -289,11 +289,11 @@ class Evaluation:
         path = self.report.result_dir / "videos" / f"traj_{step}.mp4"
         self.report.line(
             f"video: rendering {n} frames at {first['width']}x{first['height']} along the "
-            f"{self.cfg.render_traj_path} path for {path} (--disable_video skips it)"
+            f"{self.cfg.outputs.render_traj_path} path for {path} (--disable_video skips it)"
         )
         c2ws = np.stack([self.scene.cameras[i].camtoworld for i in self.trainset.indices])
-        bounds = self.depth_bounds() if self.cfg.render_traj_path == "spiral" else (0.0, 0.0)
-        poses = torch.from_numpy(trajectory(self.cfg.render_traj_path, c2ws, n, bounds)).to(ctx.device)
+        bounds = self.depth_bounds() if self.cfg.outputs.render_traj_path == "spiral" else (0.0, 0.0)
+        poses = torch.from_numpy(trajectory(self.cfg.outputs.render_traj_path, c2ws, n, bounds)).to(ctx.device)
         mine, rounds = exchange.deal_views(n, ctx)
         picks = exchange.padded_rounds(mine, rounds)
         cams = [

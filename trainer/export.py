@@ -231,10 +231,10 @@ def export_merged(
 
     params = shard.params
     path = Path(result_dir) / "ply" / ply_name(step, ctx.world_size)
-    web = any(f in WEB_SUFFIXES for f in cfg.export_formats)
+    web = any(f in WEB_SUFFIXES for f in cfg.outputs.export_formats)
     if ctx.world_size > 1 and not web:
         local = {k: v.detach().cpu() for k, v in params.items()}
-        local, to_frame = to_export_frame(local, scene_transform, cfg.export_frame)
+        local, to_frame = to_export_frame(local, scene_transform, cfg.outputs.export_frame)
         rows = ply_rows(local["means"], local["scales"], local["quats"], local["opacities"], local["sh0"], local["shN"])
         del local
         if not stream_shards(ctx, rows, path, params["shN"].shape[1]):
@@ -243,7 +243,7 @@ def export_merged(
     merged = gather_params(ctx, params)
     if merged is None:
         return None
-    merged, to_frame = to_export_frame(merged, scene_transform, cfg.export_frame)
+    merged, to_frame = to_export_frame(merged, scene_transform, cfg.outputs.export_frame)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_ply(
         path, merged["means"], merged["scales"], merged["quats"], merged["opacities"], merged["sh0"], merged["shN"]
@@ -280,7 +280,7 @@ def export_formats(export: "dict | None", cfg, result_dir: Path, training_camera
 
     if export is None:
         return []
-    return write_formats(cfg.export_formats, export, result_dir, training_cameras, cfg, run=optional)
+    return write_formats(cfg.outputs.export_formats, export, result_dir, training_cameras, cfg, run=optional)
 
 
 def write_formats(names, export: dict, result_dir, training_cameras, cfg, run=None) -> list:

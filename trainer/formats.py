@@ -90,11 +90,11 @@ def cfg_args_text(cfg, result_dir: Path, width: int) -> str:
     data_device, eval) with this run's values. ``resolution`` is --data_factor when Inria's
     loader divides by it (1, 2, 4, 8), else the trained image width (``width``, pixels), which is
     how Inria reads other values."""
-    factor = int(cfg.data_factor)
+    factor = int(cfg.data.data_factor)
     return str(
         Namespace(
-            sh_degree=int(cfg.sh_degree),
-            source_path=str(Path(cfg.data_dir).resolve()) if cfg.data_dir is not None else "",
+            sh_degree=int(cfg.model.sh_degree),
+            source_path=str(Path(cfg.data.data_dir).resolve()) if cfg.data.data_dir is not None else "",
             model_path=str(Path(result_dir).resolve()),
             images="images",
             depths="",
@@ -102,7 +102,7 @@ def cfg_args_text(cfg, result_dir: Path, width: int) -> str:
             white_background=False,
             train_test_exp=False,
             data_device="cuda",
-            eval=cfg.test_every > 0,
+            eval=cfg.data.test_every > 0,
         )
     )
 

@@ -43,47 +43,49 @@ class Trainer:
 
     def __init__(self, cfg: Config, ctx: DistContext, scene: Scene):
         self.cfg, self.ctx, self.device = cfg, ctx, ctx.device
-        self.result_dir = Path(cfg.result_dir)
+        self.result_dir = Path(cfg.outputs.result_dir)
         self.report = Reporter(self.result_dir, ctx.rank)  # rank 0 writes; a no-op elsewhere
-        self.backend = resolve_backend(cfg.backend, self.device)
-        self.ops = ops_for(cfg.backend, self.device)
+        self.backend = resolve_backend(cfg.step.backend, self.device)
+        self.ops = ops_for(cfg.step.backend, self.device)
         self.scene = scene
-        self.scene_scale = scene.scene_scale * 1.1 * cfg.global_scale
-        check_camera_model(scene, cfg.camera_model)
-        train_idx, test_idx = split_indices(len(scene.cameras), cfg.test_every)
-        preload = cfg.image_cache_gb == 0  # with a bound, images are decoded as needed
-        self.trainset = Dataset(scene, train_idx, preload=preload, alpha_as_mask=cfg.alpha_as_mask)
+        self.scene_scale = scene.scene_scale * 1.1 * cfg.model.global_scale
+        check_camera_model(scene, cfg.data.camera_model)
+        train_idx, test_idx = split_indices(len(scene.cameras), cfg.data.test_every)
+        preload = cfg.data.image_cache_gb == 0  # with a bound, images are decoded as needed
+        self.trainset = Dataset(scene, train_idx, preload=preload, alpha_as_mask=cfg.data.alpha_as_mask)
         mine = exchange.deal_views(len(test_idx), ctx)[0] if preload else ()  # the test views this rank scores
-        self.testset = Dataset(scene, test_idx, preload=mine, alpha_as_mask=cfg.alpha_as_mask)
+        self.testset = Dataset(scene, test_idx, preload=mine, alpha_as_mask=cfg.data.alpha_as_mask)
         # every rank's sampler: a rank knows what every other rank renders at a step without asking
-        self.samplers = [CameraSampler(self.trainset, cfg.batch_size, cfg.seed, r) for r in range(ctx.world_size)]
+        self.samplers = [CameraSampler(self.trainset, cfg.step.batch_size, cfg.seed, r) for r in range(ctx.world_size)]
         self.sampler = self.samplers[ctx.rank]
         check_pipeline(cfg, self.device.type, ctx.world_size, self.sampler, ctx.loopback)
-        self.depth_targets = DepthTargets(self.trainset, cfg.camera_model, self.device) if cfg.depth_loss else None
+        self.depth_targets = (
+            DepthTargets(self.trainset, cfg.data.camera_model, self.device) if cfg.step.depth_loss else None
+        )
         self.views = TrainViews(
             self.trainset,
             self.device,
-            cfg.device_images_share,
-            host_cache_bytes=int(cfg.image_cache_gb * 2**30),
-            decode_threads=cfg.decode_threads,
+            cfg.data.device_images_share,
+            host_cache_bytes=int(cfg.data.image_cache_gb * 2**30),
+            decode_threads=cfg.data.decode_threads,
             items_at=lambda step: self.sampler.batch_at(step),
-            batch_size=cfg.batch_size,
+            batch_size=cfg.step.batch_size,
         )
-        if cfg.pose_noise > 0:  # gsplat's pose_perturb: a fixed random correction of every training camera
-            self.views.camtoworlds = pose_perturbation(len(self.trainset), cfg.pose_noise, cfg.seed, self.device)(
+        if cfg.step.pose_noise > 0:  # gsplat's pose_perturb: a fixed random correction of every training camera
+            self.views.camtoworlds = pose_perturbation(len(self.trainset), cfg.step.pose_noise, cfg.seed, self.device)(
                 self.views.camtoworlds, self.views.ids
             ).detach()
         self.viewmats = rigid_inverse(self.views.camtoworlds)  # [V, 4, 4] world-to-camera, training views
         self.setup = RenderSetup(
             ctx,
             self.ops,
-            cfg.sh_degree,
-            cfg.packed,
-            cfg.near_plane,
-            cfg.far_plane,
-            dict(camera_model=cfg.camera_model, antialiased=cfg.antialiased),
+            cfg.model.sh_degree,
+            cfg.step.packed,
+            cfg.step.near_plane,
+            cfg.step.far_plane,
+            dict(camera_model=cfg.data.camera_model, antialiased=cfg.model.antialiased),
         )  # evaluation's and pruning's renders
-        self.loss = losses.TrainingLoss(self.device, cfg.ssim_backend, cfg.ssim_lambda)
+        self.loss = losses.TrainingLoss(self.device, cfg.step.ssim_backend, cfg.step.ssim_lambda)
         torch.manual_seed(cfg.seed + ctx.rank)
         np.random.seed((cfg.seed + ctx.rank) % 2**32)
         points = initial_points(scene, cfg, self.scene_scale)
@@ -103,7 +105,7 @@ class Trainer:
             ctx.world_size,
             masked=self.views.channels == 4,
             aux=tuple(self.aux),
-            kernel_ready=lambda: native_kernel_everywhere(ctx, cfg.raster, self.report.warn),
+            kernel_ready=lambda: native_kernel_everywhere(ctx, cfg.step.raster, self.report.warn),
             loopback=ctx.loopback,
         )
         self._say_plan()
@@ -114,8 +116,8 @@ class Trainer:
             self.samplers,
             self.viewmats,
             cfg.seed,
-            cfg.patch_size,
-            cfg.random_bkgd,
+            cfg.data.patch_size,
+            cfg.step.random_bkgd,
             self.plan.tile_shift,
             poses=self.aux.get("pose"),
             with_layout=self.plan.pipeline == "ours",
@@ -125,14 +127,14 @@ class Trainer:
             self.plan,
             cfg,
             RenderSetup(
-                **{**vars(self.setup), "absgrad": cfg.densify.absgrad, "sparse_grad_comm": cfg.sparse_grad_comm}
+                **{**vars(self.setup), "absgrad": cfg.densify.absgrad, "sparse_grad_comm": cfg.step.sparse_grad_comm}
             ),
             self.loss,
             self.aux,
             self.depth_targets,
             self.scene_scale,
             tb_wanted=lambda step: (
-                cfg.tb_save_image and self.report.active and (step + 1) % cfg.schedule.log_every == 0
+                cfg.outputs.tb_save_image and self.report.active and (step + 1) % cfg.schedule.log_every == 0
             ),
             warn=self.report.warn,
         )
@@ -149,12 +151,12 @@ class Trainer:
     def _say_plan(self) -> None:
         """The plan's console line, and the warnings of flags it does not follow."""
         cfg, plan = self.cfg, self.plan
-        if cfg.random_tile_shift and not plan.fused:
+        if cfg.step.random_tile_shift and not plan.fused:
             self.report.warn(
                 "warning: --random_tile_shift moves the fused step's tiles, and this run takes the unfused step "
                 "(on the CPU only --raster fused runs it); the images are not shifted"
             )
-        if cfg.cuda_graphs == "on" and plan.graphs == "off":
+        if cfg.step.cuda_graphs == "on" and plan.graphs == "off":
             self.report.warn(
                 f"--cuda_graphs on: graphs do not apply to this run ({plan.graphs_why}); its steps run eagerly"
             )
@@ -204,7 +206,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def sh_degree_at(self, step: int) -> int:
-        return min(step // self.cfg.schedule.sh_degree_interval, self.cfg.sh_degree)
+        return min(step // self.cfg.schedule.sh_degree_interval, self.cfg.model.sh_degree)
 
     def shard_sizes_changed(self) -> None:
         """Say that the shards may have changed size on some rank (densification, pruning, a
@@ -260,7 +262,11 @@ class Trainer:
         self.report.start_run(dump_yaml(cfg))  # the folder, cfg.yml, TensorBoard
         self.report.print(
             memory_model_line(
-                self.backend, self.device, self.ctx.world_size, int(self.params["means"].shape[0]), self.cfg.sh_degree
+                self.backend,
+                self.device,
+                self.ctx.world_size,
+                int(self.params["means"].shape[0]),
+                self.cfg.model.sh_degree,
             )
         )
         bar = self.report.progress(range(self.step, s.max_steps), initial=self.step, total=s.max_steps)
@@ -274,13 +280,13 @@ class Trainer:
                 self.ctx.rank,
                 self.device,
                 s,
-                cfg.profile_mode,
+                cfg.outputs.profile_mode,
                 self.timer,
                 self.step,
                 self.report.print,
                 self.report.warn,
             )
-            if cfg.profile
+            if cfg.outputs.profile
             else None
         )
         viewer = start_training_viewer(  # --no_disable_viewer: rank 0 of a one-process run
@@ -398,7 +404,10 @@ class Trainer:
         if every > 0 and done % every == 0 and not saved:  # --save_every: the same steps on every rank
             self.save_checkpoint()
             saved = True
-        due = self.cfg.save_every_minutes > 0 and time.monotonic() - self._last_save >= 60 * self.cfg.save_every_minutes
+        due = (
+            self.cfg.distributed.save_every_minutes > 0
+            and time.monotonic() - self._last_save >= 60 * self.cfg.distributed.save_every_minutes
+        )
         request = self.ctx.stop
         signum = request.signum
         if saved:  # a scheduled checkpoint restarts the clock on every rank, also between agreements
@@ -426,7 +435,7 @@ class Trainer:
         written: list[Optional[Path]] = []
         if save:
             written.append(self.save_checkpoint())
-        if ply and self.cfg.save_ply:
+        if ply and self.cfg.outputs.save_ply:
             self.last_export = export.export_merged(
                 self.shard, self.ctx, self.cfg, self.scene.transform, self.result_dir, step
             )

@@ -357,24 +357,24 @@ def first_step_estimate(cfg, scene, world_size: int, device: torch.device) -> St
     from .render import resolve_backend, rigid_inverse
 
     runtime = runtime_resident() if device.type != "cuda" else 0  # before this function's own buffers
-    train, _ = split_indices(len(scene.cameras), cfg.test_every)
-    points = initial_points(scene, cfg, scene.scene_scale * 1.1 * cfg.global_scale)  # Trainer's scene scale
+    train, _ = split_indices(len(scene.cameras), cfg.data.test_every)
+    points = initial_points(scene, cfg, scene.scene_scale * 1.1 * cfg.model.global_scale)  # Trainer's scene scale
     gaussians, factor = _sampled_model(points, cfg, device)
     num = min(MAX_CAMERAS, len(train))
     picks = sorted({train[round(j * (len(train) - 1) / max(num - 1, 1))] for j in range(num)})
-    backend = resolve_backend(cfg.backend, device)
+    backend = resolve_backend(cfg.step.backend, device)
     from .data import has_masks
 
-    channels = 4 if has_masks(scene, cfg.alpha_as_mask) else 3  # data/views.py
+    channels = 4 if has_masks(scene, cfg.data.alpha_as_mask) else 3  # data/views.py
     train_image_bytes = channels * sum(scene.cameras[i].width * scene.cameras[i].height for i in train)
     if device.type == "cuda":  # uint8 training images on the device when they fit (data/views.py)
         total = torch.cuda.get_device_properties(device).total_memory if torch.cuda.is_available() else None
-        on_device = total is None or train_image_bytes <= cfg.device_images_share * total
+        on_device = total is None or train_image_bytes <= cfg.data.device_images_share * total
         image_bytes = train_image_bytes if on_device else 0
     else:
         image_bytes = channels * sum(c.width * c.height for c in scene.cameras)
-        if cfg.image_cache_gb > 0:  # decoded as needed into a bounded cache (data/views.py)
-            image_bytes = min(image_bytes, int(cfg.image_cache_gb * 2**30))
+        if cfg.data.image_cache_gb > 0:  # decoded as needed into a bounded cache (data/views.py)
+            image_bytes = min(image_bytes, int(cfg.data.image_cache_gb * 2**30))
     estimates = []
     for i in picks:
         camera = scene.cameras[i]
@@ -385,8 +385,8 @@ def first_step_estimate(cfg, scene, world_size: int, device: torch.device) -> St
             torch.from_numpy(camera.K).float(),
             camera.width,
             camera.height,
-            cfg.near_plane,
-            cfg.far_plane,
+            cfg.step.near_plane,
+            cfg.step.far_plane,
         )
         if factor != 1.0:
             fp = Footprint(
@@ -394,7 +394,14 @@ def first_step_estimate(cfg, scene, world_size: int, device: torch.device) -> St
             )
         estimates.append(
             estimate_step(
-                backend, fp, len(points.means), world_size, cfg.batch_size, cfg.sh_degree, image_bytes, runtime
+                backend,
+                fp,
+                len(points.means),
+                world_size,
+                cfg.step.batch_size,
+                cfg.model.sh_degree,
+                image_bytes,
+                runtime,
             )
         )
     return max(estimates, key=lambda e: e.total)
@@ -425,13 +432,13 @@ def check_first_step(
             f"{free / GIB:.1f} GiB of {what} ({estimate.describe()}{shared}; trainer/memory.py)"
         )
     size = (
-        f"--data_factor (now {cfg.data_factor}; doubling it quarters the pixels)"
-        if cfg.data_dir is not None
-        else f"--synthetic_image_size (now {cfg.synthetic_image_size})"
+        f"--data_factor (now {cfg.data.data_factor}; doubling it quarters the pixels)"
+        if cfg.data.data_dir is not None
+        else f"--synthetic_image_size (now {cfg.data.synthetic_image_size})"
     )
     fewer = (
-        f"--init_num_pts (now {cfg.init_num_pts:,})"
-        if cfg.init_type == "random"
+        f"--init_num_pts (now {cfg.model.init_num_pts:,})"
+        if cfg.model.init_type == "random"
         else f"--init_type random --init_num_pts N (fewer than the {estimate.num_gaussians:,} SfM points)"
     )
     other = (
@@ -439,12 +446,12 @@ def check_first_step(
         if estimate.backend == "reference"
         else "more GPUs (--nproc_per_node)"
     )
-    if estimate.terms["images"] * 2 >= estimate.total - runtime and cfg.image_cache_gb == 0:
+    if estimate.terms["images"] * 2 >= estimate.total - runtime and cfg.data.image_cache_gb == 0:
         other = f"--image_cache_gb (the images alone take {estimate.terms['images'] / GIB:.1f} GiB), or " + other
     raise ValueError(
         f"the first training step needs about {need / GIB:.1f} GiB more but {free / GIB:.1f} GiB of {what} "
         f"is left, less a {MARGIN:.0%} margin ({estimate.describe()}{shared}; trainer/memory.py gives the "
         f"formula); lower it with {size}, {fewer}"
-        + (f", --batch_size (now {cfg.batch_size})" if cfg.batch_size > 1 else "")
+        + (f", --batch_size (now {cfg.step.batch_size})" if cfg.step.batch_size > 1 else "")
         + f", or {other}"
     )

@@ -52,18 +52,18 @@ def initial_points(scene: Scene, cfg: Config, scene_scale: float) -> InitPoints:
     from ``cfg.seed`` so every rank draws the same set (gsplat simple_trainer draws from [-1, 1]^3
     scaled the same way, centred at the origin).
     """
-    if cfg.init_type == "sfm":
+    if cfg.model.init_type == "sfm":
         if scene.points is None or len(scene.points) == 0:
-            raise no_points_error(cfg.data_dir if cfg.data_dir is not None else "the synthetic scene")
+            raise no_points_error(cfg.data.data_dir if cfg.data.data_dir is not None else "the synthetic scene")
         assert scene.points_rgb is not None  # loaded with the points
         rgbs = scene.points_rgb.astype(np.float32) / 255.0
         return InitPoints(scene.points.astype(np.float32), rgbs, scene.points_knn_rms)
     rng = np.random.default_rng(cfg.seed)
     centres = np.stack([c.camtoworld[:3, 3] for c in scene.cameras])
     centre = centres.mean(axis=0)
-    half = cfg.init_extent * scene_scale
-    means = centre + (rng.random((cfg.init_num_pts, 3)) * 2.0 - 1.0) * half
-    rgbs = rng.random((cfg.init_num_pts, 3))
+    half = cfg.model.init_extent * scene_scale
+    means = centre + (rng.random((cfg.model.init_num_pts, 3)) * 2.0 - 1.0) * half
+    rgbs = rng.random((cfg.model.init_num_pts, 3))
     return InitPoints(means.astype(np.float32), rgbs.astype(np.float32))
 
 
@@ -187,12 +187,12 @@ def create_shard(
         dist = knn_mean_distance(points.means, means)
     rgbs = torch.from_numpy(np.ascontiguousarray(points.rgbs[shard]))
     n = len(means)
-    scales = torch.log(torch.from_numpy(dist) * cfg.init_scale)[:, None].repeat(1, 3)
+    scales = torch.log(torch.from_numpy(dist) * cfg.model.init_scale)[:, None].repeat(1, 3)
     quats = torch.zeros(n, 4)
     quats[:, 0] = 1.0
-    opacities = torch.full((n,), math.log(cfg.init_opa / (1.0 - cfg.init_opa)))
+    opacities = torch.full((n,), math.log(cfg.model.init_opa / (1.0 - cfg.model.init_opa)))
     sh0 = rgb_to_sh(rgbs)[:, None, :]
-    shN = torch.zeros(n, num_sh_bases(cfg.sh_degree) - 1, 3)
+    shN = torch.zeros(n, num_sh_bases(cfg.model.sh_degree) - 1, 3)
     tensors = dict(
         means=torch.from_numpy(np.ascontiguousarray(means)),
         scales=scales,
@@ -226,7 +226,7 @@ def create_optimizers(
     at a time). :func:`optimizer_step` steps them: on a GPU all in one launch of
     kernels/adam.py (the Adams hold the learning rates and state), elsewhere each with PyTorch's
     fused implementation where the device has one (the same update, elementwise, float32)."""
-    lr_mult, eps, betas = batch_rule(cfg.batch_size, world_size)
+    lr_mult, eps, betas = batch_rule(cfg.step.batch_size, world_size)
     o = cfg.optim
     lrs = dict(
         means=o.means_lr * scene_scale,

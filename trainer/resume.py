@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from . import checkpoint, exchange
+from .config import saved_setting
 
 if TYPE_CHECKING:
     from .loop import Trainer
@@ -36,8 +37,8 @@ def resume_from(trainer: "Trainer", ckpt_dir: Path) -> Optional[int]:
     state = checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size)
     trainer.load_state_dict(state)
     _say_loaded("resumed from", trainer, files)
-    # checkpoints before --raster auto record only the flag, then "fused" or "unfused"
-    before = state.get("raster") or state.get("config", {}).get("raster")
+    # checkpoints before --raster auto record only the flag (flat in the older ones), then "fused" or "unfused"
+    before = state.get("raster") or saved_setting(state.get("config") or {}, "raster")
     if before in ("fused", "unfused") and before != trainer.raster:
         trainer.report.warn(
             f"warning: --resume: steps 1-{step} took the {before} step and the rest take the {trainer.raster} "

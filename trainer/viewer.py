@@ -148,12 +148,12 @@ class SplatViewer:
 def check_training_viewer(cfg, world_size: int) -> None:
     """Every rank, before any data is loaded: with --no_disable_viewer, ValueError naming the flag
     for a multi-process run (no process holds the whole model) or when the packages are missing."""
-    if cfg.disable_viewer:
+    if cfg.outputs.disable_viewer:
         return
     if world_size > 1:
         raise ValueError(
             f"--no_disable_viewer serves the model from one process, and this run has {world_size}; "
-            f"watch it with `splat-train view {cfg.result_dir}` (it shows the newest --ply_steps export)"
+            f"watch it with `splat-train view {cfg.outputs.result_dir}` (it shows the newest --ply_steps export)"
         )
     require_viewer("--no_disable_viewer")
 
@@ -165,10 +165,17 @@ def start_training_viewer(
     ``model()`` gives (activated Gaussians, SH degree) of the model between steps; the view opens
     at ``camtoworld`` [4, 4] looking at the median of ``points`` [P, 3] (the origin without them).
     Says where it is served through ``report``. Raises OSError when the port cannot be bound."""
-    if cfg.disable_viewer or not report.active:
+    if cfg.outputs.disable_viewer or not report.active:
         return None
     viewer = SplatViewer(
-        cfg.port, model, device, ops, mode="training", output_dir=result_dir, near=cfg.near_plane, far=cfg.far_plane
+        cfg.outputs.port,
+        model,
+        device,
+        ops,
+        mode="training",
+        output_dir=result_dir,
+        near=cfg.step.near_plane,
+        far=cfg.step.far_plane,
     )
     viewer.look_from(camtoworld, np.median(points, axis=0) if points is not None and len(points) else np.zeros(3))
     report.print(f"viewer: http://localhost:{viewer.port} (the model between steps; it stops with the run)")

@@ -147,41 +147,41 @@ def scene_from_config(cfg, log: Optional[Callable[[str], None]] = None) -> Scene
     from .city import make_city_scene
     from .synthetic import make_synthetic_scene
 
-    if cfg.data_dir is None:
-        device = "cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu"
-        width, height = cfg.synthetic_image_size, cfg.synthetic_image_height or cfg.synthetic_image_size
-        if cfg.synthetic_layout == "city":
-            if cfg.camera_model != "pinhole":
-                raise DataError(f"--camera_model {cfg.camera_model}: the city's cameras are pinholes")
-            if cfg.depth_loss:
+    if cfg.data.data_dir is None:
+        device = "cuda" if cfg.distributed.device != "cpu" and torch.cuda.is_available() else "cpu"
+        width, height = cfg.data.synthetic_image_size, cfg.data.synthetic_image_height or cfg.data.synthetic_image_size
+        if cfg.data.synthetic_layout == "city":
+            if cfg.data.camera_model != "pinhole":
+                raise DataError(f"--camera_model {cfg.data.camera_model}: the city's cameras are pinholes")
+            if cfg.step.depth_loss:
                 raise DataError("--depth_loss needs SfM tracks, which the city has not; use --synthetic_layout orbit")
             return make_city_scene(
-                cfg.synthetic_num_gaussians,
-                cfg.synthetic_num_cameras,
+                cfg.data.synthetic_num_gaussians,
+                cfg.data.synthetic_num_cameras,
                 width,
                 height,
                 device=device,
-                near_plane=cfg.near_plane,
-                far_plane=cfg.far_plane,
+                near_plane=cfg.step.near_plane,
+                far_plane=cfg.step.far_plane,
             )
         return make_synthetic_scene(
-            cfg.synthetic_num_gaussians,
-            cfg.synthetic_num_cameras,
+            cfg.data.synthetic_num_gaussians,
+            cfg.data.synthetic_num_cameras,
             width,
             height=height,
             seed=0,
-            camera_model=cfg.camera_model,
-            tracks=cfg.depth_loss,
+            camera_model=cfg.data.camera_model,
+            tracks=cfg.step.depth_loss,
             device=device,
         )
-    if not Path(cfg.data_dir).is_dir():
-        raise DataError(f"--data_dir: no such folder: {cfg.data_dir}")
+    if not Path(cfg.data.data_dir).is_dir():
+        raise DataError(f"--data_dir: no such folder: {cfg.data.data_dir}")
     return load_scene(
-        Path(cfg.data_dir),
-        cfg.data_factor,
-        normalize=cfg.normalize_world_space,
+        Path(cfg.data.data_dir),
+        cfg.data.data_factor,
+        normalize=cfg.data.normalize_world_space,
         log=log,
-        tracks=cfg.depth_loss,
+        tracks=cfg.step.depth_loss,
         warn=None if log is not None else (lambda line: None),
-        need_points=cfg.init_type == "sfm",
+        need_points=cfg.model.init_type == "sfm",
     )

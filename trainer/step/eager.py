@@ -62,7 +62,7 @@ class EagerStep:
     ):
         self.plan, self.cfg, self.setup, self.loss, self.aux = plan, cfg, setup, loss, aux
         self.depth_targets, self.scene_scale, self.tb_wanted = depth_targets, scene_scale, tb_wanted
-        self.fused_loss = fused_loss_function(cfg.ssim_lambda, setup.ops) if plan.fused else None
+        self.fused_loss = fused_loss_function(cfg.step.ssim_lambda, setup.ops) if plan.fused else None
         self.tb_image: Optional[torch.Tensor] = None
 
     def __call__(self, batch: StepBatch, params, sh_degree: int, timer, head=None) -> StepOutputs:
@@ -82,7 +82,7 @@ class EagerStep:
                 timer=timer,
                 rasterize=not self.plan.fused,
                 layout=batch.layout,
-                render_depth=self.cfg.depth_loss,
+                render_depth=self.cfg.step.depth_loss,
                 head=head,
             )
         if self.plan.fused:
@@ -109,10 +109,10 @@ class EagerStep:
         if batch.keep is not None:
             colors, gts = colors * batch.keep, gts * batch.keep
         loss, parts = self.loss(colors, gts)
-        if self.cfg.depth_loss:
+        if self.cfg.step.depth_loss:
             assert result.depths is not None  # render_depth
             parts["depth"] = self._depth_loss(result.depths, batch)
-            loss = loss + self.cfg.depth_lambda * parts["depth"]
+            loss = loss + self.cfg.step.depth_lambda * parts["depth"]
         if self.tb_wanted(batch.step):
             self.tb_image = torch.cat([uint8_to_unit(gts), colors.detach().clamp(0, 1)], dim=2)
         return loss, parts
@@ -126,10 +126,10 @@ class EagerStep:
         weight = num_cameras / sum(info.C_world)
         total = loss if weight == 1.0 else loss * weight
         shard_share = params["means"].shape[0] / sum(info.N_world)
-        if cfg.opacity_reg > 0:
-            total = total + opacity_reg(torch.sigmoid(params["opacities"]), cfg.opacity_reg) * shard_share
-        if cfg.scale_reg > 0:
-            total = total + scale_reg(torch.exp(params["scales"]), cfg.scale_reg) * shard_share
+        if cfg.step.opacity_reg > 0:
+            total = total + opacity_reg(torch.sigmoid(params["opacities"]), cfg.step.opacity_reg) * shard_share
+        if cfg.step.scale_reg > 0:
+            total = total + scale_reg(torch.exp(params["scales"]), cfg.step.scale_reg) * shard_share
         if "bilagrid" in self.aux:  # replicated: each rank adds 1/W of the regularizer
             grid = unwrapped(self.aux["bilagrid"])
             assert isinstance(grid, BilateralGrid)
@@ -142,7 +142,7 @@ class EagerStep:
         assert self.depth_targets is not None  # --depth_loss
         pixels, depths, image = self.depth_targets.batch(batch.items)
         weights = None
-        if self.cfg.patch_size is not None:
+        if self.cfg.data.patch_size is not None:
             origins = _upload([[x0, y0] for x0, y0, _, _ in batch.windows], pixels.dtype, pixels.device)
             pixels = pixels - origins[image]
             h, w = rendered.shape[1:3]
@@ -198,19 +198,21 @@ class EagerStep:
             cams.height,
             sh_degree=sh_degree,
             packed=False,
-            near_plane=cfg.near_plane,
-            far_plane=cfg.far_plane,
+            near_plane=cfg.step.near_plane,
+            far_plane=cfg.step.far_plane,
             backgrounds=backgrounds,
             distributed=ctx.distributed,
-            camera_model=cfg.camera_model,
-            rasterize_mode="antialiased" if cfg.antialiased else "classic",
+            camera_model=cfg.data.camera_model,
+            rasterize_mode="antialiased" if cfg.model.antialiased else "classic",
         )
         means2d = meta["means2d"]  # the local, pre-exchange [C_all, N, 2]
         means2d.retain_grad()
         C_all, n = means2d.shape[0], means2d.shape[1]
         C = cams.viewmats.shape[0]
         N_world: Any = (
-            [n] * ctx.world_size if not (cfg.opacity_reg or cfg.scale_reg) else gather_metadata(ctx, [n])[:, 0].tolist()
+            [n] * ctx.world_size
+            if not (cfg.step.opacity_reg or cfg.step.scale_reg)
+            else gather_metadata(ctx, [n])[:, 0].tolist()
         )
         info = RenderInfo(
             means2d=means2d,

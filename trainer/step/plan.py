@@ -72,18 +72,18 @@ def raster_mode(cfg: Config, device_type: str, masked: bool, kernel_ready: Calla
     reference. A fused step on a GPU where the native kernel cannot be built (``kernel_ready()``,
     called only then, is False) is unfused: full-image SSIM, no --random_tile_shift.
     Raises ValueError for --raster fused with masks."""
-    if cfg.raster == "fused" and masked:
+    if cfg.step.raster == "fused" and masked:
         raise ValueError(
             "the training views have loss masks (masks/ files, alpha channels or fisheye borders), "
             "which --raster fused cannot apply (its tile-local loss reads the images as they are): "
             "use --raster unfused, or --no-alpha_as_mask when the masks are alpha channels"
         )
-    if cfg.raster == "unfused":
+    if cfg.step.raster == "unfused":
         return "unfused", "--raster unfused"
-    if cfg.raster == "auto":
+    if cfg.step.raster == "auto":
         if device_type != "cuda":
             return "unfused", "--raster auto on the CPU"
-        if cfg.ckpt:
+        if cfg.distributed.ckpt:
             return "unfused", "--ckpt: evaluation only"
         if masked:
             return "unfused", "--raster auto: the training views have loss masks"
@@ -92,8 +92,8 @@ def raster_mode(cfg: Config, device_type: str, masked: bool, kernel_ready: Calla
     if device_type != "cuda":
         return "fused", "--raster fused on the CPU: the kernel's PyTorch reference"
     if not kernel_ready():
-        return "unfused", f"--raster {cfg.raster}: the native kernel is unavailable"
-    return "fused", f"--raster {cfg.raster} on a GPU"
+        return "unfused", f"--raster {cfg.step.raster}: the native kernel is unavailable"
+    return "fused", f"--raster {cfg.step.raster} on a GPU"
 
 
 def native_kernel_everywhere(ctx, raster_flag: str, warn: Callable[[str], None]) -> bool:
@@ -143,10 +143,10 @@ def trains_photometric_only(cfg: Config, aux: tuple[str, ...]) -> Optional[str]:
     if aux:
         return {"pose": "--pose_opt", "app": "--app_opt", "bilagrid": "--use_bilateral_grid"}.get(aux[0], aux[0])
     for flag, on in (
-        ("--depth_loss", cfg.depth_loss),
-        ("--opacity_reg", cfg.opacity_reg > 0),
-        ("--scale_reg", cfg.scale_reg > 0),
-        ("--tb_save_image", cfg.tb_save_image),
+        ("--depth_loss", cfg.step.depth_loss),
+        ("--opacity_reg", cfg.step.opacity_reg > 0),
+        ("--scale_reg", cfg.step.scale_reg > 0),
+        ("--tb_save_image", cfg.outputs.tb_save_image),
     ):
         if on:
             return flag
@@ -160,25 +160,25 @@ def graphs_mode(
     intersection: one process off the distributed path, dense records, nothing but the
     photometric loss, no tile shift), "head" (the activation, projection and SH replayed, the
     rest eager; the distributed path's, W > 1 or ``loopback``, with --cuda_graphs on) or "off"."""
-    if cfg.cuda_graphs == "off":
+    if cfg.step.cuda_graphs == "off":
         return "off", "--cuda_graphs off"
     if device_type != "cuda":
         return "off", "a CPU run"
-    if not use_cuda_graphs(cfg.cuda_graphs, world_size, loopback):
+    if not use_cuda_graphs(cfg.step.cuda_graphs, world_size, loopback):
         why = "--loopback" if loopback else ("a ROCm build" if world_size == 1 else f"{world_size} processes")
         return "off", f"--cuda_graphs auto: {why}"
-    if cfg.pipeline != "ours":
+    if cfg.step.pipeline != "ours":
         return "off", "--pipeline gsplat-dist"
-    if cfg.packed:
+    if cfg.step.packed:
         return "off", "--packed"
-    if cfg.random_tile_shift and raster == "fused":
+    if cfg.step.random_tile_shift and raster == "fused":
         return "off", "--random_tile_shift"
     if world_size > 1 or loopback:
         return "head", "--loopback" if loopback else f"{world_size} processes"
     extra = trains_photometric_only(cfg, aux)
     if extra is not None:
         return "head", f"{extra} trains besides the photometric loss"
-    return "whole", f"--cuda_graphs {cfg.cuda_graphs}"
+    return "whole", f"--cuda_graphs {cfg.step.cuda_graphs}"
 
 
 def projection_mode(cfg: Config, device_type: str, world_size: int, aux: tuple[str, ...]) -> tuple[str, str]:
@@ -193,21 +193,21 @@ def projection_mode(cfg: Config, device_type: str, world_size: int, aux: tuple[s
         why_not = "a CPU run"
     elif not projection.available():
         why_not = "Triton is not installed"
-    elif cfg.camera_model != "pinhole":
-        why_not = f"--camera_model {cfg.camera_model}"
-    elif cfg.packed:
+    elif cfg.data.camera_model != "pinhole":
+        why_not = f"--camera_model {cfg.data.camera_model}"
+    elif cfg.step.packed:
         why_not = "--packed"
-    elif cfg.pipeline != "ours":
+    elif cfg.step.pipeline != "ours":
         why_not = "--pipeline gsplat-dist"
     elif "pose" in aux:
         why_not = "--pose_opt"
-    elif cfg.batch_size * world_size > projection.MAX_CAMERAS:
-        why_not = f"{cfg.batch_size * world_size} cameras a step (at most {projection.MAX_CAMERAS})"
-    if cfg.projection == "gsplat":
+    elif cfg.step.batch_size * world_size > projection.MAX_CAMERAS:
+        why_not = f"{cfg.step.batch_size * world_size} cameras a step (at most {projection.MAX_CAMERAS})"
+    if cfg.step.projection == "gsplat":
         return "gsplat", "--projection gsplat"
     if why_not is None:
-        return "triton", f"--projection {cfg.projection}"
-    if cfg.projection == "triton":
+        return "triton", f"--projection {cfg.step.projection}"
+    if cfg.step.projection == "triton":
         raise ValueError(f"--projection triton cannot run this pass ({why_not}); use --projection auto or gsplat")
     return "gsplat", f"--projection auto: {why_not}"
 
@@ -217,7 +217,7 @@ def check_pipeline(cfg: Config, device_type: str, world_size: int, sampler, loop
     (``loopback``: the rank's DistContext.loopback, set by launch.loopback_group), mcmc's
     relocation and --pipeline gsplat-dist on the CPU, gsplat-dist's exchange with uneven batches
     (``sampler``: this rank's data.CameraSampler)."""
-    if cfg.loopback != loopback:
+    if cfg.distributed.loopback != loopback:
         raise ValueError(
             "--loopback needs the process group of one rank that launch.loopback_group makes "
             f"(this rank's context has loopback={loopback})"
@@ -227,15 +227,15 @@ def check_pipeline(cfg: Config, device_type: str, world_size: int, sampler, loop
             "the mcmc preset relocates Gaussians with gsplat's CUDA op, which needs a GPU; "
             "on the CPU use the default preset (or --device cuda on a GPU machine)"
         )
-    if cfg.pipeline == "gsplat-dist" and world_size > 1 and not sampler.uniform_batches:
+    if cfg.step.pipeline == "gsplat-dist" and world_size > 1 and not sampler.uniform_batches:
         raise ValueError(
             f"--pipeline gsplat-dist with {world_size} ranks needs batches of one camera count "
             f"and image size on every rank (gsplat's exchange assumes it), but the "
             f"{sum(len(g) for g in sampler.groups)} training views ({len(sampler.groups)} image size(s)) in batches of "
-            f"--batch_size {cfg.batch_size} leave shorter or mixed batches; use a --batch_size "
+            f"--batch_size {cfg.step.batch_size} leave shorter or mixed batches; use a --batch_size "
             "that divides the view count of a one-size dataset, or --pipeline ours"
         )
-    if cfg.pipeline == "gsplat-dist" and device_type != "cuda":
+    if cfg.step.pipeline == "gsplat-dist" and device_type != "cuda":
         raise ValueError(
             "--pipeline gsplat-dist is gsplat's CUDA rasterization(distributed=True), which needs "
             "a GPU; on the CPU use --pipeline ours"
@@ -265,10 +265,10 @@ def plan_step(
         raster_why=raster_why,
         graphs=graphs,
         graphs_why=graphs_why,
-        pipeline=cfg.pipeline,
-        packed=cfg.packed,
-        tile_shift=cfg.random_tile_shift and raster == "fused",
-        selective_adam=cfg.visible_adam or cfg.sparse_grad,
+        pipeline=cfg.step.pipeline,
+        packed=cfg.step.packed,
+        tile_shift=cfg.step.random_tile_shift and raster == "fused",
+        selective_adam=cfg.step.visible_adam or cfg.step.sparse_grad,
         projection=projection,
         projection_why=projection_why,
         distributed=distributed,
