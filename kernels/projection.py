@@ -555,13 +555,20 @@ if triton is not None:
         """Channels 0, 1, 2's [BLOCK, 8] tiles (column j: shN coefficient J0 + j) into rows ``rows``
         (from ``ptr``, the block's first row) of shN's [N, KR, 3] gradient, as one [BLOCK, 32]
         store: column 4 j + channel, the fourth skipped (through :func:`_emit`, slot 5)."""
-        tile = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, tl.zeros_like(t0))), [t0.shape[0], 32])
-        col = tl.arange(0, 32)[None, :]
-        j = col // 4 + J0
-        c = col % 4
-        idx = rows[:, None] * (KR * 3) + (j * 3 + c)
-        _emit(ptr, m_ptr, v_ptr, idx, live[:, None] & ((c < 3) & (j < KR)), act[:, None], tile, hyp_ptr, 5, ADAM,
-              SELECTIVE)  # fmt: skip
+        if ADAM:  # one channel's [BLOCK, 8] tile at a time: a [BLOCK, 32] tile with its moments spills
+            j = tl.arange(0, 8)[None, :] + J0
+            base = rows[:, None] * (KR * 3) + j * 3
+            mask = live[:, None] & (j < KR)
+            _emit(ptr, m_ptr, v_ptr, base, mask, act[:, None], t0, hyp_ptr, 5, ADAM, SELECTIVE)
+            _emit(ptr, m_ptr, v_ptr, base + 1, mask, act[:, None], t1, hyp_ptr, 5, ADAM, SELECTIVE)
+            _emit(ptr, m_ptr, v_ptr, base + 2, mask, act[:, None], t2, hyp_ptr, 5, ADAM, SELECTIVE)
+        else:
+            tile = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, tl.zeros_like(t0))), [t0.shape[0], 32])
+            col = tl.arange(0, 32)[None, :]
+            j = col // 4 + J0
+            c = col % 4
+            idx = rows[:, None] * (KR * 3) + (j * 3 + c)
+            tl.store(ptr + idx, tile, mask=live[:, None] & ((c < 3) & (j < KR)))
 
     @triton.jit
     def _store_shn(ptr, m_ptr, v_ptr, rows, live, act, KR, lo0, lo1, lo2, hi0, hi1, hi2, hyp_ptr,
@@ -826,12 +833,19 @@ def kernel_specs() -> dict:
     floats = {n: "fp32" for n in ("near", "far", "eps2d")}
     bwd_flags = dict(HAS_MEANS2D=True, HAS_DEPTHS=False, HAS_CONICS=True, HAS_OPAC=True, HAS_COLORS=True)
     fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK)
-    bwd = dict(DEG=3, BLOCK=BLOCK, **bwd_flags)
+    bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, **bwd_flags)
     return {
         "projection_forward": (_forward_kernel, dict(fwd, AA=False), fwd_ints, floats, NUM_WARPS),
         "projection_forward_aa": (_forward_kernel, dict(fwd, AA=True), fwd_ints, floats, NUM_WARPS),
         "projection_backward": (_backward_kernel, dict(bwd, AA=False), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
         "projection_backward_aa": (_backward_kernel, dict(bwd, AA=True), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
+        # --fused_adam: the backward takes the Adam step (selective: --visible_adam)
+        "projection_backward_adam": (
+            _backward_kernel, dict(bwd, AA=False, ADAM=True), {"bits_ptr": "*i32"}, floats, NUM_WARPS
+        ),
+        "projection_backward_adam_selective": (
+            _backward_kernel, dict(bwd, AA=False, ADAM=True, SELECTIVE=True), {"bits_ptr": "*i32"}, floats, NUM_WARPS
+        ),
     }
 
 
