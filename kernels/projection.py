@@ -555,13 +555,23 @@ if triton is not None:
         """Channels 0, 1, 2's [BLOCK, 8] tiles (column j: shN coefficient J0 + j) into rows ``rows``
         (from ``ptr``, the block's first row) of shN's [N, KR, 3] gradient, as one [BLOCK, 32]
         store: column 4 j + channel, the fourth skipped (through :func:`_emit`, slot 5)."""
-        if ADAM:  # one channel's [BLOCK, 8] tile at a time: a [BLOCK, 32] tile with its moments spills
-            j = tl.arange(0, 8)[None, :] + J0
-            base = rows[:, None] * (KR * 3) + j * 3
-            mask = live[:, None] & (j < KR)
-            _emit(ptr, m_ptr, v_ptr, base, mask, act[:, None], t0, hyp_ptr, 5, ADAM, SELECTIVE)
-            _emit(ptr, m_ptr, v_ptr, base + 1, mask, act[:, None], t1, hyp_ptr, 5, ADAM, SELECTIVE)
-            _emit(ptr, m_ptr, v_ptr, base + 2, mask, act[:, None], t2, hyp_ptr, 5, ADAM, SELECTIVE)
+        if ADAM:  # in quarters ([BLOCK, 16] tiles, the tiles' [BLOCK, 4, 2] layout): a [BLOCK, 32] tile with
+            # its parameter and moments spills, and a store per channel (180-byte stride) writes partial sectors
+            a0, b0 = tl.split(t0)
+            a1, b1 = tl.split(t1)
+            a2, b2 = tl.split(t2)
+            col = tl.arange(0, 16)[None, :]
+            c = col % 4
+            j = col // 4 + J0
+            zq = tl.zeros_like(a0)
+            tile = tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, zq)), [a0.shape[0], 16])
+            idx = rows[:, None] * (KR * 3) + (j * 3 + c)
+            _emit(ptr, m_ptr, v_ptr, idx, live[:, None] & ((c < 3) & (j < KR)), act[:, None], tile, hyp_ptr, 5, ADAM,
+                  SELECTIVE)  # fmt: skip
+            tile = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, zq)), [a0.shape[0], 16])
+            idx = idx + 12  # coefficients 4 on
+            _emit(ptr, m_ptr, v_ptr, idx, live[:, None] & ((c < 3) & (j + 4 < KR)), act[:, None], tile, hyp_ptr, 5,
+                  ADAM, SELECTIVE)  # fmt: skip
         else:
             tile = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, tl.zeros_like(t0))), [t0.shape[0], 32])
             col = tl.arange(0, 32)[None, :]
@@ -589,10 +599,12 @@ if triton is not None:
 
     @triton.jit
     def _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr, N, C, KR, ch,
-                     DEG: tl.constexpr):  # fmt: skip
+                     DEG: tl.constexpr, QUARTERS: tl.constexpr):  # fmt: skip
         """Colour channel ``ch``: the gradient of its sh0 coefficient, two [BLOCK, 8] tiles whose
         column j is the gradient of its shN coefficient j, then j + 8 (0 beyond DEG), then the
-        gradient of the mean through the view directions, summed over the cameras."""
+        gradient of the mean through the view directions, summed over the cameras. QUARTERS: each
+        of the two tiles as two [BLOCK, 4] tiles joined ([BLOCK, 4, 2], coefficient 4 h + j at
+        [:, j, h]), which :func:`_store_shn_half` stores a quarter at a time."""
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15 = _load_coeffs(
             sh0_ptr, shn_ptr, offs, KR, ch, act, DEG
         )
@@ -638,7 +650,13 @@ if triton is not None:
                 vx += (gx - dot * x) * inv
                 vy += (gy - dot * y) * inv
                 vz += (gz - dot * z) * inv
-        return a0, _cols8(a1, a2, a3, a4, a5, a6, a7, a8), _cols8(a9, a10, a11, a12, a13, a14, a15, zero), vx, vy, vz
+        if QUARTERS:
+            lo = tl.join(_cols4(a1, a2, a3, a4), _cols4(a5, a6, a7, a8))
+            hi = tl.join(_cols4(a9, a10, a11, a12), _cols4(a13, a14, a15, zero))
+        else:
+            lo = _cols8(a1, a2, a3, a4, a5, a6, a7, a8)
+            hi = _cols8(a9, a10, a11, a12, a13, a14, a15, zero)
+        return a0, lo, hi, vx, vy, vz
 
     @triton.jit(do_not_specialize=["N", "KR"])
     def _backward_kernel(
@@ -803,13 +821,13 @@ if triton is not None:
         # the SH after the rest: the geometry's values are no longer live
         if HAS_COLORS:
             c0, lo0, hi0, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
-                                                            v_colors_ptr, N, C, KR, 0, DEG)  # fmt: skip
+                                                            v_colors_ptr, N, C, KR, 0, DEG, ADAM)  # fmt: skip
             vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
             c1, lo1, hi1, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
-                                                            v_colors_ptr, N, C, KR, 1, DEG)  # fmt: skip
+                                                            v_colors_ptr, N, C, KR, 1, DEG, ADAM)  # fmt: skip
             vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
             c2, lo2, hi2, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
-                                                            v_colors_ptr, N, C, KR, 2, DEG)  # fmt: skip
+                                                            v_colors_ptr, N, C, KR, 2, DEG, ADAM)  # fmt: skip
             vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
             _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, live, act,
                         _cols4(c0, c1, c2, zero), 3, hyp_ptr, 4, ADAM, SELECTIVE)  # fmt: skip
@@ -818,7 +836,10 @@ if triton is not None:
         else:
             _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, live, act,
                         _cols4(zero, zero, zero, zero), 3, hyp_ptr, 4, ADAM, SELECTIVE)  # fmt: skip
-            t0 = tl.zeros([BLOCK, 8], dtype=zero.dtype)
+            if ADAM:  # the quarters' layout (_sh_backward's QUARTERS)
+                t0 = tl.zeros([BLOCK, 4, 2], dtype=zero.dtype)
+            else:
+                t0 = tl.zeros([BLOCK, 8], dtype=zero.dtype)
             _store_shn(v_shn_ptr + start * (KR * 3), m1_shn_ptr + start * (KR * 3), m2_shn_ptr + start * (KR * 3),
                        rows, live, act, KR, t0, t0, t0, t0, t0, t0, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
         vmx, vmy, vmz = tl.where(act, vmx, 0.0), tl.where(act, vmy, 0.0), tl.where(act, vmz, 0.0)
@@ -841,10 +862,18 @@ def kernel_specs() -> dict:
         "projection_backward_aa": (_backward_kernel, dict(bwd, AA=True), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
         # --fused_adam: the backward takes the Adam step (selective: --visible_adam)
         "projection_backward_adam": (
-            _backward_kernel, dict(bwd, AA=False, ADAM=True), {"bits_ptr": "*i32"}, floats, NUM_WARPS
+            _backward_kernel,
+            dict(bwd, AA=False, ADAM=True),
+            {"bits_ptr": "*i32"},
+            floats,
+            NUM_WARPS,
         ),
         "projection_backward_adam_selective": (
-            _backward_kernel, dict(bwd, AA=False, ADAM=True, SELECTIVE=True), {"bits_ptr": "*i32"}, floats, NUM_WARPS
+            _backward_kernel,
+            dict(bwd, AA=False, ADAM=True, SELECTIVE=True),
+            {"bits_ptr": "*i32"},
+            floats,
+            NUM_WARPS,
         ),
     }
 
