@@ -10,7 +10,7 @@ import torch
 from splat_train.kernels.projection import PARAM_KEYS
 from splat_train.trainer.config import Config, from_argv
 from splat_train.trainer.step.backward_adam import FROZEN, BackwardAdam
-from splat_train.trainer.step.plan import adam_mode
+from splat_train.trainer.step.plan import adam_mode, memory_tight
 
 
 def _optimizers(n=5):
@@ -88,13 +88,18 @@ def _cfg(*flags):
     return from_argv(["default", *flags]) if flags else Config()
 
 
-def test_adam_mode_auto_follows_the_projection_and_the_loss_terms():
-    assert adam_mode(_cfg(), "triton") == (True, "--fused_adam auto")
+def test_adam_mode_auto_follows_the_memory_the_projection_and_the_loss_terms():
+    on, why = adam_mode(_cfg(), "triton")
+    assert not on and "the separate launch is faster" in why
+    on, why = adam_mode(_cfg(), "triton", tight=True)
+    assert on and "memory" in why
+    assert memory_tight(100_000_000, 100 * 2**30) and not memory_tight(20_000_000, 100 * 2**30)
+    assert not memory_tight(10**9, None)  # unknown (a CPU run): not tight
     on, why = adam_mode(_cfg(), "gsplat")
     assert not on and "gsplat projection" in why
-    on, why = adam_mode(_cfg("--opacity_reg", "0.01"), "triton")
+    on, why = adam_mode(_cfg("--opacity_reg", "0.01"), "triton", tight=True)
     assert not on and "--opacity_reg" in why
-    on, why = adam_mode(_cfg("--scale_reg", "0.01"), "triton")
+    on, why = adam_mode(_cfg("--scale_reg", "0.01"), "triton", tight=True)
     assert not on and "--scale_reg" in why
     assert adam_mode(_cfg("--fused_adam", "off"), "triton") == (False, "--fused_adam off")
     assert adam_mode(_cfg("--fused_adam", "on"), "triton") == (True, "--fused_adam on")

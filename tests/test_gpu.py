@@ -630,7 +630,7 @@ def test_adam_in_the_projection_backward_trains_as_the_separate_adam(tmp_path, c
     (on, psnr_on), (off, psnr_off) = runs["on"], runs["off"]
     steps = [{k: [int(s["step"]) for s in o["state"].values()] for k, o in r["optimizers"].items()} for r in (on, off)]
     assert steps[0] == steps[1], steps
-    assert abs(psnr_on - psnr_off) <= 0.1, (psnr_on, psnr_off)
+    assert abs(psnr_on - psnr_off) <= (0.25 if densify else 0.1), (psnr_on, psnr_off)
     if densify:
         n_on, n_off = on["params"]["means"].shape[0], off["params"]["means"].shape[0]
         assert abs(n_on - n_off) <= 0.02 * n_off, (n_on, n_off)

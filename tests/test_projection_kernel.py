@@ -719,9 +719,10 @@ def test_gpu_adam_in_the_backward_matches_the_adam_kernel(selective):
     fused = {k: v.clone() for k, v in p.items()}
     projection.backward_into(fused, *cams, out["bits"], setup, grads, {}, step)
     for k, opt in zip(projection.PARAM_KEYS, opts):
-        q = opt.param_groups[0]["params"][0].detach()
-        for name, a, b in (("exp_avg", step.moments[k][0], opt.state[q]["exp_avg"]),
-                           ("exp_avg_sq", step.moments[k][1], opt.state[q]["exp_avg_sq"])):  # fmt: skip
+        leaf = opt.param_groups[0]["params"][0]
+        q = leaf.detach()
+        for name, a, b in (("exp_avg", step.moments[k][0], opt.state[leaf]["exp_avg"]),
+                           ("exp_avg_sq", step.moments[k][1], opt.state[leaf]["exp_avg_sq"])):  # fmt: skip
             differ = int((a != b).sum())
             print(f"{k} {name}: {differ} of {a.numel()} differ, max {float((a - b).abs().max()):.3e}")
             assert float((a - b).norm()) <= 1e-5 * float(b.norm()), (k, name)

@@ -30,6 +30,7 @@ from .render import RenderSetup, check_camera_model, ops_for, resolve_backend, r
 from .report import Reporter
 from .shard import GaussianShard
 from .step import Batches, ForwardBackward, plan_step
+from .step.plan import memory_tight
 from .step.backward_adam import BackwardAdam
 from .step.plan import check_pipeline, native_kernel_everywhere
 from .step.eager import unwrapped
@@ -108,6 +109,10 @@ class Trainer:
             aux=tuple(self.aux),
             kernel_ready=lambda: native_kernel_everywhere(ctx, cfg.step.raster, self.report.warn),
             loopback=ctx.loopback,
+            tight=memory_tight(
+                int(params["means"].shape[0]),
+                torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None,
+            ),
         )
         self._say_plan()
         self.batches = Batches(

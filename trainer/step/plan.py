@@ -218,12 +218,25 @@ def projection_mode(cfg: Config, device_type: str, world_size: int, aux: tuple[s
     return "gsplat", f"--projection auto: {why_not}"
 
 
-def adam_mode(cfg: Config, projection: str) -> tuple[bool, str]:
+# a dense fused step's peak device memory per Gaussian with the separate Adam (1,177 B at 60 M,
+# 1,234 at 20 M, SH degree 3: docs/bench/large-scenes/bench-60m, bench-20m), rounded up
+TIGHT_BYTES_PER_GAUSSIAN = 1300
+TIGHT_SHARE = 0.8  # --fused_adam auto: on when that peak would pass this share of free device memory
+
+
+def memory_tight(num_gaussians: int, free_bytes: Optional[int]) -> bool:
+    """Whether a step with the separate Adam would need more than TIGHT_SHARE of ``free_bytes``
+    (free device memory; None: unknown, not tight) for ``num_gaussians`` local Gaussians."""
+    return free_bytes is not None and num_gaussians * TIGHT_BYTES_PER_GAUSSIAN > TIGHT_SHARE * free_bytes
+
+
+def adam_mode(cfg: Config, projection: str, tight: bool = False) -> tuple[bool, str]:
     """(whether the Gaussians' Adam runs inside the projection's backward kernel, why) from
     --fused_adam: it needs the Triton projection (``projection``, StepPlan.projection), SH of at
     most degree 3 stored, and no loss term on the parameters outside the projection (their
-    gradients would arrive after the kernel stepped them). Raises ValueError for --fused_adam on
-    where it cannot run."""
+    gradients would arrive after the kernel stepped them); auto takes it only where memory is
+    ``tight`` (:func:`memory_tight`): the separate launch is faster (docs/large-scenes.md).
+    Raises ValueError for --fused_adam on where it cannot run."""
     why_not = None
     if projection != "triton":
         why_not = "the gsplat projection (--projection, or a CPU run)"
@@ -235,8 +248,12 @@ def adam_mode(cfg: Config, projection: str) -> tuple[bool, str]:
         why_not = "--scale_reg (a gradient on the scales outside the projection)"
     if cfg.step.fused_adam == "off":
         return False, "--fused_adam off"
+    if why_not is None and cfg.step.fused_adam == "on":
+        return True, "--fused_adam on"
     if why_not is None:
-        return True, f"--fused_adam {cfg.step.fused_adam}"
+        if tight:
+            return True, "--fused_adam auto: the gradients' memory is needed (a large model for the device)"
+        return False, "--fused_adam auto: the model fits with the gradients, where the separate launch is faster"
     if cfg.step.fused_adam == "on":
         raise ValueError(f"--fused_adam on cannot run this step ({why_not}); use --fused_adam auto or off")
     return False, f"--fused_adam auto: {why_not}"
@@ -280,17 +297,19 @@ def plan_step(
     aux: tuple[str, ...] = (),
     kernel_ready: Callable[[], bool] = lambda: True,
     loopback: bool = False,
+    tight: bool = False,
 ) -> StepPlan:
     """The :class:`StepPlan` of a run of ``cfg`` on ``device_type`` ("cuda" | "cpu") with
     ``world_size`` processes; ``masked``: the training views have loss masks; ``aux``: the
     auxiliary modules it trains; ``kernel_ready``: whether every rank can run the native kernel
     (asked only for a fused step on a GPU); ``loopback``: one process on the distributed path
-    (launch.loopback_group). Raises ValueError as :func:`raster_mode`."""
+    (launch.loopback_group); ``tight``: device memory is tight for the model (:func:`memory_tight`).
+    Raises ValueError as :func:`raster_mode` and :func:`adam_mode`."""
     raster, raster_why = raster_mode(cfg, device_type, masked, kernel_ready)
     graphs, graphs_why = graphs_mode(cfg, device_type, world_size, raster, aux, loopback)
     distributed, distributed_why = path_mode(world_size, loopback)
     projection, projection_why = projection_mode(cfg, device_type, world_size, aux)
-    fused_adam, fused_adam_why = adam_mode(cfg, projection)
+    fused_adam, fused_adam_why = adam_mode(cfg, projection, tight)
     return StepPlan(
         raster=raster,
         raster_why=raster_why,
