@@ -175,23 +175,40 @@ def supported(optimizer: torch.optim.Optimizer) -> bool:
     return True
 
 
+def state_of(optimizer: torch.optim.Adam, p: torch.Tensor) -> dict:
+    """``optimizer``'s state of ``p``, made as torch.optim.Adam makes it on first use (step 0,
+    zero moments) when it has none; the step count moved to the host where a fused Adam kept it
+    on the device."""
+    state = optimizer.state[p]
+    if len(state) == 0:
+        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    if state["step"].device.type != "cpu":  # saved by a fused Adam: count on the host
+        state["step"] = state["step"].cpu()
+    return state
+
+
 def params_with_state(optimizers: Iterable[torch.optim.Adam]):
-    """Yields (param, state, param group) for every parameter with a gradient, the Adam state
-    made as torch.optim.Adam makes it on first use (step 0, zero moments; the step count on the
-    host, where a fused Adam kept it on the device)."""
+    """Yields (param, state, param group) for every parameter with a gradient, its state as
+    :func:`state_of` gives it."""
     for opt in optimizers:
         for group in opt.param_groups:
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = opt.state[p]
-                if len(state) == 0:
-                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if state["step"].device.type != "cpu":  # saved by a fused Adam: count on the host
-                    state["step"] = state["step"].cpu()
-                yield p, state, group
+                if p.grad is not None:
+                    yield p, state_of(opt, p), group
+
+
+def step_constants(group: dict, state: dict, selective: bool = False) -> tuple[float, float]:
+    """(step size, 1 / sqrt(bias correction 2)) of the next step of a parameter of ``group``
+    whose state is ``state`` (its count not advanced): lr / (1 - beta1^t) and 1 / sqrt(1 -
+    beta2^t) for t = step + 1; ``selective``: gsplat's SelectiveAdam terms (lr, 1)."""
+    lr = float(group["lr"])
+    if selective:
+        return lr, 1.0
+    beta1, beta2 = group["betas"]
+    t = float(state["step"]) + 1
+    return lr / (1.0 - beta1**t), 1.0 / math.sqrt(1.0 - beta2**t)
 
 
 def _entries(optimizers: Iterable[torch.optim.Adam], selective: bool = False) -> list[tuple]:
@@ -201,24 +218,11 @@ def _entries(optimizers: Iterable[torch.optim.Adam], selective: bool = False) ->
     out = []
     for p, state, group in params_with_state(optimizers):
         beta1, beta2 = group["betas"]
-        lr = float(group["lr"])
         hyper = (float(beta1), float(beta2), float(group["eps"]))
-        if selective:
-            out.append((p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], lr, 1.0, hyper))
-            continue
-        state["step"] += 1
-        t = float(state["step"])
-        out.append(
-            (
-                p,
-                p.grad.contiguous(),
-                state["exp_avg"],
-                state["exp_avg_sq"],
-                lr / (1.0 - beta1**t),
-                1.0 / math.sqrt(1.0 - beta2**t),
-                hyper,
-            )
-        )
+        step_size, inv_bc2_sqrt = step_constants(group, state, selective)
+        if not selective:
+            state["step"] += 1
+        out.append((p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], step_size, inv_bc2_sqrt, hyper))
     return out
 
 

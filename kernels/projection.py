@@ -505,31 +505,89 @@ if triton is not None:
         return tl.reshape(t, [v0.shape[0], 8])
 
     @triton.jit
-    def _store_rows(ptr, rows, live, tile, width: tl.constexpr):
-        """A [BLOCK, 4] tile into rows ``rows`` (int32, from ``ptr``: the block's first row) of a
-        contiguous [N, width] array (width <= 4). The block-relative int32 offsets keep the
-        tile's addresses at one 32-bit add each."""
-        col = tl.arange(0, 4)[None, :]
-        tl.store(ptr + (rows[:, None] * width + col), tile, mask=live[:, None] & (col < width))
+    def _adam(p_ptr, m_ptr, v_ptr, idx, mask, g, hyp_ptr, SLOT: tl.constexpr):
+        """Adam on the elements ``idx`` (from ``p_ptr``, ``m_ptr``, ``v_ptr``) with gradient ``g``,
+        the constants of parameter SLOT read from the device (``hyp_ptr``: [6, 5] float32, row
+        SLOT = step size, 1 / sqrt(bias correction 2), beta1, beta2, eps), so a CUDA graph replays
+        each step's; the update and its order of operations are kernels/adam.py's ``_update``."""
+        step_size = tl.load(hyp_ptr + SLOT * 5)
+        inv_bc2_sqrt = tl.load(hyp_ptr + SLOT * 5 + 1)
+        beta1 = tl.load(hyp_ptr + SLOT * 5 + 2)
+        beta2 = tl.load(hyp_ptr + SLOT * 5 + 3)
+        eps = tl.load(hyp_ptr + SLOT * 5 + 4)
+        m = tl.load(m_ptr + idx, mask=mask, other=0.0)
+        v = tl.load(v_ptr + idx, mask=mask, other=0.0)
+        p = tl.load(p_ptr + idx, mask=mask, other=0.0)
+        m = beta1 * m + (1.0 - beta1) * g
+        v = beta2 * v + (1.0 - beta2) * g * g
+        p = p - step_size * m / (tl.sqrt(v) * inv_bc2_sqrt + eps)
+        tl.store(m_ptr + idx, m, mask=mask)
+        tl.store(v_ptr + idx, v, mask=mask)
+        tl.store(p_ptr + idx, p, mask=mask)
 
     @triton.jit
-    def _store_shn_half(ptr, rows, live, KR, J0: tl.constexpr, t0, t1, t2):
+    def _emit(ptr, m_ptr, v_ptr, idx, mask, act, g, hyp_ptr, SLOT: tl.constexpr, ADAM: tl.constexpr,
+              SELECTIVE: tl.constexpr):  # fmt: skip
+        """The gradient ``g`` of elements ``idx`` of parameter SLOT: stored into its gradient
+        (``ptr``), or with ADAM its Adam step taken in place (``ptr`` the parameter itself; with
+        SELECTIVE only for the rows of ``act``, the visible Gaussians)."""
+        if ADAM:
+            if SELECTIVE:
+                mask = mask & act
+            _adam(ptr, m_ptr, v_ptr, idx, mask, g, hyp_ptr, SLOT)
+        else:
+            tl.store(ptr + idx, g, mask=mask)
+
+    @triton.jit
+    def _store_rows(ptr, m_ptr, v_ptr, rows, live, act, tile, width: tl.constexpr, hyp_ptr, SLOT: tl.constexpr,
+                    ADAM: tl.constexpr, SELECTIVE: tl.constexpr):  # fmt: skip
+        """A [BLOCK, 4] tile into rows ``rows`` (int32, from ``ptr``: the block's first row) of a
+        contiguous [N, width] array (width <= 4), through :func:`_emit`. The block-relative int32
+        offsets keep the tile's addresses at one 32-bit add each."""
+        col = tl.arange(0, 4)[None, :]
+        idx = rows[:, None] * width + col
+        _emit(ptr, m_ptr, v_ptr, idx, live[:, None] & (col < width), act[:, None], tile, hyp_ptr, SLOT, ADAM,
+              SELECTIVE)  # fmt: skip
+
+    @triton.jit
+    def _store_shn_half(ptr, m_ptr, v_ptr, rows, live, act, KR, J0: tl.constexpr, t0, t1, t2, hyp_ptr,
+                        ADAM: tl.constexpr, SELECTIVE: tl.constexpr):  # fmt: skip
         """Channels 0, 1, 2's [BLOCK, 8] tiles (column j: shN coefficient J0 + j) into rows ``rows``
         (from ``ptr``, the block's first row) of shN's [N, KR, 3] gradient, as one [BLOCK, 32]
-        store: column 4 j + channel, the fourth skipped."""
-        tile = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, tl.zeros_like(t0))), [t0.shape[0], 32])
-        col = tl.arange(0, 32)[None, :]
-        j = col // 4 + J0
-        c = col % 4
-        tl.store(ptr + (rows[:, None] * (KR * 3) + (j * 3 + c)), tile, mask=live[:, None] & ((c < 3) & (j < KR)))
+        store: column 4 j + channel, the fourth skipped (through :func:`_emit`, slot 5)."""
+        if ADAM:  # in quarters ([BLOCK, 16] tiles, the tiles' [BLOCK, 4, 2] layout): a [BLOCK, 32] tile with
+            # its parameter and moments spills, and a store per channel (180-byte stride) writes partial sectors
+            a0, b0 = tl.split(t0)
+            a1, b1 = tl.split(t1)
+            a2, b2 = tl.split(t2)
+            col = tl.arange(0, 16)[None, :]
+            c = col % 4
+            j = col // 4 + J0
+            zq = tl.zeros_like(a0)
+            tile = tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, zq)), [a0.shape[0], 16])
+            idx = rows[:, None] * (KR * 3) + (j * 3 + c)
+            _emit(ptr, m_ptr, v_ptr, idx, live[:, None] & ((c < 3) & (j < KR)), act[:, None], tile, hyp_ptr, 5, ADAM,
+                  SELECTIVE)  # fmt: skip
+            tile = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, zq)), [a0.shape[0], 16])
+            idx = idx + 12  # coefficients 4 on
+            _emit(ptr, m_ptr, v_ptr, idx, live[:, None] & ((c < 3) & (j + 4 < KR)), act[:, None], tile, hyp_ptr, 5,
+                  ADAM, SELECTIVE)  # fmt: skip
+        else:
+            tile = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, tl.zeros_like(t0))), [t0.shape[0], 32])
+            col = tl.arange(0, 32)[None, :]
+            j = col // 4 + J0
+            c = col % 4
+            idx = rows[:, None] * (KR * 3) + (j * 3 + c)
+            tl.store(ptr + idx, tile, mask=live[:, None] & ((c < 3) & (j < KR)))
 
     @triton.jit
-    def _store_shn(ptr, rows, live, KR, lo0, lo1, lo2, hi0, hi1, hi2):
+    def _store_shn(ptr, m_ptr, v_ptr, rows, live, act, KR, lo0, lo1, lo2, hi0, hi1, hi2, hyp_ptr,
+                   ADAM: tl.constexpr, SELECTIVE: tl.constexpr):  # fmt: skip
         """shN's gradient from the channels' tiles of coefficients 0-7 (``lo``) and 8-15 (``hi``),
         in two halves (one [BLOCK, 64] tile costs 40 more registers); the bases beyond 16 are
         :func:`_store_shn_tail`'s."""
-        _store_shn_half(ptr, rows, live, KR, 0, lo0, lo1, lo2)
-        _store_shn_half(ptr, rows, live, KR, 8, hi0, hi1, hi2)
+        _store_shn_half(ptr, m_ptr, v_ptr, rows, live, act, KR, 0, lo0, lo1, lo2, hyp_ptr, ADAM, SELECTIVE)
+        _store_shn_half(ptr, m_ptr, v_ptr, rows, live, act, KR, 8, hi0, hi1, hi2, hyp_ptr, ADAM, SELECTIVE)
 
     @triton.jit
     def _store_shn_tail(ptr, rows, live, KR):
@@ -541,10 +599,12 @@ if triton is not None:
 
     @triton.jit
     def _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr, v_colors_ptr, N, C, KR, ch,
-                     DEG: tl.constexpr):  # fmt: skip
+                     DEG: tl.constexpr, QUARTERS: tl.constexpr):  # fmt: skip
         """Colour channel ``ch``: the gradient of its sh0 coefficient, two [BLOCK, 8] tiles whose
         column j is the gradient of its shN coefficient j, then j + 8 (0 beyond DEG), then the
-        gradient of the mean through the view directions, summed over the cameras."""
+        gradient of the mean through the view directions, summed over the cameras. QUARTERS: each
+        of the two tiles as two [BLOCK, 4] tiles joined ([BLOCK, 4, 2], coefficient 4 h + j at
+        [:, j, h]), which :func:`_store_shn_half` stores a quarter at a time."""
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15 = _load_coeffs(
             sh0_ptr, shn_ptr, offs, KR, ch, act, DEG
         )
@@ -590,23 +650,32 @@ if triton is not None:
                 vx += (gx - dot * x) * inv
                 vy += (gy - dot * y) * inv
                 vz += (gz - dot * z) * inv
-        return a0, _cols8(a1, a2, a3, a4, a5, a6, a7, a8), _cols8(a9, a10, a11, a12, a13, a14, a15, zero), vx, vy, vz
+        if QUARTERS:
+            lo = tl.join(_cols4(a1, a2, a3, a4), _cols4(a5, a6, a7, a8))
+            hi = tl.join(_cols4(a9, a10, a11, a12), _cols4(a13, a14, a15, zero))
+        else:
+            lo = _cols8(a1, a2, a3, a4, a5, a6, a7, a8)
+            hi = _cols8(a9, a10, a11, a12, a13, a14, a15, zero)
+        return a0, lo, hi, vx, vy, vz
 
     @triton.jit(do_not_specialize=["N", "KR"])
     def _backward_kernel(
         means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr, bits_ptr,
         v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
         v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
+        m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
+        m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
         N, C, KR, W, H, eps2d,
         DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr,
         HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
-        HAS_COLORS: tl.constexpr,
+        HAS_COLORS: tl.constexpr, ADAM: tl.constexpr = False, SELECTIVE: tl.constexpr = False,
     ):  # fmt: skip
         start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
         rows = tl.arange(0, BLOCK)
         offs = start + rows
         live = offs < N
-        _store_shn_tail(v_shn_ptr + start * (KR * 3), rows, live, KR)
+        if not ADAM:  # with ADAM the host allows no bases beyond 16 (Adam would have to step them too)
+            _store_shn_tail(v_shn_ptr + start * (KR * 3), rows, live, KR)
         bits = tl.load(bits_ptr + offs, mask=live, other=0)
         act = live & (bits != 0)
         mx = tl.load(means_ptr + offs * 3, mask=act, other=0.0)
@@ -742,29 +811,40 @@ if triton is not None:
         vx = tl.where(act, (vx - dot * x) * inv, 0.0)
         vy = tl.where(act, (vy - dot * y) * inv, 0.0)
         vz = tl.where(act, (vz - dot * z) * inv, 0.0)
-        _store_rows(v_quats_ptr + start * 4, rows, live, _cols4(vw, vx, vy, vz), 4)
+        _store_rows(v_quats_ptr + start * 4, m1_quats_ptr + start * 4, m2_quats_ptr + start * 4, rows, live, act,
+                    _cols4(vw, vx, vy, vz), 4, hyp_ptr, 1, ADAM, SELECTIVE)  # fmt: skip
         vs0, vs1, vs2 = tl.where(act, vs0, 0.0), tl.where(act, vs1, 0.0), tl.where(act, vs2, 0.0)
-        _store_rows(v_scales_ptr + start * 3, rows, live, _cols4(vs0, vs1, vs2, zero), 3)
-        tl.store(v_logits_ptr + offs, tl.where(act, vsig * op * (1.0 - op), 0.0), mask=live)
+        _store_rows(v_scales_ptr + start * 3, m1_scales_ptr + start * 3, m2_scales_ptr + start * 3, rows, live, act,
+                    _cols4(vs0, vs1, vs2, zero), 3, hyp_ptr, 2, ADAM, SELECTIVE)  # fmt: skip
+        _emit(v_logits_ptr, m1_logits_ptr, m2_logits_ptr, offs, live, act, tl.where(act, vsig * op * (1.0 - op), 0.0),
+              hyp_ptr, 3, ADAM, SELECTIVE)  # fmt: skip
         # the SH after the rest: the geometry's values are no longer live
         if HAS_COLORS:
             c0, lo0, hi0, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
-                                                            v_colors_ptr, N, C, KR, 0, DEG)  # fmt: skip
+                                                            v_colors_ptr, N, C, KR, 0, DEG, ADAM)  # fmt: skip
             vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
             c1, lo1, hi1, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
-                                                            v_colors_ptr, N, C, KR, 1, DEG)  # fmt: skip
+                                                            v_colors_ptr, N, C, KR, 1, DEG, ADAM)  # fmt: skip
             vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
             c2, lo2, hi2, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
-                                                            v_colors_ptr, N, C, KR, 2, DEG)  # fmt: skip
+                                                            v_colors_ptr, N, C, KR, 2, DEG, ADAM)  # fmt: skip
             vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
-            _store_rows(v_sh0_ptr + start * 3, rows, live, _cols4(c0, c1, c2, zero), 3)
-            _store_shn(v_shn_ptr + start * (KR * 3), rows, live, KR, lo0, lo1, lo2, hi0, hi1, hi2)
+            _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, live, act,
+                        _cols4(c0, c1, c2, zero), 3, hyp_ptr, 4, ADAM, SELECTIVE)  # fmt: skip
+            _store_shn(v_shn_ptr + start * (KR * 3), m1_shn_ptr + start * (KR * 3), m2_shn_ptr + start * (KR * 3),
+                       rows, live, act, KR, lo0, lo1, lo2, hi0, hi1, hi2, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
         else:
-            _store_rows(v_sh0_ptr + start * 3, rows, live, _cols4(zero, zero, zero, zero), 3)
-            t0 = tl.zeros([BLOCK, 8], dtype=zero.dtype)
-            _store_shn(v_shn_ptr + start * (KR * 3), rows, live, KR, t0, t0, t0, t0, t0, t0)
+            _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, live, act,
+                        _cols4(zero, zero, zero, zero), 3, hyp_ptr, 4, ADAM, SELECTIVE)  # fmt: skip
+            if ADAM:  # the quarters' layout (_sh_backward's QUARTERS)
+                t0 = tl.zeros([BLOCK, 4, 2], dtype=zero.dtype)
+            else:
+                t0 = tl.zeros([BLOCK, 8], dtype=zero.dtype)
+            _store_shn(v_shn_ptr + start * (KR * 3), m1_shn_ptr + start * (KR * 3), m2_shn_ptr + start * (KR * 3),
+                       rows, live, act, KR, t0, t0, t0, t0, t0, t0, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
         vmx, vmy, vmz = tl.where(act, vmx, 0.0), tl.where(act, vmy, 0.0), tl.where(act, vmz, 0.0)
-        _store_rows(v_means_ptr + start * 3, rows, live, _cols4(vmx, vmy, vmz, zero), 3)
+        _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
+                    _cols4(vmx, vmy, vmz, zero), 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
 
 
 def kernel_specs() -> dict:
@@ -774,12 +854,27 @@ def kernel_specs() -> dict:
     floats = {n: "fp32" for n in ("near", "far", "eps2d")}
     bwd_flags = dict(HAS_MEANS2D=True, HAS_DEPTHS=False, HAS_CONICS=True, HAS_OPAC=True, HAS_COLORS=True)
     fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK)
-    bwd = dict(DEG=3, BLOCK=BLOCK, **bwd_flags)
+    bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, **bwd_flags)
     return {
         "projection_forward": (_forward_kernel, dict(fwd, AA=False), fwd_ints, floats, NUM_WARPS),
         "projection_forward_aa": (_forward_kernel, dict(fwd, AA=True), fwd_ints, floats, NUM_WARPS),
         "projection_backward": (_backward_kernel, dict(bwd, AA=False), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
         "projection_backward_aa": (_backward_kernel, dict(bwd, AA=True), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
+        # --fused_adam: the backward takes the Adam step (selective: --visible_adam)
+        "projection_backward_adam": (
+            _backward_kernel,
+            dict(bwd, AA=False, ADAM=True),
+            {"bits_ptr": "*i32"},
+            floats,
+            NUM_WARPS,
+        ),
+        "projection_backward_adam_selective": (
+            _backward_kernel,
+            dict(bwd, AA=False, ADAM=True, SELECTIVE=True),
+            {"bits_ptr": "*i32"},
+            floats,
+            NUM_WARPS,
+        ),
     }
 
 
@@ -857,25 +952,80 @@ def forward_into(params: Mapping[str, Tensor], viewmats, Ks, campos, setup: Setu
     )  # fmt: skip
 
 
-def backward_into(params, viewmats, Ks, campos, bits: Tensor, setup: Setup, grads: dict, out: dict) -> None:
+def backward_into(
+    params, viewmats, Ks, campos, bits: Tensor, setup: Setup, grads: dict, out: dict, adam: "Optional[AdamStep]" = None
+) -> None:
     """Launch the backward kernel: ``grads`` maps the differentiable outputs of
     :data:`OUTPUT_KEYS` to their contiguous gradients (missing or None: zero); every element of
-    ``out`` (the raw parameters' gradients, keys :data:`PARAM_KEYS`) is written."""
+    ``out`` (the raw parameters' gradients, keys :data:`PARAM_KEYS`) is written. With ``adam``
+    (:class:`AdamStep`) no gradient is written: each parameter of ``params`` takes its Adam step in
+    place, its moments ``adam.moments[k]`` updated with it (``out`` is not read)."""
     means = params["means"]
     N, C = means.shape[0], viewmats.shape[0]
     if N == 0:
         return
     names = ("means2d", "depths", "conics", "opacities", "colors")
     given = [grads.get(k) for k in names]
+    if adam is not None:
+        adam.check(params)
+        targets = [params[k] for k in PARAM_KEYS]
+        moments = [adam.moments[k][i] for i in (0, 1) for k in PARAM_KEYS]
+        hyper = adam.hyper
+    else:
+        targets = [out[k] for k in PARAM_KEYS]
+        moments, hyper = targets * 2, means  # unused pointers
     _backward_kernel[(triton.cdiv(N, BLOCK),)](
         *(params[k] for k in PARAM_KEYS), viewmats, Ks, campos, bits,
         *(g if g is not None else means for g in given),
-        *(out[k] for k in PARAM_KEYS),
+        *targets, *moments, hyper,
         N, C, params["shN"].shape[1], setup.width, setup.height, EPS2D,
         DEG=setup.sh_degree, AA=setup.antialiased, BLOCK=BLOCK,
         HAS_MEANS2D=given[0] is not None, HAS_DEPTHS=given[1] is not None, HAS_CONICS=given[2] is not None,
-        HAS_OPAC=given[3] is not None, HAS_COLORS=given[4] is not None, num_warps=NUM_WARPS,
+        HAS_OPAC=given[3] is not None, HAS_COLORS=given[4] is not None,
+        ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, num_warps=NUM_WARPS,
     )  # fmt: skip
+
+
+@dataclass
+class AdamStep:
+    """The Adam step the backward kernel takes in place of writing the parameters' gradients
+    (the per-Gaussian backward fused with the optimizer, as Taming 3DGS and Faster-GS fuse them):
+    each Gaussian's gradient stays in registers, and the kernel reads its parameters and two
+    moments and writes them back once, instead of the backward writing a gradient that a
+    separate Adam reads again (236 bytes per Gaussian at SH degree 3, each way).
+
+    ``moments``: per key of :data:`PARAM_KEYS`, (exp_avg, exp_avg_sq) shaped as the parameter
+    (torch.optim.Adam's state tensors); ``hyper``: float32 [6, 5] on the parameters' device, row i
+    for parameter i of :data:`PARAM_KEYS`: step size (lr / (1 - beta1^t); selective: lr),
+    1 / sqrt(1 - beta2^t) (selective: 1), beta1, beta2, eps, read by the kernel at run time (a
+    CUDA graph's replay reads the step's values); ``selective``: gsplat's SelectiveAdam, only the
+    Gaussians some camera sees (bit set in the visibility mask) step. The update is
+    kernels/adam.py's, formula for formula. Stored SH bases beyond 16 are not supported (raises
+    ValueError in :meth:`check`)."""
+
+    moments: dict
+    hyper: Tensor
+    selective: bool = False
+
+    def check(self, params: Mapping[str, Tensor]) -> None:
+        """Raise ValueError unless every moment is a contiguous float32 tensor shaped as its
+        parameter, ``hyper`` is [6, 5] float32, and shN holds at most 15 bases."""
+        if params["shN"].shape[1] > 15:
+            raise ValueError(f"AdamStep: shN holds {params['shN'].shape[1]} bases; Adam in the backward takes <= 15")
+        if tuple(self.hyper.shape) != (len(PARAM_KEYS), 5) or self.hyper.dtype != torch.float32:
+            raise ValueError(
+                f"AdamStep: hyper must be float32 [6, 5], got {self.hyper.dtype} {tuple(self.hyper.shape)}"
+            )
+        for k in PARAM_KEYS:
+            for m in self.moments[k]:
+                if m.shape != params[k].shape or m.dtype != torch.float32 or not m.is_contiguous():
+                    raise ValueError(
+                        f"AdamStep: the moments of {k} must be contiguous float32 {tuple(params[k].shape)}"
+                    )
+
+    def key(self) -> tuple:
+        """The moments' and constants' storage (what a captured graph reads)."""
+        return (self.hyper.data_ptr(), tuple(m.data_ptr() for k in PARAM_KEYS for m in self.moments[k]))
 
 
 def empty_outputs(N: int, C: int, device) -> dict:
@@ -894,14 +1044,15 @@ def empty_outputs(N: int, C: int, device) -> dict:
 
 class _ProjectShade(torch.autograd.Function):
     """Forward and backward kernels as one autograd node; saves the raw parameters (no copy),
-    the cameras and the visibility mask."""
+    the cameras and the visibility mask. With an :class:`AdamStep` the backward steps the
+    parameters in place and returns no gradient for them."""
 
     @staticmethod
-    def forward(ctx, setup: Setup, means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos):
+    def forward(ctx, setup: Setup, adam, means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos):
         params = dict(means=means, quats=quats, scales=scales, opacities=opacities, sh0=sh0, shN=shN)
         out = empty_outputs(means.shape[0], viewmats.shape[0], means.device)
         forward_into(params, viewmats, Ks, campos, setup, out)
-        ctx.setup = setup
+        ctx.setup, ctx.adam = setup, adam
         ctx.save_for_backward(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos, out["bits"])
         ctx.mark_non_differentiable(out["radii"])
         ctx.set_materialize_grads(False)
@@ -913,10 +1064,13 @@ class _ProjectShade(torch.autograd.Function):
         *tensors, viewmats, Ks, campos, bits = ctx.saved_tensors
         params = dict(zip(PARAM_KEYS, tensors))
         given = {k: None if g is None else g.contiguous() for k, g in zip(OUTPUT_KEYS[1:], grads)}
+        if ctx.adam is not None:
+            backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, {}, ctx.adam)
+            return (None,) * 11
         out = {k: torch.empty_like(params[k]) for k in PARAM_KEYS}
         backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out)
-        wanted = ctx.needs_input_grad[1:7]
-        return (None, *(out[k] if w else None for k, w in zip(PARAM_KEYS, wanted)), None, None, None)
+        wanted = ctx.needs_input_grad[2:8]
+        return (None, None, *(out[k] if w else None for k, w in zip(PARAM_KEYS, wanted)), None, None, None)
 
 
 def project_and_shade_fused(
@@ -931,6 +1085,7 @@ def project_and_shade_fused(
     far: float,
     camera_model: str = "pinhole",
     antialiased: bool = False,
+    adam: Optional[AdamStep] = None,
 ) -> dict[str, Tensor]:
     """``render.project_and_shade(ops, model.activated(params), viewmats, Ks, campos,
     [(width, height)] * C, sh_degree, near, far, packed=False, camera_model, antialiased)`` in one
@@ -943,7 +1098,9 @@ def project_and_shade_fused(
     Returns {"radii" int32 [C, N, 2], "means2d" [C, N, 2], "depths" [C, N], "conics" [C, N, 3],
     "opacities" [C, N] (times the compensations when ``antialiased``), "colors" [C, N, 3]},
     differentiable w.r.t. the six parameters (not the cameras). Static shapes, no host
-    synchronization: capturable in a CUDA graph.
+    synchronization: capturable in a CUDA graph. ``adam`` (:class:`AdamStep`): the backward
+    takes the parameters' Adam step in place instead and leaves them no gradient (the
+    parameters must be the tensors given, contiguous: they are written).
 
     Raises NotImplementedError for what :func:`unsupported` names (camera models other than
     pinhole, cameras requiring a gradient, SH degree > 3, ...) and ValueError for shapes that
@@ -954,6 +1111,8 @@ def project_and_shade_fused(
     if reason is not None:
         raise NotImplementedError(f"project_and_shade_fused: {reason}")
     setup = Setup(int(width), int(height), int(sh_degree), float(near), float(far), bool(antialiased))
+    if adam is not None and not all(params[k].is_contiguous() for k in PARAM_KEYS):
+        raise ValueError("project_and_shade_fused: Adam in the backward steps the parameters in place: contiguous ones")
     tensors = [params[k].contiguous() for k in PARAM_KEYS]
-    outs = _ProjectShade.apply(setup, *tensors, viewmats.contiguous(), Ks.contiguous(), campos.contiguous())
+    outs = _ProjectShade.apply(setup, adam, *tensors, viewmats.contiguous(), Ks.contiguous(), campos.contiguous())
     return dict(zip(OUTPUT_KEYS, outs))

@@ -40,6 +40,8 @@ def kernel_specs() -> dict:
         # fused projection + SH of the dense pass and its per-Gaussian backward (SH degree 3)
         "projection_forward": proj["projection_forward"],
         "projection_backward": proj["projection_backward"],
+        "projection_backward_adam": proj["projection_backward_adam"],
+        "projection_backward_adam_selective": proj["projection_backward_adam_selective"],
         "sparse_mark": (sc._mark_kernel, rows, ints, {}, 4),
         "sparse_count": (sc._count_kernel, dict(BLOCK_R=sc.BLOCK_ROWS), ints, {}, 4),
         "sparse_compact": (sc._compact_kernel, rows, ints, {}, 4),

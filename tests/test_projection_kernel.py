@@ -190,6 +190,81 @@ def run_partial(scene, deg, aa, grads):
     return pairs
 
 
+ADAM_CASES = (1, 2, 3, 5)  # cases whose backward also runs with Adam in it (K <= 16)
+ADAM_STEP = 4  # the Adams' step count before the step (bias correction of t = 5)
+
+
+def adam_state(scene, seed):
+    """Moments of either sign / positive for every parameter, and a learning rate per parameter."""
+    gen = torch.Generator().manual_seed(seed)
+    moments = {
+        k: (torch.randn(v.shape, generator=gen) * 1e-2, torch.rand(v.shape, generator=gen) * 1e-4)
+        for k, v in scene["params"].items()
+    }
+    lrs = {k: 1e-3 * (i + 1) for i, k in enumerate(projection.PARAM_KEYS)}
+    return moments, lrs
+
+
+def adam_float32(p, g, m, v, row, visible=None):
+    """kernels/adam.py's ``_update`` in float32 operation by operation, its constants ``row``
+    (step size, 1/sqrt(bias correction 2), beta1, beta2, eps) float32 as the GPU passes them
+    (the interpreter would evaluate a Python float argument in float64); ``visible``: rows that
+    step (selective). Returns (param, exp_avg, exp_avg_sq)."""
+    s, c, b1, b2, eps = (torch.tensor(x, dtype=torch.float32) for x in row)
+    one = torch.tensor(1.0)
+    m2 = b1 * m + (one - b1) * g
+    v2 = b2 * v + (one - b2) * g * g
+    p2 = p - s * m2 / (torch.sqrt(v2) * c + eps)
+    if visible is None:
+        return p2, m2, v2
+    rows = visible.reshape(-1, *([1] * (p.dim() - 1)))
+    return tuple(torch.where(rows, new, old) for new, old in ((p2, p), (m2, m), (v2, v)))
+
+
+def run_adam(scene, deg, aa, grads, seed):
+    """The backward with Adam in it (plain, selective, and with the frozen constants of a capture's
+    warm-up) against the backward's gradients stepped by :func:`adam_float32` (kernels/adam.py's
+    update; on a GPU, test_gpu_adam_in_the_backward_matches_the_adam_kernel compares with the
+    kernel itself): {mode: ((param, exp_avg, exp_avg_sq) per key fused, the same separately,
+    the visibility bits)}."""
+    from splat_train.kernels import adam as adam_kernel
+    from splat_train.trainer.step.backward_adam import FROZEN
+
+    p = scene["params"]
+    N, C = p["means"].shape[0], scene["viewmats"].shape[0]
+    cams = [scene[k] for k in ("viewmats", "Ks", "campos")]
+    setup = projection.Setup(scene["width"], scene["height"], deg, NEAR, FAR, aa)
+    out = projection.empty_outputs(N, C, "cpu")
+    projection.forward_into(p, *cams, setup, out)
+    g = {k: torch.empty_like(v) for k, v in p.items()}
+    projection.backward_into(p, *cams, out["bits"], setup, grads, g)
+    moments, lrs = adam_state(scene, seed)
+    results = {}
+    for mode in ("adam", "selective", "frozen"):
+        selective = mode == "selective"
+        rows = []
+        for k in projection.PARAM_KEYS:
+            group = dict(lr=lrs[k], betas=(0.9, 0.999), eps=1e-15)
+            constants = adam_kernel.step_constants(group, dict(step=torch.tensor(float(ADAM_STEP))), selective)
+            rows.append((*constants, 0.9, 0.999, 1e-15))
+        fused = {k: p[k].clone() for k in projection.PARAM_KEYS}
+        step = projection.AdamStep(
+            {k: (moments[k][0].clone(), moments[k][1].clone()) for k in projection.PARAM_KEYS},
+            torch.tensor([FROZEN] * 6 if mode == "frozen" else rows, dtype=torch.float32),
+            selective,
+        )
+        projection.backward_into(fused, *cams, out["bits"], setup, grads, {}, step)
+        got = {k: (fused[k], *step.moments[k]) for k in projection.PARAM_KEYS}
+        if mode == "frozen":
+            want = {k: (p[k], *moments[k]) for k in projection.PARAM_KEYS}
+        else:
+            visible = out["bits"] != 0
+            want = {k: adam_float32(p[k], g[k], *moments[k], row, visible if selective else None)
+                    for k, row in zip(projection.PARAM_KEYS, rows)}  # fmt: skip
+        results[mode] = (got, want, out["bits"])
+    return results
+
+
 def run_probe(scene):
     """The kernel's conservative frustum test (projection._precull), bits per Gaussian."""
     p = scene["params"]
@@ -397,6 +472,45 @@ def test_missing_output_gradients_count_as_zeros(interpreted, case):
     assert (colour_only[0]["shN"] != 0).any() and (colour_only[0]["quats"] == 0).all()
 
 
+@pytest.mark.parametrize("case", ADAM_CASES)
+@pytest.mark.parametrize("mode", ["adam", "selective", "frozen"])
+def test_adam_in_the_backward_equals_the_gradients_stepped_by_adam(interpreted, case, mode):
+    """The backward with Adam in it leaves every moment as kernels/adam.py's update leaves them
+    after the plain backward (bit for bit: the same operations in float32), the parameters to an
+    ulp or two (on a GPU bit for bit, test_gpu_adam_in_the_backward_matches_the_adam_kernel);
+    selective: only the visible Gaussians change (gsplat's SelectiveAdam); the frozen constants of
+    a capture's warm-up change nothing."""
+    scenes, _, _, out, _ = interpreted
+    got, want, bits = out["adam"][case][mode]
+    invisible = bits == 0
+    assert invisible.any() and not invisible.all()
+    for k in projection.PARAM_KEYS:
+        for name, a, b in zip(("exp_avg", "exp_avg_sq"), got[k][1:], want[k][1:]):
+            assert torch.equal(a, b), (k, name, float((a - b).abs().max()))
+        # the parameter to an ulp or two of its operands (the interpreter's sqrt and division do not
+        # round as torch's do)
+        before = scenes[case]["params"][k]
+        err = (got[k][0] - want[k][0]).abs()
+        assert (err <= 2.4e-7 * (before.abs() + want[k][0].abs())).all(), (k, float(err.max()))
+        if mode == "frozen":
+            assert torch.equal(got[k][0], want[k][0]), k
+    if mode != "frozen":
+        start_m = adam_state_moments(case)
+        for k in projection.PARAM_KEYS:
+            if got[k][1].numel() == 0:
+                continue
+            changed = (got[k][1] != start_m[k]).reshape(bits.shape[0], -1).any(1)
+            if mode == "selective":
+                assert not changed[invisible].any(), k  # invisible rows keep their moments
+            else:
+                assert changed[invisible].all(), k  # decayed by beta1 even with a zero gradient
+
+
+def adam_state_moments(case):
+    N, C, K = CASES[case][:3]
+    return {k: m for k, (m, _) in adam_state(make_scene(10 + case, N, C, K), 200 + case)[0].items()}
+
+
 def test_precull_is_conservative_and_culls(interpreted):
     """The frustum test before the quaternion and SH loads keeps every record the projection gives
     radii > 0 and drops most of the others; the scene has visible Gaussians whose centre projects
@@ -559,6 +673,92 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph():
     assert (eager_out[0] > 0).any()
 
 
+def compare_adam_in_the_backward(selective, N=200_000, device="cuda"):
+    """The backward with Adam in it (``fused``) and the plain backward + kernels/adam.py's launch
+    (``separate``), both float32, against Adam applied in float64 to the float64 reference's
+    gradients (``exact``), at N Gaussians (deg 3, 2 cameras, antialiased), torch.optim.Adam state
+    at step 4. Returns (failures, visible share): per tensor (parameters and moments), the
+    fused error must stay within 4x the separate one or 1e-4 of the exact value's norm, as
+    check_grads holds the gradients (both are float32 roundings of one update: the compiled
+    kernels contract the gradient's multiply-adds differently, thin Gaussians' gradients are
+    ill-conditioned, and Adam's m / sqrt(v) turns a gradient's rounding into a whole step's
+    sign); Gaussians whose float32 and float64 radii differ are left out. Selective: invisible
+    rows are unchanged, bit for bit."""
+    from splat_train.kernels import adam as adam_kernel
+    from splat_train.kernels.reference import adam_update, selective_adam_update
+
+    C, deg = 2, 3
+    scene = make_scene(5, N, C, 16, width=640, height=480)
+    dev = torch.device(device)
+    p = {k: v.to(dev).contiguous() for k, v in scene["params"].items()}
+    cams = [scene[k].to(dev) for k in ("viewmats", "Ks", "campos")]
+    setup = projection.Setup(640, 480, deg, NEAR, FAR, True)
+    out = projection.empty_outputs(N, C, dev)
+    projection.forward_into(p, *cams, setup, out)
+    up = masked(upstream(scene, C, N, 6), out["radii"].cpu())
+    want64, exact_grads = run_reference(scene, deg, True, up)
+    ignore = (want64["radii"] != out["radii"].cpu()).any(-1).any(0)
+    grads = {k: v.to(dev) for k, v in up.items()}
+    g = {k: torch.empty_like(v) for k, v in p.items()}
+    projection.backward_into(p, *cams, out["bits"], setup, grads, g)
+    moments, lrs = adam_state(scene, 7)
+    opts, rows, leaves = [], [], []
+    for k in projection.PARAM_KEYS:
+        q = p[k].clone()
+        opt = torch.optim.Adam([q], lr=lrs[k], eps=1e-15)
+        state = adam_kernel.state_of(opt, q)
+        state["step"] += ADAM_STEP
+        state["exp_avg"].copy_(moments[k][0])
+        state["exp_avg_sq"].copy_(moments[k][1])
+        rows.append((*adam_kernel.step_constants(opt.param_groups[0], state, selective), 0.9, 0.999, 1e-15))
+        q.grad = g[k].clone()
+        opts.append(opt)
+        leaves.append(q)
+    visible = out["bits"] != 0
+    adam_kernel.adam_step(opts, visible if selective else None)
+    step = projection.AdamStep(
+        {k: tuple(m.to(dev).clone() for m in moments[k]) for k in projection.PARAM_KEYS},
+        torch.tensor(rows, dtype=torch.float32, device=dev),
+        selective,
+    )
+    fused = {k: v.clone() for k, v in p.items()}
+    projection.backward_into(fused, *cams, out["bits"], setup, grads, {}, step)
+    failures = []
+    keep = ~ignore
+    for k, opt, leaf in zip(projection.PARAM_KEYS, opts, leaves):
+        d = lambda t: t.detach().double().cpu()[keep]  # noqa: E731
+        m, v = (x.double() for x in moments[k])
+        gx = exact_grads[k].double()
+        if selective:
+            exact = selective_adam_update(p[k].double().cpu(), gx, m, v, visible.cpu(), lrs[k], 0.9, 0.999, 1e-15)
+        else:
+            exact = adam_update(p[k].double().cpu(), gx, m, v, ADAM_STEP + 1, lrs[k], 0.9, 0.999, 1e-15)
+        separate = (leaf, opt.state[leaf]["exp_avg"], opt.state[leaf]["exp_avg_sq"])
+        for name, a, b, e in zip(("param", "exp_avg", "exp_avg_sq"), (fused[k], *step.moments[k]), separate, exact):
+            e = e[keep]
+            err, base = float((d(a) - e).norm()), float((d(b) - e).norm())
+            print(f"{k} {name}: fused error {err:.3e}, separate {base:.3e}, norm {float(e.norm()):.3e}")
+            if err > max(4 * base, 1e-4 * float(e.norm())):
+                failures.append((k, name, err, base))
+        if selective:
+            hidden = ~visible.reshape(-1, *([1] * (p[k].dim() - 1))).expand_as(p[k])
+            if not torch.equal(fused[k][hidden], p[k][hidden]):
+                failures.append((k, "invisible rows moved"))
+    return failures, float(visible.float().mean())
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+@pytest.mark.parametrize("selective", [False, True])
+def test_gpu_adam_in_the_backward_matches_the_adam_kernel(selective):
+    """At 200k Gaussians on the GPU: the backward with Adam in it as close to the float64 update
+    as the plain backward + kernels/adam.py's launch (:func:`compare_adam_in_the_backward`)."""
+    failures, share = compare_adam_in_the_backward(selective)
+    assert not failures, failures
+    assert 0.1 < share < 0.9
+
+
 @pytest.mark.gpu
 @needs_cuda
 @needs_triton
@@ -575,7 +775,7 @@ def test_gpu_bench_script_runs(tmp_path):
 
 if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
     data = torch.load(sys.argv[2])
-    fused, poisoned, partial, probe, exact = [], {}, {}, [], []
+    fused, poisoned, partial, probe, exact, adam = [], {}, {}, [], [], {}
     for i, (scene, grads, (N, C, K, deg, aa)) in enumerate(zip(data["scenes"], data["grads"], CASES)):
         ((out, unmasked),) = run_fused(scene, deg, aa, [grads], "cpu")
         fused.append(run_fused(scene, deg, aa, [masked(grads, out["radii"])], "cpu") + [(out, unmasked)])
@@ -584,4 +784,6 @@ if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
             partial[i] = run_partial(scene, deg, aa, masked(grads, out["radii"]))
         probe.append(run_probe(scene))
         exact.append(run_exact(scene, deg, aa, grads))
-    torch.save(dict(fused=fused, poisoned=poisoned, partial=partial, probe=probe, exact=exact), sys.argv[3])
+        if i in ADAM_CASES:
+            adam[i] = run_adam(scene, deg, aa, masked(grads, out["radii"]), 200 + i)
+    torch.save(dict(fused=fused, poisoned=poisoned, partial=partial, probe=probe, exact=exact, adam=adam), sys.argv[3])

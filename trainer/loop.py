@@ -30,6 +30,8 @@ from .render import RenderSetup, check_camera_model, ops_for, resolve_backend, r
 from .report import Reporter
 from .shard import GaussianShard
 from .step import Batches, ForwardBackward, plan_step
+from .step.plan import memory_tight
+from .step.backward_adam import BackwardAdam
 from .step.plan import check_pipeline, native_kernel_everywhere
 from .step.eager import unwrapped
 from .viewer import start_training_viewer
@@ -107,6 +109,10 @@ class Trainer:
             aux=tuple(self.aux),
             kernel_ready=lambda: native_kernel_everywhere(ctx, cfg.step.raster, self.report.warn),
             loopback=ctx.loopback,
+            tight=memory_tight(
+                int(params["means"].shape[0]),
+                torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None,
+            ),
         )
         self._say_plan()
         self.batches = Batches(
@@ -137,6 +143,7 @@ class Trainer:
                 cfg.outputs.tb_save_image and self.report.active and (step + 1) % cfg.schedule.log_every == 0
             ),
             warn=self.report.warn,
+            backward_adam=BackwardAdam(self.device, self.plan.selective_adam) if self.plan.fused_adam else None,
         )
         self.step = 0  # completed steps
         self._stats_step = 0  # step of the previous train stats file
@@ -231,11 +238,16 @@ class Trainer:
         cfg, timer = self.cfg, self.timer
         self.ctx.stats.phase = "forward"
         batch = self.batches.build(step, self.shard_sizes() if self.plan.pipeline == "ours" else [])
+        backward_adam = self.forward_backward.backward_adam
+        if backward_adam is not None:  # the step's constants for the Adam inside the projection's backward
+            backward_adam.prepare(self.optimizers)
         out = self.forward_backward(batch, self.params, self.sh_degree_at(step), timer)
         info = out.info
         timer.begin("optimizer")
-        # the Gaussians' Adams (one launch on a GPU); --visible_adam / --sparse_grad: visible ones only
-        optimizer_step(self.optimizers, visible_gaussians(info) if self.plan.selective_adam else None)
+        # the Gaussians' Adams (one launch on a GPU, or already taken by the projection's backward);
+        # --visible_adam / --sparse_grad: visible ones only
+        if backward_adam is None or not backward_adam.commit(self.optimizers):
+            optimizer_step(self.optimizers, visible_gaussians(info) if self.plan.selective_adam else None)
         for opt in self.aux_optimizers.values():
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -279,10 +279,10 @@ def optimizer_step(optimizers: dict[str, torch.optim.Optimizer], visible: Option
     params = [p for o in opts for g in o.param_groups for p in g["params"]]
     if params and _uses_adam_kernel(params[0].device) and all(adam.supported(o) for o in opts):
         adam.adam_step(cast(list[torch.optim.Adam], opts), visible)  # adam.supported checked each
-        _mark_stepped(opts)
+        mark_stepped(opts)
     elif visible is not None:
         _selective_adam_reference(cast(list[torch.optim.Adam], opts), visible)
-        _mark_stepped(opts)
+        mark_stepped(opts)
     else:
         for opt in opts:
             opt.step()
@@ -290,7 +290,7 @@ def optimizer_step(optimizers: dict[str, torch.optim.Optimizer], visible: Option
         p.grad = None
 
 
-def _mark_stepped(optimizers: list[torch.optim.Optimizer]) -> None:
+def mark_stepped(optimizers: list[torch.optim.Optimizer]) -> None:
     """Record that the optimizers stepped without their step(): torch's LR schedulers read this
     flag (set by step()'s wrapper) and warn of a scheduler step before an optimizer step."""
     for opt in optimizers:

@@ -70,7 +70,8 @@ class CapturedGraphs:
     ``inputs``: the static input tensors, autograd leaves (those with requires_grad get
     gradients); ``outputs``: the static outputs; ``grad_outputs``: the static buffers the backward
     reads the gradients of the differentiable outputs from; ``grad_inputs``: where it leaves the
-    inputs' gradients (None for inputs without requires_grad). Raises what CUDA raises when it
+    inputs' gradients (None for inputs without requires_grad, and for those the function's
+    backward gives none: parameters a backward with Adam steps in place). Raises what CUDA raises when it
     refuses the capture (torch.AcceleratorError, a RuntimeError).
 
     Both captures run on a side stream after one device synchronization and
@@ -89,7 +90,10 @@ class CapturedGraphs:
         wanted = [i for i in inputs if i.requires_grad]
         grads = iter(
             _captured(
-                self.backward, pool, stream, lambda: torch.autograd.grad(differentiable, wanted, self.grad_outputs)
+                self.backward,
+                pool,
+                stream,
+                lambda: torch.autograd.grad(differentiable, wanted, self.grad_outputs, allow_unused=True),
             )
         )
         self.grad_inputs = tuple(next(grads) if i.requires_grad else None for i in inputs)
@@ -200,18 +204,21 @@ def capture_graphs(fn: Callable, inputs: tuple) -> CapturedGraphs:
     return CapturedGraphs(fn, inputs)
 
 
-def head_function(ops, sizes, sh_degree, near, far, camera_model, antialiased, projection="gsplat") -> Callable:
+def head_function(
+    ops, sizes, sh_degree, near, far, camera_model, antialiased, projection="gsplat", adam=None
+) -> Callable:
     """The captured function: (means, quats, scales, opacities, sh0, shN — raw parameters —,
     viewmats, Ks, campos) -> the tensors of :data:`OUTPUT_KEYS`, dense [C_all, N, ...].
     ``projection`` (StepPlan.projection): "triton", kernels/projection.py's fused kernels (one
-    image size); "gsplat", model.activated + render.project_and_shade with ``ops``."""
+    image size; ``adam``, a kernels.projection.AdamStep: their backward steps the parameters);
+    "gsplat", model.activated + render.project_and_shade with ``ops``."""
 
     def head(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos):
         raw = dict(means=means, quats=quats, scales=scales, opacities=opacities, sh0=sh0, shN=shN)
         if projection == "triton":
             ((width, height),) = set(sizes)
             out = project_and_shade_fused(
-                raw, viewmats, Ks, campos, width, height, sh_degree, near, far, camera_model, antialiased
+                raw, viewmats, Ks, campos, width, height, sh_degree, near, far, camera_model, antialiased, adam
             )
         else:
             out = project_and_shade(
@@ -222,15 +229,18 @@ def head_function(ops, sizes, sh_degree, near, far, camera_model, antialiased, p
     return head
 
 
-def eager_head(params: Mapping[str, torch.Tensor], near: float, far: float, camera_model: str, antialiased: bool):
+def eager_head(
+    params: Mapping[str, torch.Tensor], near: float, far: float, camera_model: str, antialiased: bool, adam=None
+):
     """render.render's ``head`` for kernels/projection.py's kernels without a capture (steps that
     run eagerly: several processes, --cuda_graphs off): (viewmats, Ks, campos, sizes, sh_degree)
-    -> {output: tensor}, one image size."""
+    -> {output: tensor}, one image size; ``adam`` (kernels.projection.AdamStep): the backward
+    steps the parameters."""
 
     def head(viewmats, Ks, campos, sizes, sh_degree):
         ((width, height),) = set(sizes)
         return project_and_shade_fused(
-            params, viewmats, Ks, campos, width, height, sh_degree, near, far, camera_model, antialiased
+            params, viewmats, Ks, campos, width, height, sh_degree, near, far, camera_model, antialiased, adam
         )
 
     return head
@@ -272,8 +282,10 @@ class GraphedHead:
         capture=None,
         warn: Optional[Callable[[str], None]] = None,
         projection: str = "gsplat",
+        backward_adam=None,
     ):
         self.ops, self.near, self.far = ops, near, far
+        self.backward_adam = backward_adam  # step/backward_adam.BackwardAdam, or None
         self.camera_model, self.antialiased, self.projection = camera_model, antialiased, projection
         self.capture = capture or capture_graphs
         self.warn = warn
@@ -307,11 +319,14 @@ class GraphedHead:
                 c.detach().clone().requires_grad_(c.requires_grad) for c in cams
             )
 
-        if warm_up:
-            warm = leaves()
-            outputs = [o for o in fn(*warm) if o.requires_grad]
-            torch.autograd.grad(outputs, [t for t in warm if t.requires_grad], [torch.ones_like(o) for o in outputs])
-            del warm, outputs
+        if warm_up:  # with Adam in the backward, its constants are those of an update that changes nothing
+            frozen = self.backward_adam.frozen() if self.backward_adam is not None else contextlib.nullcontext()
+            with frozen:
+                warm = leaves()
+                outputs = [o for o in fn(*warm) if o.requires_grad]
+                wanted = [t for t in warm if t.requires_grad]
+                torch.autograd.grad(outputs, wanted, [torch.ones_like(o) for o in outputs], allow_unused=True)
+                del warm, outputs, wanted
         if tensors[0].is_cuda:
             torch.cuda.synchronize(tensors[0].device)
         with collector_held():
@@ -324,15 +339,17 @@ class GraphedHead:
         run, inputs = self.prepare(params, viewmats, Ks, campos, sizes, sh_degree)
         return dict(zip(OUTPUT_KEYS, run(*inputs)))
 
-    @staticmethod
-    def key_of(params, viewmats, Ks, campos, sizes, sh_degree) -> tuple:
+    def key_of(self, params, viewmats, Ks, campos, sizes, sh_degree) -> tuple:
         """What a capture is valid for: sizes, SH degree, the parameters' storage, shapes and
-        requires_grad, the cameras' shapes."""
+        requires_grad, the cameras' shapes (and with Adam in the backward, the storage of the
+        moments it steps)."""
+        adam = self.backward_adam.step if self.backward_adam is not None else None
         return (
             tuple(sizes),
             sh_degree,
             tuple((params[k].data_ptr(), tuple(params[k].shape), params[k].requires_grad) for k in PARAM_KEYS),
             tuple((tuple(c.shape), c.requires_grad) for c in (viewmats, Ks, campos)),
+            adam.key() if adam is not None else None,
         )
 
     def is_current(self, key: tuple) -> bool:
@@ -360,6 +377,7 @@ class GraphedHead:
                 self.camera_model,
                 self.antialiased,
                 self.projection,
+                self.backward_adam.step if self.backward_adam is not None else None,
             )
             self._key = key
             self._recent = [c for c in self._recent if c > self.calls - self.window]

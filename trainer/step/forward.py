@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..render import RenderSetup
+from .backward_adam import BackwardAdam
 from .batch import StepBatch
 from .capture import GraphedHead, eager_head
 from .eager import EagerStep
@@ -27,7 +28,9 @@ class ForwardBackward:
 
     ``plan``: the run's StepPlan; ``cfg``, ``setup`` (the training passes' RenderSetup), ``loss``
     (losses.TrainingLoss), ``aux``, ``depth_targets``, ``scene_scale``, ``tb_wanted``: as
-    step/eager.EagerStep's; ``warn``: one-line warnings (a capture that failed). ``graphed_head``
+    step/eager.EagerStep's; ``warn``: one-line warnings (a capture that failed); ``backward_adam``
+    (step/backward_adam.BackwardAdam, the plan's ``fused_adam``): the projection's backward steps
+    the parameters (prepared by the caller before each step) and leaves them no ``.grad``. ``graphed_head``
     and ``graphed_step`` (None where the plan has none; tests may set their own) are public."""
 
     def __init__(
@@ -41,11 +44,21 @@ class ForwardBackward:
         scene_scale: float = 1.0,
         tb_wanted: Callable[[int], bool] = lambda step: False,
         warn: Optional[Callable[[str], None]] = None,
+        backward_adam: Optional[BackwardAdam] = None,
     ):
         self.plan = plan
+        self.backward_adam = backward_adam
         self.eager = EagerStep(plan, cfg, setup, loss, aux, depth_targets, scene_scale, tb_wanted)
         self.graphed_head: Optional[GraphedHead] = (
-            GraphedHead(setup.ops, setup.near, setup.far, **setup.options, warn=warn, projection=plan.projection)
+            GraphedHead(
+                setup.ops,
+                setup.near,
+                setup.far,
+                **setup.options,
+                warn=warn,
+                projection=plan.projection,
+                backward_adam=backward_adam,
+            )
             if plan.graphs != "off"
             else None
         )
@@ -80,7 +93,8 @@ class ForwardBackward:
             head = self.graphed_head.head(params)
         elif self.plan.projection == "triton" and one_size:  # the same kernels, without a capture
             s = self.setup
-            head = eager_head(params, s.near, s.far, **s.options)
+            adam = self.backward_adam.step if self.backward_adam is not None else None
+            head = eager_head(params, s.near, s.far, **s.options, adam=adam)
         return self.eager(batch, params, sh_degree, timer, head=head)
 
     def take_tb_image(self):

@@ -1,6 +1,6 @@
 """Which training step a run takes, decided once: :class:`StepPlan`.
 
-A step has five independent choices, each made here and nowhere else, each with its reason:
+A step has six independent choices, each made here and nowhere else, each with its reason:
 
 - the path (``distributed``): the distributed one (every collective, the records and their
   gradients through the all_to_alls; W > 1, or ``--loopback``: one process over a process group
@@ -14,6 +14,8 @@ A step has five independent choices, each made here and nowhere else, each with 
   the full-image loss, autograd);
 - the pass (``pipeline``): this trainer's exchange (dense or ``--packed``) or gsplat's own
   ``rasterization(distributed=True)`` (the benchmark's baseline);
+- the optimizer (``fused_adam``): the Gaussians' Adam inside the projection's backward kernel
+  (step/backward_adam.py) or kernels/adam.py's launch after the backward;
 - the CUDA graphs (``graphs``): the whole step as three replays around the tile intersection
   (``"whole"``, step/graphed.py), only the activation, projection and SH (``"head"``,
   step/capture.py), or none (``"off"``).
@@ -48,6 +50,8 @@ class StepPlan:
     projection_why: str = ""
     distributed: bool = False  # the distributed path (W > 1 or --loopback; DistContext.distributed)
     distributed_why: str = ""
+    fused_adam: bool = False  # the Gaussians' Adam inside the projection's backward (step/backward_adam.py)
+    fused_adam_why: str = ""
 
     @property
     def fused(self) -> bool:
@@ -58,10 +62,12 @@ class StepPlan:
         exchange = "gsplat's distributed pass" if self.pipeline != "ours" else ("packed" if self.packed else "dense")
         graphs = {"whole": "whole-step CUDA graphs", "head": "CUDA graphs of the projection", "off": "no CUDA graphs"}
         path = "the distributed path" if self.distributed else "one process's path"
+        adam = "Adam in the projection's backward" if self.fused_adam else "Adam after the backward"
         return (
             f"step: {path} ({self.distributed_why}), {self.projection} projection ({self.projection_why}), "
             f"{self.raster} rasterization "
-            f"({self.raster_why}), {exchange} records, {graphs[self.graphs]} ({self.graphs_why})"
+            f"({self.raster_why}), {exchange} records, {graphs[self.graphs]} ({self.graphs_why}), "
+            f"{adam} ({self.fused_adam_why})"
         )
 
 
@@ -212,6 +218,47 @@ def projection_mode(cfg: Config, device_type: str, world_size: int, aux: tuple[s
     return "gsplat", f"--projection auto: {why_not}"
 
 
+# a dense fused step's peak device memory per Gaussian with the separate Adam (1,177 B at 60 M,
+# 1,234 at 20 M, SH degree 3: docs/bench/large-scenes/bench-60m, bench-20m), rounded up
+TIGHT_BYTES_PER_GAUSSIAN = 1300
+TIGHT_SHARE = 0.8  # --fused_adam auto: on when that peak would pass this share of free device memory
+
+
+def memory_tight(num_gaussians: int, free_bytes: Optional[int]) -> bool:
+    """Whether a step with the separate Adam would need more than TIGHT_SHARE of ``free_bytes``
+    (free device memory; None: unknown, not tight) for ``num_gaussians`` local Gaussians."""
+    return free_bytes is not None and num_gaussians * TIGHT_BYTES_PER_GAUSSIAN > TIGHT_SHARE * free_bytes
+
+
+def adam_mode(cfg: Config, projection: str, tight: bool = False) -> tuple[bool, str]:
+    """(whether the Gaussians' Adam runs inside the projection's backward kernel, why) from
+    --fused_adam: it needs the Triton projection (``projection``, StepPlan.projection), SH of at
+    most degree 3 stored, and no loss term on the parameters outside the projection (their
+    gradients would arrive after the kernel stepped them); auto takes it only where memory is
+    ``tight`` (:func:`memory_tight`): the separate launch is faster (docs/large-scenes.md).
+    Raises ValueError for --fused_adam on where it cannot run."""
+    why_not = None
+    if projection != "triton":
+        why_not = "the gsplat projection (--projection, or a CPU run)"
+    elif cfg.model.sh_degree > 3:
+        why_not = f"--sh_degree {cfg.model.sh_degree} (the kernel steps at most 16 SH bases)"
+    elif cfg.step.opacity_reg > 0:
+        why_not = "--opacity_reg (a gradient on the opacities outside the projection)"
+    elif cfg.step.scale_reg > 0:
+        why_not = "--scale_reg (a gradient on the scales outside the projection)"
+    if cfg.step.fused_adam == "off":
+        return False, "--fused_adam off"
+    if why_not is None and cfg.step.fused_adam == "on":
+        return True, "--fused_adam on"
+    if why_not is None:
+        if tight:
+            return True, "--fused_adam auto: the gradients' memory is needed (a large model for the device)"
+        return False, "--fused_adam auto: the model fits with the gradients, where the separate launch is faster"
+    if cfg.step.fused_adam == "on":
+        raise ValueError(f"--fused_adam on cannot run this step ({why_not}); use --fused_adam auto or off")
+    return False, f"--fused_adam auto: {why_not}"
+
+
 def check_pipeline(cfg: Config, device_type: str, world_size: int, sampler, loopback: bool = False) -> None:
     """Raise ValueError for a run its device or data cannot take: --loopback without its group
     (``loopback``: the rank's DistContext.loopback, set by launch.loopback_group), mcmc's
@@ -250,16 +297,19 @@ def plan_step(
     aux: tuple[str, ...] = (),
     kernel_ready: Callable[[], bool] = lambda: True,
     loopback: bool = False,
+    tight: bool = False,
 ) -> StepPlan:
     """The :class:`StepPlan` of a run of ``cfg`` on ``device_type`` ("cuda" | "cpu") with
     ``world_size`` processes; ``masked``: the training views have loss masks; ``aux``: the
     auxiliary modules it trains; ``kernel_ready``: whether every rank can run the native kernel
     (asked only for a fused step on a GPU); ``loopback``: one process on the distributed path
-    (launch.loopback_group). Raises ValueError as :func:`raster_mode`."""
+    (launch.loopback_group); ``tight``: device memory is tight for the model (:func:`memory_tight`).
+    Raises ValueError as :func:`raster_mode` and :func:`adam_mode`."""
     raster, raster_why = raster_mode(cfg, device_type, masked, kernel_ready)
     graphs, graphs_why = graphs_mode(cfg, device_type, world_size, raster, aux, loopback)
     distributed, distributed_why = path_mode(world_size, loopback)
     projection, projection_why = projection_mode(cfg, device_type, world_size, aux)
+    fused_adam, fused_adam_why = adam_mode(cfg, projection, tight)
     return StepPlan(
         raster=raster,
         raster_why=raster_why,
@@ -273,4 +323,6 @@ def plan_step(
         projection_why=projection_why,
         distributed=distributed,
         distributed_why=distributed_why,
+        fused_adam=fused_adam,
+        fused_adam_why=fused_adam_why,
     )
