@@ -46,6 +46,16 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
+    def adam_math(p, g, m, v, step_size, inv_bc2_sqrt, beta1, beta2, eps):
+        """The update of the module docstring on loaded values: (p, m, v) after gradient g, with
+        step_size = lr / (1 - beta1^t) and inv_bc2_sqrt = 1 / sqrt(1 - beta2^t); the one place
+        its order of operations is written (kernels/projection.py's backward takes it too)."""
+        m = beta1 * m + (1.0 - beta1) * g
+        v = beta2 * v + (1.0 - beta2) * g * g
+        p = p - step_size * m / (tl.sqrt(v) * inv_bc2_sqrt + eps)
+        return p, m, v
+
+    @triton.jit
     def _update(
         p_ptr,
         g_ptr,
@@ -72,9 +82,7 @@ if triton is not None:
         m = tl.load(m_ptr + offs, mask=mask, other=0.0)
         v = tl.load(v_ptr + offs, mask=mask, other=0.0)
         p = tl.load(p_ptr + offs, mask=mask, other=0.0)
-        m = beta1 * m + (1.0 - beta1) * g
-        v = beta2 * v + (1.0 - beta2) * g * g
-        p = p - step_size * m / (tl.sqrt(v) * inv_bc2_sqrt + eps)
+        p, m, v = adam_math(p, g, m, v, step_size, inv_bc2_sqrt, beta1, beta2, eps)
         tl.store(m_ptr + offs, m, mask=mask)
         tl.store(v_ptr + offs, v, mask=mask)
         tl.store(p_ptr + offs, p, mask=mask)

@@ -73,6 +73,8 @@ from .reference import ALPHA_THRESHOLD, EXTENT_SIGMAS
 try:  # the CPU-only torch wheel may ship without Triton
     import triton
     import triton.language as tl
+
+    from .adam import adam_math
 except ImportError:  # pragma: no cover - depends on the environment
     triton = None
 
@@ -509,7 +511,7 @@ if triton is not None:
         """Adam on the elements ``idx`` (from ``p_ptr``, ``m_ptr``, ``v_ptr``) with gradient ``g``,
         the constants of parameter SLOT read from the device (``hyp_ptr``: [6, 5] float32, row
         SLOT = step size, 1 / sqrt(bias correction 2), beta1, beta2, eps), so a CUDA graph replays
-        each step's; the update and its order of operations are kernels/adam.py's ``_update``."""
+        each step's; the update is kernels/adam.py's ``adam_math``."""
         step_size = tl.load(hyp_ptr + SLOT * 5)
         inv_bc2_sqrt = tl.load(hyp_ptr + SLOT * 5 + 1)
         beta1 = tl.load(hyp_ptr + SLOT * 5 + 2)
@@ -518,9 +520,7 @@ if triton is not None:
         m = tl.load(m_ptr + idx, mask=mask, other=0.0)
         v = tl.load(v_ptr + idx, mask=mask, other=0.0)
         p = tl.load(p_ptr + idx, mask=mask, other=0.0)
-        m = beta1 * m + (1.0 - beta1) * g
-        v = beta2 * v + (1.0 - beta2) * g * g
-        p = p - step_size * m / (tl.sqrt(v) * inv_bc2_sqrt + eps)
+        p, m, v = adam_math(p, g, m, v, step_size, inv_bc2_sqrt, beta1, beta2, eps)
         tl.store(m_ptr + idx, m, mask=mask)
         tl.store(v_ptr + idx, v, mask=mask)
         tl.store(p_ptr + idx, p, mask=mask)
