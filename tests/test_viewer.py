@@ -73,7 +73,8 @@ def _page(port: int, proc: subprocess.Popen) -> str:
 
 def _frame(port: int, width: int = 320, height: int = 240) -> np.ndarray:
     """Connect as viser's web client does, report a camera at (0, 0, -3) looking at the origin
-    (OpenCV axes) and return the first background image the server renders for it, [H, W, 3].
+    (OpenCV axes) and return the first background image the server renders for it, [H, W, 3];
+    a closed connection is opened again until STARTUP_S.
 
     viser 1.x's wire format (viser/infra/_infra.py): client messages are msgpack dicts with a
     "type"; a server frame is [8-byte inner size][8-byte compressed size][zstd(msgpack)][buffers]."""
@@ -111,7 +112,14 @@ def _frame(port: int, width: int = 320, height: int = 240) -> np.ndarray:
                     if message["type"] == "BackgroundImageMessage" and message.get("rgb_data"):
                         return np.asarray(Image.open(io.BytesIO(message["rgb_data"])))
 
-    return asyncio.run(asyncio.wait_for(receive(), timeout=STARTUP_S))
+    async def until_a_frame() -> np.ndarray:
+        while True:  # a connection the server closes ("going away", seen once on CI during its
+            try:  # start-up) is opened again, as viser's web client reconnects
+                return await receive()
+            except websockets.exceptions.ConnectionClosed:
+                await asyncio.sleep(0.5)
+
+    return asyncio.run(asyncio.wait_for(until_a_frame(), timeout=STARTUP_S))
 
 
 def _blob_ply(path: Path) -> Path:
