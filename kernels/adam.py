@@ -46,14 +46,20 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def adam_math(p, g, m, v, step_size, inv_bc2_sqrt, beta1, beta2, eps):
-        """The update of the module docstring on loaded values: (p, m, v) after gradient g, with
-        step_size = lr / (1 - beta1^t) and inv_bc2_sqrt = 1 / sqrt(1 - beta2^t); the one place
-        its order of operations is written (kernels/projection.py's backward takes it too)."""
+    def adam_in_place(p_ptr, m_ptr, v_ptr, idx, mask, g, step_size, inv_bc2_sqrt, beta1, beta2, eps):
+        """The update of the module docstring on the elements ``idx`` (``mask``) of a parameter
+        and its moments, gradient ``g`` (same shape as ``idx``), step_size = lr / (1 - beta1^t),
+        inv_bc2_sqrt = 1 / sqrt(1 - beta2^t): the one place it is written (kernels/projection.py's
+        backward takes it too)."""
+        m = tl.load(m_ptr + idx, mask=mask, other=0.0)
+        v = tl.load(v_ptr + idx, mask=mask, other=0.0)
+        p = tl.load(p_ptr + idx, mask=mask, other=0.0)
         m = beta1 * m + (1.0 - beta1) * g
         v = beta2 * v + (1.0 - beta2) * g * g
         p = p - step_size * m / (tl.sqrt(v) * inv_bc2_sqrt + eps)
-        return p, m, v
+        tl.store(m_ptr + idx, m, mask=mask)
+        tl.store(v_ptr + idx, v, mask=mask)
+        tl.store(p_ptr + idx, p, mask=mask)
 
     @triton.jit
     def _update(
@@ -79,13 +85,7 @@ if triton is not None:
         if SELECTIVE:  # only the rows (Gaussians) marked visible; row = elements per Gaussian
             mask = mask & (tl.load(vis_ptr + offs // row, mask=mask, other=0) != 0)
         g = tl.load(g_ptr + offs, mask=mask, other=0.0)
-        m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0)
-        p, m, v = adam_math(p, g, m, v, step_size, inv_bc2_sqrt, beta1, beta2, eps)
-        tl.store(m_ptr + offs, m, mask=mask)
-        tl.store(v_ptr + offs, v, mask=mask)
-        tl.store(p_ptr + offs, p, mask=mask)
+        adam_in_place(p_ptr, m_ptr, v_ptr, offs, mask, g, step_size, inv_bc2_sqrt, beta1, beta2, eps)
 
     _SIZES = ["n0", "n1", "n2", "n3", "n4", "n5", "e1", "e2", "e3", "e4", "e5"]
 

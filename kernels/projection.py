@@ -74,7 +74,7 @@ try:  # the CPU-only torch wheel may ship without Triton
     import triton
     import triton.language as tl
 
-    from .adam import adam_math
+    from .adam import adam_in_place
 except ImportError:  # pragma: no cover - depends on the environment
     triton = None
 
@@ -511,19 +511,13 @@ if triton is not None:
         """Adam on the elements ``idx`` (from ``p_ptr``, ``m_ptr``, ``v_ptr``) with gradient ``g``,
         the constants of parameter SLOT read from the device (``hyp_ptr``: [6, 5] float32, row
         SLOT = step size, 1 / sqrt(bias correction 2), beta1, beta2, eps), so a CUDA graph replays
-        each step's; the update is kernels/adam.py's ``adam_math``."""
+        each step's; the update is kernels/adam.py's ``adam_in_place``."""
         step_size = tl.load(hyp_ptr + SLOT * 5)
         inv_bc2_sqrt = tl.load(hyp_ptr + SLOT * 5 + 1)
         beta1 = tl.load(hyp_ptr + SLOT * 5 + 2)
         beta2 = tl.load(hyp_ptr + SLOT * 5 + 3)
         eps = tl.load(hyp_ptr + SLOT * 5 + 4)
-        m = tl.load(m_ptr + idx, mask=mask, other=0.0)
-        v = tl.load(v_ptr + idx, mask=mask, other=0.0)
-        p = tl.load(p_ptr + idx, mask=mask, other=0.0)
-        p, m, v = adam_math(p, g, m, v, step_size, inv_bc2_sqrt, beta1, beta2, eps)
-        tl.store(m_ptr + idx, m, mask=mask)
-        tl.store(v_ptr + idx, v, mask=mask)
-        tl.store(p_ptr + idx, p, mask=mask)
+        adam_in_place(p_ptr, m_ptr, v_ptr, idx, mask, g, step_size, inv_bc2_sqrt, beta1, beta2, eps)
 
     @triton.jit
     def _emit(ptr, m_ptr, v_ptr, idx, mask, act, g, hyp_ptr, SLOT: tl.constexpr, ADAM: tl.constexpr,

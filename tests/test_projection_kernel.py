@@ -166,16 +166,22 @@ def run_poisoned(scene, deg, aa, grads):
     return runs
 
 
-def run_partial(scene, deg, aa, grads):
-    """backward_into with some outputs' gradients missing (the kernel's HAS_* flags off) and with
-    those gradients given as zeros: (missing, zeros) gradient dicts for no colour gradient, then
-    for the colour gradient alone."""
+def forwarded(scene, deg, aa):
+    """(params, cameras, Setup, forward outputs) of ``scene`` after forward_into on the CPU."""
     p = scene["params"]
     N, C = p["means"].shape[0], scene["viewmats"].shape[0]
     cams = [scene[k] for k in ("viewmats", "Ks", "campos")]
     setup = projection.Setup(scene["width"], scene["height"], deg, NEAR, FAR, aa)
     out = projection.empty_outputs(N, C, "cpu")
     projection.forward_into(p, *cams, setup, out)
+    return p, cams, setup, out
+
+
+def run_partial(scene, deg, aa, grads):
+    """backward_into with some outputs' gradients missing (the kernel's HAS_* flags off) and with
+    those gradients given as zeros: (missing, zeros) gradient dicts for no colour gradient, then
+    for the colour gradient alone."""
+    p, cams, setup, out = forwarded(scene, deg, aa)
     pairs = []
     for missing in (("colors",), ("means2d", "depths", "conics", "opacities")):
         runs = []
@@ -230,12 +236,7 @@ def run_adam(scene, deg, aa, grads, seed):
     from splat_train.kernels import adam as adam_kernel
     from splat_train.trainer.step.backward_adam import FROZEN
 
-    p = scene["params"]
-    N, C = p["means"].shape[0], scene["viewmats"].shape[0]
-    cams = [scene[k] for k in ("viewmats", "Ks", "campos")]
-    setup = projection.Setup(scene["width"], scene["height"], deg, NEAR, FAR, aa)
-    out = projection.empty_outputs(N, C, "cpu")
-    projection.forward_into(p, *cams, setup, out)
+    p, cams, setup, out = forwarded(scene, deg, aa)
     g = {k: torch.empty_like(v) for k, v in p.items()}
     projection.backward_into(p, *cams, out["bits"], setup, grads, g)
     moments, lrs = adam_state(scene, seed)
