@@ -61,6 +61,7 @@ set ``TRITON_INTERPRET=1`` before importing this module to run it on CPU tensors
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
@@ -166,6 +167,31 @@ def _degree_of(num_bases: int) -> int:
 # ------------------------------------------------------------------------------------------------
 # Kernels
 # ------------------------------------------------------------------------------------------------
+
+
+def unspecialized_jit(sizes, pointers):
+    """``triton.jit`` that compiles one kernel whatever the values of ``sizes`` (int arguments)
+    and the 16-byte alignment of ``pointers``.
+
+    Triton specializes an int argument on being 1 or a multiple of 16 and a pointer on 16-byte
+    alignment, one compilation per combination. The Gaussian count changes at every
+    densification; a camera's Ks (36 bytes) and campos (12 bytes) sliced from a batch, and
+    gradient views into the rasterizer's buffers, are aligned or not by offset: each flip
+    compiled the projection again inside a training run (seconds per compilation, per SH
+    degree). These kernels load per lane with a stride of 3, so the hints buy no vector loads.
+    Triton versions with ``do_not_specialize_on_alignment`` take the pointers there; older ones
+    under ``do_not_specialize``. Raises RuntimeError without Triton."""
+    if triton is None:
+        raise RuntimeError("unspecialized_jit needs Triton")
+    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+        return triton.jit(do_not_specialize=list(sizes), do_not_specialize_on_alignment=list(pointers))
+    return triton.jit(do_not_specialize=[*sizes, *pointers])
+
+
+# Pointers whose alignment varies between calls of one run (see unspecialized_jit)
+VARYING_POINTERS = ("ks_ptr", "campos_ptr")
+VARYING_GRADIENT_POINTERS = ("v_means2d_ptr", "v_depths_ptr", "v_conics_ptr", "v_opac_ptr", "v_colors_ptr")
+
 
 if triton is not None:
     # real SH constants: Sloan 2013 with gsplat's signs (reference._sh_bases)
@@ -395,7 +421,7 @@ if triton is not None:
             pre = pre | (ok.to(tl.int32) << cam)
         return pre
 
-    @triton.jit(do_not_specialize=["N", "KR"])
+    @unspecialized_jit(["N", "KR"], VARYING_POINTERS)
     def _forward_kernel(
         means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
         radii_ptr, means2d_ptr, depths_ptr, conics_ptr, opac_out_ptr, colors_ptr, bits_ptr,
@@ -652,7 +678,7 @@ if triton is not None:
             hi = _cols8(a9, a10, a11, a12, a13, a14, a15, zero)
         return a0, lo, hi, vx, vy, vz
 
-    @triton.jit(do_not_specialize=["N", "KR"])
+    @unspecialized_jit(["N", "KR"], VARYING_POINTERS + VARYING_GRADIENT_POINTERS)
     def _backward_kernel(
         means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr, bits_ptr,
         v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,

@@ -564,6 +564,29 @@ def test_traffic_counts_the_bytes_of_the_tensors_read_and_written():
         projection.traffic(N, C, 9, 3)
 
 
+@pytest.mark.skipif(projection.triton is None, reason="needs Triton")
+def test_the_kernels_compile_once_whatever_the_counts_and_the_alignments():
+    """Every name given to unspecialized_jit is a parameter of the kernel and is left
+    unspecialized (a misspelt one would be ignored by Triton, and the run would compile again
+    at each flip); the gradient pointers named are the backward's rasterizer inputs."""
+    kernels = {
+        projection._forward_kernel: ("N", "KR", *projection.VARYING_POINTERS),
+        projection._backward_kernel: ("N", "KR", *projection.VARYING_POINTERS, *projection.VARYING_GRADIENT_POINTERS),
+    }
+    for kernel, names in kernels.items():
+        params = {p.name: p for p in kernel.params}
+        for name in names:
+            assert name in params, (kernel.fn.__name__, name)
+            p = params[name]
+            assert p.do_not_specialize or getattr(p, "do_not_specialize_on_alignment", False), name
+        assert not params["means_ptr"].do_not_specialize  # the others keep Triton's hints
+    grads = [n for n in (p.name for p in projection._backward_kernel.params) if n.startswith("v_")]
+    assert set(projection.VARYING_GRADIENT_POINTERS) == {
+        f"v_{k}_ptr" for k in ("means2d", "depths", "conics", "opac", "colors")
+    }
+    assert set(projection.VARYING_GRADIENT_POINTERS) <= set(grads)
+
+
 def test_unsupported_passes_are_refused_with_the_reason():
     scene = make_scene(0, 20, 2, 16)
     args = [scene[k] for k in ("viewmats", "Ks", "campos")]
