@@ -8,6 +8,6 @@ splat-train bench --synthetic_gaussians 20000000 --resolution 1920x1080 --varian
 splat-train bench --synthetic_layout city --synthetic_gaussians 20000000 --resolution 1920x1080 --variants gsplat-dist ours-dense-fused --variant "ours-dense-fused-adam-off=--raster fused --fused_adam off" --variant "ours-dense-fused-visible-adam=--raster fused --visible_adam" $V --out bench-city-20m
 splat-train bench --synthetic_gaussians 60000000 --resolution 1920x1080 --num_cameras 4 --variants ours-dense-fused --steps 8 --warmup 3 --phase_steps 2 --world_sizes 1 --out bench-60m
 splat-train bench --synthetic_gaussians 100000000 --resolution 1920x1080 --num_cameras 4 --variants ours-dense-fused --steps 8 --warmup 3 --phase_steps 2 --world_sizes 1 --out bench-100m
-# GPU tests (gpu_tests_trainer.log: the kernel comparison before its tolerance was revised, then
-# the trainer runs on / off / control; gpu_tests_kernel.log: the kernel comparison's printed errors)
+# GPU tests, run again at 5910ea4 (the kernel comparison against a float64 reference, the trainer
+# runs on / off / control with the widened bound): gpu_tests_adam.log, their printed errors
 python -m pytest -q -s -m gpu tests/test_projection_kernel.py tests/test_gpu.py -k "adam"
