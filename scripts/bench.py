@@ -52,6 +52,7 @@ OPTIONAL_VARIANTS = {
     "ours-dense-loopback": "--raster unfused --loopback",
     "ours-packed-loopback": "--packed --raster unfused --loopback",
     "ours-dense-fused-loopback": "--raster fused --loopback",
+    "ours-dense-fused-loopback-graphs": "--raster fused --loopback --cuda_graphs on",
     "ours-packed-sparse-loopback": "--packed --sparse_grad_comm --raster unfused --loopback",
 }
 
@@ -89,98 +90,102 @@ def _worker(
     t_start = time.perf_counter()
     cfg = from_argv(["default", *flags])
     trainer = Trainer(cfg, ctx, scene)
-    start = 0
-    if ckpt:  # a trained model, re-sharded for this world size; steps continue from its step
-        trainer.load_state_dict(checkpoint.load_shard(ckpt, ctx.rank, ctx.world_size), restore_rng=False)
-        start = trainer.step
-    if ctx.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(ctx.device)
-    rows = []
+    try:
+        start = 0
+        if ckpt:  # a trained model, re-sharded for this world size; steps continue from its step
+            trainer.load_state_dict(checkpoint.load_shard(ckpt, ctx.rank, ctx.world_size), restore_rng=False)
+            start = trainer.step
+        if ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        rows = []
 
-    def step_row(step, ms=None):
-        out = trainer.train_step(step)
-        rows.append(
-            dict(
-                ms=ms,
-                phases=trainer.last_phases,
-                isects=out["num_isects"],
-                comm=ctx.stats.reset(),
-                num_gaussians=out["num_gaussians"],
+        def step_row(step, ms=None):
+            out = trainer.train_step(step)
+            rows.append(
+                dict(
+                    ms=ms,
+                    phases=trainer.last_phases,
+                    isects=out["num_isects"],
+                    comm=ctx.stats.reset(),
+                    num_gaussians=out["num_gaussians"],
+                )
             )
+
+        step_row(start)
+        _sync(ctx.device)
+        startup_s = time.perf_counter() - t_start  # start-up and the first step (compilation included)
+        for step in range(start + 1, start + warmup):
+            step_row(step)
+        _sync(ctx.device)
+        t0 = time.perf_counter()
+        for step in range(start + warmup, start + steps):
+            step_row(step)
+        _sync(ctx.device)
+        ms_per_iter = (time.perf_counter() - t0) * 1000.0 / (steps - warmup)
+        window = rows[warmup:]
+        trainer.timer.switch(True)
+        timed: list[dict[str, Any]] = []
+        for step in range(start + steps, start + steps + phase_steps):
+            _sync(ctx.device)
+            t1 = time.perf_counter()
+            trainer.train_step(step)
+            _sync(ctx.device)
+            timed.append(dict(ms=(time.perf_counter() - t1) * 1000.0, phases=trainer.last_phases))
+            ctx.stats.reset()
+        steady = window
+        peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
+        trainer.timer.switch(False)
+        end = start + steps + phase_steps
+        profile = _profile_steps(trainer, end, profile_steps, out_file) if profile_steps else None
+        end += profile_steps
+        metrics = trainer.evaluation.run(trainer.shard, end) if len(trainer.testset) else None
+        phases = {}
+        for name in timed[0]["phases"]:
+            phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in timed)
+
+        def per_iter(key):
+            total: dict = {}
+            for r in steady:
+                for op, v in r["comm"][key].items():
+                    total[op] = total.get(op, 0) + v
+            return {op: v / len(steady) for op, v in total.items()}
+
+        fb = trainer.forward_backward
+        result = dict(
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            loopback=ctx.loopback,  # the distributed path over a group of one rank: its bytes to peers are zero
+            backend=trainer.backend,
+            device=str(ctx.device),
+            ms_per_iter=ms_per_iter,
+            startup_s=startup_s,
+            ms_median=statistics.median(r["ms"] for r in timed),
+            ms_p90=_percentile([r["ms"] for r in timed], 90),
+            phases_median_ms=phases,
+            isects_mean=float(np.mean([r["isects"] for r in steady])),
+            calls_per_iter=per_iter("calls"),
+            bytes_sent_per_iter=per_iter("bytes_sent"),
+            bytes_recv_per_iter=per_iter("bytes_recv"),
+            peak_memory_bytes=peak,
+            num_gaussians_local=steady[-1]["num_gaussians"],
+            memory_model=memory_model(cfg.model.sh_degree, ctx.world_size, ctx.device),
+            batch_size=cfg.step.batch_size,
+            steps=steps,
+            warmup=warmup,
+            phase_steps=phase_steps,
+            start_step=start,
+            test_psnr=(metrics or {}).get("psnr"),
+            test_ssim=(metrics or {}).get("ssim"),
+            step=dict(raster=trainer.plan.raster, projection=trainer.plan.projection, graphs=trainer.plan.graphs),
+            cuda_graph_captures=fb.graphed_head.captures if fb.graphed_head is not None else None,
+            whole_step_captures=fb.graphed_step.captures if fb.graphed_step is not None else None,
+            record_exchange_captures=fb.graphed_step.exchange_captures if fb.graphed_step is not None else None,
+            ssim_backend=(trainer.loss.backend if trainer.loss.backend != "auto" else _ssim_backend(ctx.device)),
+            profile=profile,
         )
-
-    step_row(start)
-    _sync(ctx.device)
-    startup_s = time.perf_counter() - t_start  # start-up and the first step (compilation included)
-    for step in range(start + 1, start + warmup):
-        step_row(step)
-    _sync(ctx.device)
-    t0 = time.perf_counter()
-    for step in range(start + warmup, start + steps):
-        step_row(step)
-    _sync(ctx.device)
-    ms_per_iter = (time.perf_counter() - t0) * 1000.0 / (steps - warmup)
-    window = rows[warmup:]
-    trainer.timer.switch(True)
-    timed: list[dict[str, Any]] = []
-    for step in range(start + steps, start + steps + phase_steps):
-        _sync(ctx.device)
-        t1 = time.perf_counter()
-        trainer.train_step(step)
-        _sync(ctx.device)
-        timed.append(dict(ms=(time.perf_counter() - t1) * 1000.0, phases=trainer.last_phases))
-        ctx.stats.reset()
-    steady = window
-    peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
-    trainer.timer.switch(False)
-    end = start + steps + phase_steps
-    profile = _profile_steps(trainer, end, profile_steps, out_file) if profile_steps else None
-    end += profile_steps
-    metrics = trainer.evaluation.run(trainer.shard, end) if len(trainer.testset) else None
-    phases = {}
-    for name in timed[0]["phases"]:
-        phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in timed)
-
-    def per_iter(key):
-        total: dict = {}
-        for r in steady:
-            for op, v in r["comm"][key].items():
-                total[op] = total.get(op, 0) + v
-        return {op: v / len(steady) for op, v in total.items()}
-
-    fb = trainer.forward_backward
-    result = dict(
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        loopback=ctx.loopback,  # the distributed path over a group of one rank: its bytes to peers are zero
-        backend=trainer.backend,
-        device=str(ctx.device),
-        ms_per_iter=ms_per_iter,
-        startup_s=startup_s,
-        ms_median=statistics.median(r["ms"] for r in timed),
-        ms_p90=_percentile([r["ms"] for r in timed], 90),
-        phases_median_ms=phases,
-        isects_mean=float(np.mean([r["isects"] for r in steady])),
-        calls_per_iter=per_iter("calls"),
-        bytes_sent_per_iter=per_iter("bytes_sent"),
-        bytes_recv_per_iter=per_iter("bytes_recv"),
-        peak_memory_bytes=peak,
-        num_gaussians_local=steady[-1]["num_gaussians"],
-        memory_model=memory_model(cfg.model.sh_degree, ctx.world_size, ctx.device),
-        batch_size=cfg.step.batch_size,
-        steps=steps,
-        warmup=warmup,
-        phase_steps=phase_steps,
-        start_step=start,
-        test_psnr=(metrics or {}).get("psnr"),
-        test_ssim=(metrics or {}).get("ssim"),
-        step=dict(raster=trainer.plan.raster, projection=trainer.plan.projection, graphs=trainer.plan.graphs),
-        cuda_graph_captures=fb.graphed_head.captures if fb.graphed_head is not None else None,
-        whole_step_captures=fb.graphed_step.captures if fb.graphed_step is not None else None,
-        ssim_backend=(trainer.loss.backend if trainer.loss.backend != "auto" else _ssim_backend(ctx.device)),
-        profile=profile,
-    )
-    Path(out_file).write_text(json.dumps(result, indent=2))
+        Path(out_file).write_text(json.dumps(result, indent=2))
+    finally:  # a step's captured collectives go before the process group (launch.loopback_group)
+        trainer.forward_backward.release()
 
 
 def _profile_steps(trainer, first: int, count: int, out_file: str) -> dict:

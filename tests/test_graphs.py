@@ -149,8 +149,9 @@ def test_shapes_that_keep_changing_stop_the_captures_for_the_run():
 
 
 def test_the_plan_graphs_only_dense_one_process_cuda_steps(monkeypatch):
-    """step/plan.graphs_mode: whole steps for one CUDA process training the photometric loss; the
-    head alone where more trains or several processes run with --cuda_graphs on; none on the CPU,
+    """step/plan.graphs_mode: whole steps for a CUDA step training the photometric loss (several
+    processes with --cuda_graphs on); the head alone where more trains or the reverse exchange
+    cannot be captured; none on the CPU,
     --packed, gsplat's pass or a moving tile grid. Each with its reason."""
     from splat_train.trainer.cli import parse_args
 
@@ -166,7 +167,11 @@ def test_the_plan_graphs_only_dense_one_process_cuda_steps(monkeypatch):
     assert mode("--random_tile_shift", raster="fused") == ("off", "--random_tile_shift")
     assert mode("--random_tile_shift", raster="unfused")[0] == "whole"  # the tiles do not move unfused
     assert mode(world_size=2) == ("off", "--cuda_graphs auto: 2 processes")
-    assert mode("--cuda_graphs", "on", world_size=2) == ("head", "2 processes")
+    assert mode("--cuda_graphs", "on", world_size=2) == (
+        "whole",
+        "--cuda_graphs on, 2 processes: the dense record exchange captured",
+    )
+    assert mode("--cuda_graphs", "on", "--absgrad", world_size=2) == ("head", "2 processes with --absgrad")
     assert mode(aux=("app",)) == ("head", "--app_opt trains besides the photometric loss")
     assert mode("--cuda_graphs", "off") == ("off", "--cuda_graphs off")
 

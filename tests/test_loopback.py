@@ -60,6 +60,7 @@ def _train(flags, loopback, steps=3, device=None):
         losses = [trainer.train_step(s)["loss"].detach().clone() for s in range(steps)]
         params = {k: v.detach().clone() for k, v in trainer.params.items()}
         lrs = {k: o.param_groups[0]["lr"] for k, o in trainer.optimizers.items()}
+        trainer.forward_backward.release()
         return losses, params, ctx.stats.reset(), trainer.plan.describe(), lrs
 
 
@@ -140,7 +141,14 @@ def test_the_plan_says_the_path_and_keeps_graphs_off_at_loopback_unless_asked():
     assert graphs_mode(cfg, "cuda", 1, "fused", (), loopback=False)[0] == "whole"
     assert graphs_mode(cfg, "cuda", 1, "fused", (), loopback=True) == ("off", "--cuda_graphs auto: --loopback")
     on = from_argv(["default", "--cuda_graphs", "on"])
-    assert graphs_mode(on, "cuda", 1, "fused", (), loopback=True) == ("head", "--loopback")
+    mode, why = graphs_mode(on, "cuda", 1, "fused", (), loopback=True)
+    assert mode == "whole" and "--loopback: the dense record exchange captured" in why
+    sparse = from_argv(["default", "--cuda_graphs", "on", "--sparse_grad_comm"])
+    assert graphs_mode(sparse, "cuda", 1, "fused", (), loopback=True)[0] == "head"
+    absgrad = from_argv(["default", "--cuda_graphs", "on", "--absgrad"])
+    assert graphs_mode(absgrad, "cuda", 2, "fused", ())[0] == "head"
+    packed = from_argv(["default", "--cuda_graphs", "on", "--packed"])
+    assert graphs_mode(packed, "cuda", 1, "fused", (), loopback=True) == ("off", "--packed")
 
 
 def test_bench_runs_the_loopback_variant_at_one_rank_only(tmp_path, capsys):
@@ -288,26 +296,37 @@ def test_nccl_loopback_training_equals_one_process(variant):
 
 
 @pytest.mark.parametrize("raster", ["unfused", "fused"])
+@pytest.mark.parametrize("kind", ["whole", "head"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_nccl_loopback_graphed_head_equals_the_eager_loopback_step(raster):
-    """--cuda_graphs on at loopback: the projection head replayed as CUDA graphs around the eager
-    exchange (no collective is captured) trains as the eager loopback step."""
+def test_nccl_loopback_graphs_equal_the_eager_loopback_step(raster, kind):
+    """--cuda_graphs on at loopback trains as the eager loopback step: the whole step replayed,
+    the record all_to_alls captured over NCCL between the head and the tail (``whole``), or
+    (with --absgrad) the projection head replayed around the eager exchange (``head``)."""
     from splat_train.trainer.cli import build_scene, parse_args
     from splat_train.trainer.loop import Trainer
 
     runs = {}
     for graphs in ("on", "off", "control"):
         flags = FLAGS + ["--raster", raster, "--cuda_graphs", "on" if graphs == "on" else "off"]
+        flags += ["--absgrad"] if kind == "head" else []
         cfg = parse_args(["default", *flags, "--loopback", "--device", "cuda"])
         with loopback_group(DistContext(device=torch.device("cuda"))) as ctx:
             trainer = Trainer(cfg, ctx, build_scene(cfg))
-            assert trainer.plan.graphs == ("head" if graphs == "on" else "off")
+            assert trainer.plan.graphs == (kind if graphs == "on" else "off")
             losses = [trainer.train_step(s)["loss"].detach().clone() for s in range(3)]
+            fb = trainer.forward_backward
             if graphs == "on":
-                assert trainer.forward_backward.graphed_head.captures >= 1
+                assert fb.graphed_head.captures >= 1
+                if kind == "whole":
+                    whole = fb.graphed_step
+                    assert whole.captures >= 1 and whole.failures == 0 and whole.exchange_captures >= 1
+                    assert whole._exchange.captured == {"forward": True, "backward": True}
             lrs = {k: o.param_groups[0]["lr"] for k, o in trainer.optimizers.items()}
             runs[graphs] = losses, {k: v.detach().clone() for k, v in trainer.params.items()}
+            calls = ctx.stats.reset()["calls"]
+            assert calls["forward/all_to_all"] == calls["backward/all_to_all"] == 3, calls
+            fb.release()  # the captured collectives go before the group
     (g_losses, g_params), (e_losses, e_params) = runs["on"], runs["off"]
     for a, b in zip(g_losses, e_losses):
         assert float((a - b).abs()) <= 1e-4 * float(b.abs())

@@ -391,7 +391,10 @@ def test_whole_steps_are_graphed_only_where_nothing_but_the_photometric_loss_tra
 
     assert mode() == "whole"
     assert mode("--absgrad", "--random_bkgd", "--batch_size", "2") == "whole"
-    assert mode("--cuda_graphs", "on", world_size=2) == "head"
+    assert mode("--cuda_graphs", "on", world_size=2) == "whole"  # the record exchange captured
+    assert mode("--cuda_graphs", "on", "--sparse_grad_comm", world_size=2) == "head"
+    assert mode("--cuda_graphs", "on", "--opacity_reg", "0.01", world_size=2) == "head"
+    assert mode(world_size=2) == "off"  # auto: one process only
     assert mode(raster="fused") == "whole"
     assert mode("--raster", "fused", "--random_tile_shift", raster="fused") == "off"  # renders change size
     assert mode(aux=("app",)) == "head"

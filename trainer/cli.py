@@ -114,12 +114,15 @@ def run(ctx: DistContext, cfg: Config) -> None:
                 _say(camera_line)
         trainer = Trainer(cfg, ctx, scene)
         trainer.evaluation.lpips_metric = lpips
-        if cfg.distributed.ckpt:
-            evaluate_only(trainer, list(cfg.distributed.ckpt))
-            return
-        if cfg.distributed.resume:
-            resume_from(trainer, Path(cfg.outputs.result_dir) / "ckpts")
-        trainer.train()
+        try:
+            if cfg.distributed.ckpt:
+                evaluate_only(trainer, list(cfg.distributed.ckpt))
+                return
+            if cfg.distributed.resume:
+                resume_from(trainer, Path(cfg.outputs.result_dir) / "ckpts")
+            trainer.train()
+        finally:  # a step's captured collectives must be gone before the process group (loopback_group)
+            trainer.forward_backward.release()
 
 
 def stopped_message(cfg: Optional[Config], signum: int) -> str:

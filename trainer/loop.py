@@ -320,6 +320,7 @@ class Trainer:
             if viewer is not None:
                 viewer.stop()
             self.views.close()
+            self.forward_backward.release()  # captured collectives go before the process group
         bar.close()
         if s.max_steps > first_step:
             steps = s.max_steps - first_step

@@ -6,7 +6,8 @@
   origin, every rank's cameras), built in one call;
 - forward.py: :class:`ForwardBackward`, the step's forward, loss and backward as the plan says:
   graphed.py (the whole step replayed as CUDA graphs around the tile intersection; capture.py holds
-  the capture machinery and the graphed projection head) or eager.py (autograd).
+  the capture machinery and the graphed projection head, graphed_exchange.py the record exchanges
+  the distributed path's replay captures) or eager.py (autograd).
 
 trainer/loop.py runs the rest of a step (optimizer, densification) and the run around it.
 """

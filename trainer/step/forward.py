@@ -64,7 +64,15 @@ class ForwardBackward:
         )
         self.setup = setup
         self.graphed_step: Optional[GraphedStep] = (
-            GraphedStep(self.graphed_head, setup.ops, loss, setup.absgrad, warn=warn, fused=self.eager.fused_loss)
+            GraphedStep(
+                self.graphed_head,
+                setup.ops,
+                loss,
+                setup.absgrad,
+                warn=warn,
+                fused=self.eager.fused_loss,
+                ctx=setup.ctx,
+            )
             if self.graphed_head is not None and plan.graphs == "whole"
             else None
         )
@@ -85,6 +93,8 @@ class ForwardBackward:
                 batch.gts,
                 batch.backgrounds,
                 timer,
+                layout.N_world,
+                layout.C_world,
             )  # None: this step runs eagerly (step/graphed.py)
             if out is not None:
                 return out
@@ -96,6 +106,13 @@ class ForwardBackward:
             adam = self.backward_adam.step if self.backward_adam is not None else None
             head = eager_head(params, s.near, s.far, **s.options, adam=adam)
         return self.eager(batch, params, sh_degree, timer, head=head)
+
+    def release(self) -> None:
+        """Free the whole-step replay's captures: its record exchange's captured collectives must
+        be gone before the process group is destroyed (step/graphed_exchange.py). Idempotent; a
+        later step captures again."""
+        if self.graphed_step is not None:
+            self.graphed_step.release()
 
     def take_tb_image(self):
         """The last step's ground truth | render for TensorBoard (--tb_save_image), once; or None."""
@@ -116,6 +133,8 @@ class ForwardBackward:
                 f"; whole steps: {whole.captures} tail captures in {whole.capture_seconds:.2f} s, "
                 f"{whole.failures} failed"
             )
+            if whole.ctx is not None:
+                line += f", {whole.exchange_captures} record exchanges captured"
             if whole.declined:
                 line += f", {whole.declined} steps too large for one fused launch ran their tail uncaptured"
         return line

@@ -47,7 +47,9 @@ from ...kernels.fused_raster import fits_one_launch
 from ...kernels.fused_ssim import uint8_to_unit
 from ...kernels.reference import composite_background
 from ..render import RenderInfo
+from ..launch import DistContext
 from .capture import OUTPUT_KEYS, PARAM_KEYS, CapturedCall, GraphedHead, collector_held
+from .graphed_exchange import GraphedExchange
 
 RASTER_KEYS = ("means2d", "conics", "colors", "opacities")  # the head outputs the rasterizer reads
 CAPACITY_ROUND = 4096  # the tail's flatten_ids capacity is a multiple of this many entries
@@ -66,7 +68,14 @@ def _extra_row_starts(offsets: torch.Tensor, n_isects: int) -> torch.Tensor:
 
 
 def tail_function(
-    ops, loss_fn: Callable, width: int, height: int, absgrad: bool, grad_targets: dict, fused: Optional[Callable] = None
+    ops,
+    loss_fn: Callable,
+    width: int,
+    height: int,
+    absgrad: bool,
+    grad_targets: dict,
+    fused: Optional[Callable] = None,
+    weight: float = 1.0,
 ) -> Callable:
     """The tail of a step, as captured: (means2d, conics, colors, opacities — leaves over the head's
     outputs —, offsets, flatten_ids, masks, gts uint8 [C, H, W, 3], backgrounds [C, 3] or None) ->
@@ -75,10 +84,12 @@ def tail_function(
     there is zeroed: no depth term). ``loss_fn(colors [C, H, W, 3], gts) -> (loss, {"l1", "ssim"})``.
     ``fused``: kernels.fused_raster.fused_raster_loss with its ssim_lambda bound (tests: the CPU
     emulation), which replaces the rasterizer and ``loss_fn``; l1 and ssim are then its terms (the
-    SSIM tile-local), as in the eager fused step."""
+    SSIM tile-local), as in the eager fused step. ``weight``: the gradients are those of ``weight``
+    times the loss (a rank's share of the global batch on the distributed path; the returned loss
+    is not weighted)."""
 
     def write_gradients(loss, leaves):
-        for key, grad in zip(RASTER_KEYS, torch.autograd.grad(loss, leaves)):
+        for key, grad in zip(RASTER_KEYS, torch.autograd.grad(loss * weight if weight != 1.0 else loss, leaves)):
             grad_targets[key].copy_(grad)
         if "depths" in grad_targets:
             grad_targets["depths"].zero_()
@@ -197,9 +208,16 @@ class GraphedStep:
         capture: Optional[Callable] = None,
         warn: Optional[Callable[[str], None]] = None,
         fused: Optional[Callable] = None,
+        ctx: Optional[DistContext] = None,
     ):
         self.head, self.ops, self.loss_fn, self.absgrad = head, ops, loss_fn, absgrad
         self.fused = fused
+        self.ctx = ctx if ctx is not None and ctx.distributed else None  # the distributed path's rank
+        if self.ctx is not None and absgrad:
+            raise ValueError("a whole-step replay on the distributed path takes no --absgrad (step/plan.graphs_mode)")
+        self._exchange: Optional[GraphedExchange] = None
+        self._exchange_key: Optional[tuple] = None
+        self.exchange_captures = 0  # the record exchanges captured (both directions each), distributed path
         self.capture = capture or CapturedCall
         self.warn = warn
         self.capacity = 0
@@ -211,36 +229,67 @@ class GraphedStep:
         self._warmed: set = set()  # tail keys, less head and capacity, warmed up before a capture
 
     def __call__(
-        self, params, viewmats, Ks, campos, width: int, height: int, sh_degree: int, gts, backgrounds=None, timer=None
+        self,
+        params,
+        viewmats,
+        Ks,
+        campos,
+        width: int,
+        height: int,
+        sh_degree: int,
+        gts,
+        backgrounds=None,
+        timer=None,
+        n_world: Optional[list[int]] = None,
+        c_world: Optional[list[int]] = None,
     ) -> Optional[StepOutputs]:
-        """One step's forward and backward for the C cameras (viewmats [C, 4, 4], Ks [C, 3, 3],
-        campos [C, 3], all of ``width`` x ``height`` pixels) against ``gts`` (uint8 [C, H, W, 3],
-        on the device) and ``backgrounds`` ([C, 3] or None); leaves the parameters' ``.grad``
-        set (static buffers: the optimizer must consume and drop them before the next step).
+        """One step's forward and backward for the C_all cameras (viewmats [C_all, 4, 4], Ks
+        [C_all, 3, 3], campos [C_all, 3], all of ``width`` x ``height`` pixels) against ``gts``
+        (uint8 [C, H, W, 3], on the device) and ``backgrounds`` ([C, 3] or None); leaves the
+        parameters' ``.grad`` set (static buffers: the optimizer must consume and drop them before
+        the next step). One process: C_all = C. The distributed path (``ctx``): every rank's
+        cameras, ``n_world`` and ``c_world`` every rank's Gaussian and camera counts
+        (render.PassLayout); the records travel through :class:`GraphedExchange`, and the loss
+        is weighted by this rank's share of the cameras, as step/eager.EagerStep weights it.
         Returns None, having set no gradient, when the head runs without a capture for these
         arguments or a tail capture has failed: the caller then runs its eager step. A fused
         step whose kernel needs several launches runs its tail uncaptured (``declined`` counts them)."""
         if self.failed:
             return None
-        C = viewmats.shape[0]
-        sizes = [(width, height)] * C
+        C_all, C = viewmats.shape[0], gts.shape[0]
+        N = int(params["means"].shape[0])
+        n_world, c_world = list(n_world or [N]), list(c_world or [C])
+        if n_world[self.rank] != N or sum(c_world) != C_all or c_world[self.rank] != C:
+            raise ValueError(
+                f"stale pass layout: {n_world} Gaussians and {c_world} cameras per rank, this rank {N}, {C}"
+            )
+        sizes = [(width, height)] * C_all
         head_key = self.head.key_of(params, viewmats, Ks, campos, sizes, sh_degree)
         if not self.head.is_current(head_key):
-            self._tail = None  # it holds the head's capture: let both go before the head captures again
+            self._drop()  # they hold the head's capture: let them go before the head captures again
         run, inputs = self.head.prepare(params, viewmats, Ks, campos, sizes, sh_degree, key=head_key)
         if not hasattr(run, "replay_forward"):  # the head runs eagerly for these arguments
-            self._tail = None
+            self._drop()
             self.head.calls -= 1  # the eager step calls the head again for this step: count it once
             return None
         head_graphs: Any = run  # a CapturedGraphs, or a test's stand-in with its methods
         if timer is not None:
             timer.begin("projection")
         outs = dict(zip(OUTPUT_KEYS, head_graphs.replay_forward(*inputs)))
+        diff_keys = [k for k in OUTPUT_KEYS if outs[k].requires_grad]
+        head_grads = dict(zip(diff_keys, head_graphs.grad_outputs))
+        exchange = None
+        records, record_grads = outs, head_grads
+        if self.ctx is not None:
+            if timer is not None:
+                timer.begin("forward_exchange")
+            exchange = self._exchange_for(run, n_world, c_world, outs, head_grads)
+            records, record_grads = exchange.forward(), exchange.record_grads
         if timer is not None:
             timer.begin("rasterization")
         tw, th = math.ceil(width / TILE_SIZE), math.ceil(height / TILE_SIZE)
         _, isect_ids, flatten_ids = self.ops.isect_tiles(
-            outs["means2d"], outs["radii"], outs["depths"], TILE_SIZE, tw, th, packed=False, n_images=C
+            records["means2d"], records["radii"], records["depths"], TILE_SIZE, tw, th, packed=False, n_images=C
         )
         offsets = self.ops.isect_offset_encode(isect_ids, C, tw, th)
         n = flatten_ids.numel()
@@ -250,14 +299,29 @@ class GraphedStep:
         # on the host, which no capture allows: that step's tail runs uncaptured, on the same
         # static buffers, between the head's two replays (a later, smaller step replays again)
         uncaptured = self.fused is not None and not fits_one_launch(self.capacity, C * (th + 1) * tw)
-        key = (run, self.capacity, C, width, height, tuple(gts.shape), backgrounds is None, uncaptured)
+        weight = C / C_all  # this rank's share of the global batch's mean loss (step/eager.py)
+        key = (
+            run,
+            exchange,
+            self.capacity,
+            C,
+            width,
+            height,
+            tuple(gts.shape),
+            backgrounds is None,
+            weight,
+            uncaptured,
+        )
         if self._tail is not None and self._tail.key == key:
             tail = self._tail
             tail.fill(offsets, flatten_ids, gts, backgrounds)
         else:
             self._tail = None  # the old capture goes before the new one is made
-            captured = self._capture(key, run, outs, width, height, C, th, tw, offsets, flatten_ids, gts, backgrounds)
+            captured = self._capture(
+                key, records, record_grads, width, height, C, th, tw, offsets, flatten_ids, gts, backgrounds, weight
+            )
             if captured is None:
+                self._drop()
                 return None
             tail = captured
         self.declined += uncaptured
@@ -267,6 +331,12 @@ class GraphedStep:
         if self.absgrad and uncaptured:  # a new tensor every call
             assert tail.absgrad_lanes is not None
             tail.absgrad_lanes.grad = absgrad
+        if exchange is not None:
+            assert self.ctx is not None
+            self.ctx.stats.phase = "backward"
+            if timer is not None:
+                timer.begin("backward_exchange")
+            exchange.backward()
         if timer is not None:
             timer.begin("backward_projection")
         grad_inputs = head_graphs.replay_backward()
@@ -274,21 +344,51 @@ class GraphedStep:
             if grad is not None:
                 params[key_].grad = grad
         info = RenderInfo(
-            means2d=tail.means2d,
+            means2d=tail.means2d if exchange is None else exchange.means2d,
             radii=outs["radii"],
             packed=False,
-            n_cameras=C,
-            widths=[width] * C,
-            heights=[height] * C,
-            N_world=[int(params["means"].shape[0])],
-            C_world=[C],
+            n_cameras=C_all,
+            widths=[width] * C_all,
+            heights=[height] * C_all,
+            N_world=n_world,
+            C_world=c_world,
             num_isects=n,
             absgrad=tail.absgrad_lanes,
             width=width,
             height=height,
             num_local_cameras=C,
+            layout=exchange.layout if exchange is not None else None,
         )
         return StepOutputs(loss, {"l1": l1, "ssim": ssim}, info)
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank if self.ctx is not None else 0
+
+    def _exchange_for(self, run, n_world, c_world, outs, head_grads) -> GraphedExchange:
+        """The record exchange of head capture ``run`` and these counts: the current one, or a new
+        one captured now (the old one released first; the tail that read it goes with it)."""
+        key = (run, tuple(n_world), tuple(c_world))
+        if self._exchange is not None and self._exchange_key == key:
+            return self._exchange
+        self._drop()
+        assert self.ctx is not None
+        self._exchange = GraphedExchange(self.ctx, n_world, c_world, outs, head_grads, self.capture, self.warn)
+        self._exchange_key = key
+        self.exchange_captures += all(self._exchange.captured.values())
+        return self._exchange
+
+    def _drop(self) -> None:
+        """Let the tail and the record exchange go (the exchange's graphs destroyed now)."""
+        self._tail = None
+        if self._exchange is not None:
+            self._exchange.release()
+            self._exchange = None
+
+    def release(self) -> None:
+        """Free every capture this object holds (the record exchange's collectives must be gone
+        before the process group is destroyed: step/graphed_exchange.py). Later calls capture again."""
+        self._drop()
 
     def _captured_call(self, tail: _Tail, fn: Callable, inputs: Callable[[], tuple], warm_up: bool) -> bool:
         """Capture ``fn(*inputs())`` into ``tail.call``, warmed up first where ``warm_up`` (a
@@ -316,23 +416,25 @@ class GraphedStep:
                 (self.warn or warnings.warn)(line)
                 return False
 
-    def _capture(self, key, run, outs, width, height, C, th, tw, offsets, flatten_ids, gts, backgrounds):
+    def _capture(
+        self, key, records, targets, width, height, C, th, tw, offsets, flatten_ids, gts, backgrounds, weight=1.0
+    ):
         """A new :class:`_Tail` for ``key``, filled with this step's data, warmed up once eagerly
         and captured (replayed later by the caller), or None when the capture failed (said once
-        through ``warn``; the run goes on eagerly). A key of a fused kernel too large for one
-        launch (its last element) gets a tail that runs uncaptured at each replay."""
+        through ``warn``; the run goes on eagerly). ``records``: the rasterizer's static inputs by
+        name (the head's outputs, or the received records); ``targets``: their static gradient
+        buffers. A key of a fused kernel too large for one launch (its last element) gets a tail
+        that runs uncaptured at each replay."""
         start = time.perf_counter()
         tail = _Tail(key, C, th, tw, self.capacity, gts, backgrounds)
         tail.fill(offsets, flatten_ids, gts, backgrounds)
-        diff_keys = [k for k in OUTPUT_KEYS if outs[k].requires_grad]
-        targets = dict(zip(diff_keys, run.grad_outputs))
-        fn = tail_function(self.ops, self.loss_fn, width, height, self.absgrad, targets, self.fused)
+        fn = tail_function(self.ops, self.loss_fn, width, height, self.absgrad, targets, self.fused, weight)
 
         def inputs():
-            leaves = tuple(outs[k].detach().requires_grad_() for k in RASTER_KEYS)
+            leaves = tuple(records[k].detach().requires_grad_() for k in RASTER_KEYS)
             return (*leaves, tail.offsets, tail.flatten_ids, tail.masks, tail.gts, tail.backgrounds)
 
-        warmed = key[2:]  # all but the head and the capacity: same images, same kernels
+        warmed = key[3:]  # all but the head, the exchange and the capacity: same images, same kernels
         uncaptured = key[-1]
         if uncaptured:  # no capture: the tail runs eagerly at each replay
             tail.call = _Uncaptured(fn, inputs)

@@ -163,9 +163,11 @@ def graphs_mode(
     cfg: Config, device_type: str, world_size: int, raster: str, aux: tuple[str, ...], loopback: bool = False
 ) -> tuple[str, str]:
     """(the step's CUDA graphs, why): "whole" (the step as three replays around the tile
-    intersection: one process off the distributed path, dense records, nothing but the
-    photometric loss, no tile shift), "head" (the activation, projection and SH replayed, the
-    rest eager; the distributed path's, W > 1 or ``loopback``, with --cuda_graphs on) or "off"."""
+    intersection, dense records, nothing but the photometric loss, no tile shift; on the
+    distributed path, W > 1 or ``loopback``, with the record exchanges captured too
+    (step/graphed_exchange.py), where neither --sparse_grad_comm nor --absgrad is set), "head"
+    (the activation, projection and SH replayed, the rest eager) or "off". --cuda_graphs auto
+    asks for graphs on one process only (:func:`use_cuda_graphs`)."""
     if cfg.step.cuda_graphs == "off":
         return "off", "--cuda_graphs off"
     if device_type != "cuda":
@@ -179,11 +181,16 @@ def graphs_mode(
         return "off", "--packed"
     if cfg.step.random_tile_shift and raster == "fused":
         return "off", "--random_tile_shift"
-    if world_size > 1 or loopback:
-        return "head", "--loopback" if loopback else f"{world_size} processes"
     extra = trains_photometric_only(cfg, aux)
     if extra is not None:
         return "head", f"{extra} trains besides the photometric loss"
+    if world_size > 1 or loopback:
+        where = "--loopback" if loopback else f"{world_size} processes"
+        if cfg.step.sparse_grad_comm:
+            return "head", f"{where} with --sparse_grad_comm (its reverse exchange reads its counts on the host)"
+        if cfg.densify.absgrad:
+            return "head", f"{where} with --absgrad"
+        return "whole", f"--cuda_graphs {cfg.step.cuda_graphs}, {where}: the dense record exchange captured"
     return "whole", f"--cuda_graphs {cfg.step.cuda_graphs}"
 
 

@@ -1,0 +1,151 @@
+"""trainer/step/graphed_exchange.py: the whole-step replay on the distributed path (the record
+exchanges captured between the head and the tail) trains as the eager distributed step, over a
+group of one rank (--loopback) and over two ranks with unequal shards, through densification
+(which changes the counts and captures the exchange again). On the CPU the captures are eager
+stand-ins with the same static buffers, over gloo; the CUDA replay over NCCL runs in
+tests/test_loopback.py (-m gpu)."""
+
+import pytest
+import torch
+
+from splat_train.trainer.launch import DistContext, launch, loopback_group
+from splat_train.trainer.step import capture as graphs
+from splat_train.trainer.step.capture import GraphedHead
+from splat_train.trainer.step.graphed import GraphedStep
+from splat_train.trainer.step.graphed_exchange import GraphedExchange
+
+from test_step_graphs import EagerCall, EagerGraphs
+
+FLAGS = [
+    "--synthetic_image_size",
+    "32",
+    "--synthetic_num_cameras",
+    "8",
+    "--synthetic_num_gaussians",
+    "101",  # two ranks: shards of 51 and 50
+    "--num_traj_frames",
+    "0",
+    "--sh_degree",
+    "1",
+    "--refine_start_iter",
+    "2",
+    "--refine_every",
+    "3",
+    "--grow_grad2d",
+    "0.00002",
+    "--max_steps",
+    "9",
+]
+STEPS = 8
+
+
+def _run(ctx: DistContext, flags, graphed: bool, steps: int = STEPS) -> dict:
+    """A trainer of ``flags`` on rank ``ctx``: ``steps`` steps, eager or with the whole-step
+    replay on stand-in captures; returns the parameters after each step, the losses, the
+    collectives and the replay's counters."""
+    from splat_train.trainer.cli import parse_args
+    from splat_train.trainer.cli import build_scene
+    from splat_train.trainer.loop import Trainer
+
+    torch.set_num_threads(1)
+    cfg = parse_args(["default", *flags, *(["--loopback"] if ctx.loopback else [])])
+    t = Trainer(cfg, ctx, build_scene(cfg))
+    fb = t.forward_backward
+    assert fb.graphed_step is None  # a CPU run
+    if graphed:
+        fb.graphed_head = GraphedHead(t.ops, 0.01, 1e10, capture=EagerGraphs)
+        fb.graphed_step = GraphedStep(fb.graphed_head, t.ops, t.loss, capture=EagerCall, ctx=ctx)
+    ctx.stats.reset()
+    out = dict(params=[], losses=[])
+    for step in range(steps):
+        out["losses"].append(float(t.train_step(step)["loss"]))
+        out["params"].append({k: t.params[k].detach().clone() for k in graphs.PARAM_KEYS})
+    out["comm"] = ctx.stats.reset()
+    if graphed:
+        whole = fb.graphed_step
+        out.update(captures=whole.captures, exchanges=whole.exchange_captures, failures=whole.failures)
+        assert whole._exchange is not None
+        fb.release()
+        assert whole._exchange is None
+    return out
+
+
+def _assert_trains_as(graphed: dict, eager: dict, where: str) -> None:
+    torch.testing.assert_close(torch.tensor(graphed["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=0)
+    for i, (a, b) in enumerate(zip(eager["params"], graphed["params"])):
+        for k in graphs.PARAM_KEYS:
+            assert a[k].shape == b[k].shape, (where, k, i)
+            torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6, msg=f"{where}: {k} at step {i}")
+    counts = [p["means"].shape[0] for p in graphed["params"]]
+    assert len(set(counts)) > 1, where  # densification ran: new counts, a new exchange
+    assert graphed["failures"] == 0 and graphed["exchanges"] >= 2 and graphed["captures"] >= 2, where
+
+
+def test_whole_steps_at_loopback_train_as_the_eager_loopback_steps():
+    """Over a group of one rank: the same training, and the replayed exchanges counted as the
+    eager ones (one forward and one reverse all_to_all a step; the warm-up and the capture not).
+    Unfused: the fused tail is the one-process replay's (tests/test_step_graphs.py), the exchange
+    the same for both."""
+    flags = FLAGS
+    runs = {}
+    for graphed in (False, True):  # one after the other: densification draws from the global RNG
+        with loopback_group(DistContext()) as ctx:
+            runs[graphed] = _run(ctx, flags, graphed)
+    _assert_trains_as(runs[True], runs[False], "loopback")
+    calls = runs[True]["comm"]["calls"]
+    assert calls["forward/all_to_all"] == calls["backward/all_to_all"] == STEPS
+    assert calls == runs[False]["comm"]["calls"]
+
+
+def _two_ranks(ctx: DistContext, flags, out_dir):
+    runs = {graphed: _run(ctx, flags, graphed) for graphed in (False, True)}
+    torch.save(runs, f"{out_dir}/runs_rank{ctx.rank}.pt")
+
+
+def test_whole_steps_over_two_ranks_train_as_the_eager_distributed_steps(tmp_path):
+    """W = 2 over gloo, shards of unequal size: every rank trains its shard as the eager step
+    does (the split sizes, the owners' order along the received records and the loss's share of
+    the global batch are the replay's own code), and the reverse exchange sends 9 of the eager
+    one's 10 gradient lanes (the depth lane, zero in a photometric step, stays home)."""
+    assert launch(_two_ranks, (FLAGS, str(tmp_path)), nproc_per_node=2, device="cpu") == 0
+    for rank in range(2):
+        runs = torch.load(tmp_path / f"runs_rank{rank}.pt")
+        _assert_trains_as(runs[True], runs[False], f"rank {rank}")
+        sent = {graphed: runs[graphed]["comm"]["bytes_sent"] for graphed in (False, True)}
+        assert sent[True]["forward/all_to_all"] == sent[False]["forward/all_to_all"] > 0
+        assert sent[True]["backward/all_to_all"] * 10 == sent[False]["backward/all_to_all"] * 9
+
+
+def test_the_exchange_refuses_a_layout_its_records_disagree_with_and_says_when_a_capture_is_refused():
+    """Head outputs of another shape than the counts say: ValueError. A capture the backend
+    refuses: one line, and that direction runs eagerly on the same buffers (a replay still moves
+    the records)."""
+    with loopback_group(DistContext()) as ctx:
+        N, C = 7, 2
+        sources = {
+            "radii": torch.randint(0, 5, (C, N, 2), dtype=torch.int32),
+            "means2d": torch.randn(C, N, 2),
+            "depths": torch.rand(C, N),
+            "conics": torch.randn(C, N, 3),
+            "opacities": torch.rand(C, N),
+            "colors": torch.rand(C, N, 3),
+        }
+        targets = {k: torch.zeros_like(sources[k]) for k in ("means2d", "depths", "conics", "opacities", "colors")}
+        with pytest.raises(ValueError, match="pass layout says"):
+            GraphedExchange(ctx, [N + 1], [C], sources, targets, EagerCall)
+        lines = []
+
+        def refuse(fn, inputs):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+        ex = GraphedExchange(ctx, [N], [C], sources, targets, refuse, warn=lines.append)
+        assert ex.captured == {"forward": False, "backward": False} and len(lines) == 2
+        assert "forward record exchange could not be captured" in lines[0]
+        sources["means2d"].add_(1.0)
+        got = ex.forward()
+        assert torch.equal(got["means2d"], sources["means2d"]) and torch.equal(got["radii"], sources["radii"])
+        ex.record_grads["conics"].normal_()
+        targets["depths"].fill_(3.0)
+        ex.backward()
+        assert torch.equal(targets["conics"], ex.record_grads["conics"]) and not targets["depths"].any()
+        ex.release()
