@@ -16,3 +16,16 @@ for seed in 42 43 44; do
     SPLAT_TRAIN_CACHE=/tmp/cache_$commit splat-train default $FLAGS --seed $seed --result_dir $R/${commit}_$seed > ${commit}_$seed/train.log 2>&1
   done
 done
+# A second device call, at 26be4b1 ("head"; the step's code as fb05910): a 300-step warm-up run each
+# (warm2_<commit>.log; base's native kernel builds there), then seeds 45-47 alternating the same way,
+# then the head with --loopback --cuda_graphs on, seed 45 (loopback_45: the distributed path's
+# whole-step replay, its record exchanges captured at every densification); gpu2.txt: the machine.
+for commit in base head; do
+  SPLAT_TRAIN_CACHE=/tmp/cache_$commit splat-train default $FLAGS --max_steps 300 --eval_steps 99999 --seed 7 --result_dir $R/warm2_$commit > warm2_$commit.log 2>&1
+done
+for seed in 45 46 47; do
+  for commit in base head; do
+    SPLAT_TRAIN_CACHE=/tmp/cache_$commit splat-train default $FLAGS --seed $seed --result_dir $R/${commit}_$seed > ${commit}_$seed/train.log 2>&1
+  done
+done
+splat-train default $FLAGS --seed 45 --loopback --cuda_graphs on --result_dir $R/loopback_45 > loopback_45/train.log 2>&1
