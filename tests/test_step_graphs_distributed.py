@@ -12,7 +12,7 @@ from splat_train.trainer.launch import DistContext, launch, loopback_group
 from splat_train.trainer.step import capture as graphs
 from splat_train.trainer.step.capture import GraphedHead
 from splat_train.trainer.step.graphed import GraphedStep
-from splat_train.trainer.step.graphed_exchange import GraphedExchange
+from splat_train.trainer.step.graphed_exchange import GraphedExchange, HeadBinding
 
 from test_step_graphs import EagerCall, EagerGraphs
 
@@ -39,10 +39,28 @@ FLAGS = [
 STEPS = 8
 
 
-def _run(ctx: DistContext, flags, graphed: bool, steps: int = STEPS) -> dict:
+class _Refusing:
+    """A capture stand-in that refuses calls of the kind ``which`` from its ``nth`` (1-based) on:
+    "tail" (a capture with inputs, as the tail's; every later one too, so that the step's retry
+    with a warm-up fails as well) or "head" (the head's capture: the ``nth`` only), and stands in
+    eagerly for the others."""
+
+    def __init__(self, stand_in, which: str, nth: int):
+        self.stand_in, self.which, self.nth, self.calls = stand_in, which, nth, 0
+
+    def __call__(self, fn, inputs):
+        if self.which == "head" or len(inputs) > 0:
+            self.calls += 1
+            if self.calls == self.nth or (self.which == "tail" and self.calls > self.nth):
+                raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return self.stand_in(fn, inputs)
+
+
+def _run(ctx: DistContext, flags, graphed: bool, steps: int = STEPS, refuse=None) -> dict:
     """A trainer of ``flags`` on rank ``ctx``: ``steps`` steps, eager or with the whole-step
     replay on stand-in captures; returns the parameters after each step, the losses, the
-    collectives and the replay's counters."""
+    collectives and the replay's counters. ``refuse``: (rank, "tail" | "head", n): that rank's
+    n-th capture of that kind is refused (the other ranks' are not)."""
     from splat_train.trainer.cli import parse_args
     from splat_train.trainer.cli import build_scene
     from splat_train.trainer.loop import Trainer
@@ -53,8 +71,16 @@ def _run(ctx: DistContext, flags, graphed: bool, steps: int = STEPS) -> dict:
     fb = t.forward_backward
     assert fb.graphed_step is None  # a CPU run
     if graphed:
-        fb.graphed_head = GraphedHead(t.ops, 0.01, 1e10, capture=EagerGraphs)
-        fb.graphed_step = GraphedStep(fb.graphed_head, t.ops, t.loss, capture=EagerCall, ctx=ctx)
+        head_capture, step_capture = EagerGraphs, EagerCall
+        if refuse is not None and refuse[0] == ctx.rank:
+            if refuse[1] == "head":
+                head_capture = _Refusing(EagerGraphs, "head", refuse[2])
+            else:
+                step_capture = _Refusing(EagerCall, "tail", refuse[2])
+        fb.graphed_head = GraphedHead(t.ops, 0.01, 1e10, capture=head_capture, warn=lambda line: None)
+        fb.graphed_step = GraphedStep(
+            fb.graphed_head, t.ops, t.loss, capture=step_capture, ctx=ctx, warn=lambda line: None
+        )
     ctx.stats.reset()
     out = dict(params=[], losses=[])
     for step in range(steps):
@@ -63,14 +89,19 @@ def _run(ctx: DistContext, flags, graphed: bool, steps: int = STEPS) -> dict:
     out["comm"] = ctx.stats.reset()
     if graphed:
         whole = fb.graphed_step
-        out.update(captures=whole.captures, exchanges=whole.exchange_captures, failures=whole.failures)
+        out.update(
+            captures=whole.captures,
+            exchanges=whole.exchange_captures,
+            failures=whole.failures,
+            head_failures=fb.graphed_head.failures,
+        )
         assert whole._exchange is not None
         fb.release()
         assert whole._exchange is None
     return out
 
 
-def _assert_trains_as(graphed: dict, eager: dict, where: str) -> None:
+def _assert_trains_as(graphed: dict, eager: dict, where: str, failures: int = 0) -> None:
     torch.testing.assert_close(torch.tensor(graphed["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=0)
     for i, (a, b) in enumerate(zip(eager["params"], graphed["params"])):
         for k in graphs.PARAM_KEYS:
@@ -78,7 +109,9 @@ def _assert_trains_as(graphed: dict, eager: dict, where: str) -> None:
             torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6, msg=f"{where}: {k} at step {i}")
     counts = [p["means"].shape[0] for p in graphed["params"]]
     assert len(set(counts)) > 1, where  # densification ran: new counts, a new exchange
-    assert graphed["failures"] == 0 and graphed["exchanges"] >= 2 and graphed["captures"] >= 2, where
+    refused = graphed["failures"] + graphed["head_failures"]
+    assert refused >= failures and (refused > 0) == (failures > 0), where
+    assert graphed["exchanges"] >= 2 and graphed["captures"] >= 1, where
 
 
 def test_whole_steps_at_loopback_train_as_the_eager_loopback_steps():
@@ -97,23 +130,39 @@ def test_whole_steps_at_loopback_train_as_the_eager_loopback_steps():
     assert calls == runs[False]["comm"]["calls"]
 
 
-def _two_ranks(ctx: DistContext, flags, out_dir):
-    runs = {graphed: _run(ctx, flags, graphed) for graphed in (False, True)}
+def _two_ranks(ctx: DistContext, flags, out_dir, refuse=None):
+    runs = {graphed: _run(ctx, flags, graphed, refuse=refuse) for graphed in (False, True)}
     torch.save(runs, f"{out_dir}/runs_rank{ctx.rank}.pt")
 
 
 def test_whole_steps_over_two_ranks_train_as_the_eager_distributed_steps(tmp_path):
-    """W = 2 over gloo, shards of unequal size: every rank trains its shard as the eager step
-    does (the split sizes, the owners' order along the received records and the loss's share of
-    the global batch are the replay's own code), and the reverse exchange sends 9 of the eager
-    one's 10 gradient lanes (the depth lane, zero in a photometric step, stays home)."""
-    assert launch(_two_ranks, (FLAGS, str(tmp_path)), nproc_per_node=2, device="cpu") == 0
+    """W = 2 over gloo, shards of unequal size, two images a step from 7 training views (so the
+    ranks' camera counts differ at some steps): every rank trains its shard as the eager step
+    does (the split sizes, the owners' order along the received records, the renderers' camera
+    offsets and the loss's share of the global batch are the replay's own code), and the reverse
+    exchange sends 9 of the eager one's 10 gradient lanes (the depth lane, zero in a photometric
+    step, stays home)."""
+    flags = FLAGS + ["--batch_size", "2"]
+    assert launch(_two_ranks, (flags, str(tmp_path)), nproc_per_node=2, device="cpu") == 0
     for rank in range(2):
         runs = torch.load(tmp_path / f"runs_rank{rank}.pt")
         _assert_trains_as(runs[True], runs[False], f"rank {rank}")
         sent = {graphed: runs[graphed]["comm"]["bytes_sent"] for graphed in (False, True)}
         assert sent[True]["forward/all_to_all"] == sent[False]["forward/all_to_all"] > 0
         assert sent[True]["backward/all_to_all"] * 10 == sent[False]["backward/all_to_all"] * 9
+
+
+@pytest.mark.parametrize("which, nth", [("tail", 2), ("head", 2)])
+def test_a_capture_refused_on_one_rank_leaves_every_rank_in_step(tmp_path, which, nth):
+    """One rank's tail capture refused (it runs uncaptured between the replays), or one rank's head
+    capture refused after densification (its head runs through autograd, its records through the
+    same exchange): the other rank's collectives still meet this rank's, and both train as the
+    eager step."""
+    args = (FLAGS, str(tmp_path), (1, which, nth))
+    assert launch(_two_ranks, args, nproc_per_node=2, device="cpu") == 0
+    for rank in range(2):
+        runs = torch.load(tmp_path / f"runs_rank{rank}.pt")
+        _assert_trains_as(runs[True], runs[False], f"rank {rank}", failures=int(rank == 1))
 
 
 def test_the_exchange_refuses_a_layout_its_records_disagree_with_and_says_when_a_capture_is_refused():
@@ -131,21 +180,30 @@ def test_the_exchange_refuses_a_layout_its_records_disagree_with_and_says_when_a
             "colors": torch.rand(C, N, 3),
         }
         targets = {k: torch.zeros_like(sources[k]) for k in ("means2d", "depths", "conics", "opacities", "colors")}
-        with pytest.raises(ValueError, match="pass layout says"):
-            GraphedExchange(ctx, [N + 1], [C], sources, targets, EagerCall)
         lines = []
 
         def refuse(fn, inputs):
             raise RuntimeError("operation not permitted when stream is capturing")
 
-        ex = GraphedExchange(ctx, [N], [C], sources, targets, refuse, warn=lines.append)
-        assert ex.captured == {"forward": False, "backward": False} and len(lines) == 2
+        cpu = torch.device("cpu")
+        with pytest.raises(ValueError, match="pass layout says"):
+            HeadBinding(GraphedExchange(ctx, [N + 1], [C], cpu, EagerCall), sources, targets, EagerCall)
+        ex = GraphedExchange(ctx, [N], [C], cpu, refuse, warn=lines.append)
+        binding = HeadBinding(ex, sources, targets, refuse, warn=lines.append)
+        assert ex.captured == {"forward": False, "backward": False} and len(lines) == 4
         assert "forward record exchange could not be captured" in lines[0]
+        calls = ctx.stats.reset()["calls"]
         sources["means2d"].add_(1.0)
+        binding.pack()
         got = ex.forward()
         assert torch.equal(got["means2d"], sources["means2d"]) and torch.equal(got["radii"], sources["radii"])
+        assert torch.equal(got["opacities"], sources["opacities"]) and torch.equal(got["colors"], sources["colors"])
         ex.record_grads["conics"].normal_()
         targets["depths"].fill_(3.0)
         ex.backward()
+        binding.unpack()
         assert torch.equal(targets["conics"], ex.record_grads["conics"]) and not targets["depths"].any()
+        # the warm-ups were not counted; each eager replay once
+        assert calls == {} and ctx.stats.reset()["calls"] == {"forward/all_to_all": 1, "backward/all_to_all": 1}
+        binding.release()
         ex.release()

@@ -245,10 +245,13 @@ def exchange_counts(ctx: DistContext, send_counts: torch.Tensor) -> list[int]:
     return recv.cpu().tolist()
 
 
-def _all_to_all_rows(ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int]) -> torch.Tensor:
-    """Rows [sum(send_rows), D] -> rows [sum(recv_rows), D]: rank j gets the j-th chunk."""
+def _all_to_all_rows(
+    ctx: DistContext, x: torch.Tensor, send_rows: list[int], recv_rows: list[int], out: "torch.Tensor | None" = None
+) -> torch.Tensor:
+    """Rows [sum(send_rows), D] -> rows [sum(recv_rows), D]: rank j gets the j-th chunk (into
+    ``out``, contiguous [sum(recv_rows), D], where given: a buffer a captured graph replays into)."""
     d = x.shape[1]
-    out = x.new_empty(sum(recv_rows), d)
+    out = x.new_empty(sum(recv_rows), d) if out is None else out
     dist.all_to_all_single(
         out,
         x.contiguous(),

@@ -49,7 +49,7 @@ from ...kernels.reference import composite_background
 from ..render import RenderInfo
 from ..launch import DistContext
 from .capture import OUTPUT_KEYS, PARAM_KEYS, CapturedCall, GraphedHead, collector_held
-from .graphed_exchange import GraphedExchange
+from .graphed_exchange import GraphedExchange, HeadBinding
 
 RASTER_KEYS = ("means2d", "conics", "colors", "opacities")  # the head outputs the rasterizer reads
 CAPACITY_ROUND = 4096  # the tail's flatten_ids capacity is a multiple of this many entries
@@ -217,6 +217,8 @@ class GraphedStep:
             raise ValueError("a whole-step replay on the distributed path takes no --absgrad (step/plan.graphs_mode)")
         self._exchange: Optional[GraphedExchange] = None
         self._exchange_key: Optional[tuple] = None
+        self._binding: Optional[HeadBinding] = None
+        self._binding_key: Optional[tuple] = None
         self.exchange_captures = 0  # the record exchanges captured (both directions each), distributed path
         self.capture = capture or CapturedCall
         self.warn = warn
@@ -251,8 +253,11 @@ class GraphedStep:
         cameras, ``n_world`` and ``c_world`` every rank's Gaussian and camera counts
         (render.PassLayout); the records travel through :class:`GraphedExchange`, and the loss
         is weighted by this rank's share of the cameras, as step/eager.EagerStep weights it.
-        Returns None, having set no gradient, when the head runs without a capture for these
-        arguments or a tail capture has failed: the caller then runs its eager step. A fused
+        One process: returns None, having set no gradient, when the head runs without a capture
+        for these arguments or a tail capture has failed; the caller then runs its eager step.
+        The distributed path never leaves the replay on one rank alone (every rank's collectives
+        must meet): a head without a capture runs through autograd, its records through the same
+        exchange, and a tail whose capture failed runs uncaptured between the replays. A fused
         step whose kernel needs several launches runs its tail uncaptured (``declined`` counts them)."""
         if self.failed:
             return None
@@ -266,24 +271,34 @@ class GraphedStep:
         sizes = [(width, height)] * C_all
         head_key = self.head.key_of(params, viewmats, Ks, campos, sizes, sh_degree)
         if not self.head.is_current(head_key):
-            self._drop()  # they hold the head's capture: let them go before the head captures again
+            self._drop_head()  # what holds the head's capture goes before the head captures again
         run, inputs = self.head.prepare(params, viewmats, Ks, campos, sizes, sh_degree, key=head_key)
-        if not hasattr(run, "replay_forward"):  # the head runs eagerly for these arguments
-            self._drop()
+        eager_head = not hasattr(run, "replay_forward")  # the head runs eagerly for these arguments
+        if eager_head and self.ctx is None:
+            self._drop_head()
             self.head.calls -= 1  # the eager step calls the head again for this step: count it once
             return None
-        head_graphs: Any = run  # a CapturedGraphs, or a test's stand-in with its methods
         if timer is not None:
             timer.begin("projection")
-        outs = dict(zip(OUTPUT_KEYS, head_graphs.replay_forward(*inputs)))
-        diff_keys = [k for k in OUTPUT_KEYS if outs[k].requires_grad]
-        head_grads = dict(zip(diff_keys, head_graphs.grad_outputs))
-        exchange = None
+        head_graphs: Any = run  # a CapturedGraphs, or a test's stand-in with its methods
+        if eager_head:  # the distributed path: this rank's head through autograd, its exchange as every rank's
+            outs = dict(zip(OUTPUT_KEYS, run(*inputs)))
+            head_grads = {k: torch.zeros_like(outs[k]) for k in OUTPUT_KEYS if outs[k].requires_grad}
+        else:
+            outs = dict(zip(OUTPUT_KEYS, head_graphs.replay_forward(*inputs)))
+            head_grads = dict(zip([k for k in OUTPUT_KEYS if outs[k].requires_grad], head_graphs.grad_outputs))
+        exchange = binding = None
         records, record_grads = outs, head_grads
         if self.ctx is not None:
             if timer is not None:
                 timer.begin("forward_exchange")
-            exchange = self._exchange_for(run, n_world, c_world, outs, head_grads)
+            exchange = self._exchange_for(n_world, c_world, outs["means2d"].device)
+            if eager_head:
+                self._release_binding()
+                exchange.pack(outs)
+            else:
+                binding = self._binding_for(run, exchange, outs, head_grads)
+                binding.pack()
             records, record_grads = exchange.forward(), exchange.record_grads
         if timer is not None:
             timer.begin("rasterization")
@@ -301,7 +316,7 @@ class GraphedStep:
         uncaptured = self.fused is not None and not fits_one_launch(self.capacity, C * (th + 1) * tw)
         weight = C / C_all  # this rank's share of the global batch's mean loss (step/eager.py)
         key = (
-            run,
+            run if exchange is None else None,  # the distributed tail reads the exchange's buffers
             exchange,
             self.capacity,
             C,
@@ -320,7 +335,7 @@ class GraphedStep:
             captured = self._capture(
                 key, records, record_grads, width, height, C, th, tw, offsets, flatten_ids, gts, backgrounds, weight
             )
-            if captured is None:
+            if captured is None:  # one process: the run goes on with the eager step
                 self._drop()
                 return None
             tail = captured
@@ -337,14 +352,24 @@ class GraphedStep:
             if timer is not None:
                 timer.begin("backward_exchange")
             exchange.backward()
+            if binding is not None:
+                binding.unpack()
+            else:
+                exchange.unpack(head_grads)
         if timer is not None:
             timer.begin("backward_projection")
-        grad_inputs = head_graphs.replay_backward()
-        for key_, grad in zip(PARAM_KEYS, grad_inputs):
-            if grad is not None:
-                params[key_].grad = grad
+        if eager_head:
+            torch.autograd.backward([outs[k] for k in head_grads], list(head_grads.values()))
+            means2d_holder = head_grads["means2d"].new_empty(1).expand(head_grads["means2d"].shape)
+            means2d_holder.grad = head_grads["means2d"]
+        else:
+            grad_inputs = head_graphs.replay_backward()
+            for key_, grad in zip(PARAM_KEYS, grad_inputs):
+                if grad is not None:
+                    params[key_].grad = grad
+            means2d_holder = tail.means2d if binding is None else binding.means2d
         info = RenderInfo(
-            means2d=tail.means2d if exchange is None else exchange.means2d,
+            means2d=means2d_holder,
             radii=outs["radii"],
             packed=False,
             n_cameras=C_all,
@@ -365,25 +390,48 @@ class GraphedStep:
     def rank(self) -> int:
         return self.ctx.rank if self.ctx is not None else 0
 
-    def _exchange_for(self, run, n_world, c_world, outs, head_grads) -> GraphedExchange:
-        """The record exchange of head capture ``run`` and these counts: the current one, or a new
-        one captured now (the old one released first; the tail that read it goes with it)."""
-        key = (run, tuple(n_world), tuple(c_world))
+    def _exchange_for(self, n_world, c_world, device) -> GraphedExchange:
+        """The record collectives of these counts (every rank's alike, so every rank builds them at
+        the same step): the current ones, or new ones built now, after the old ones, the tail that
+        read their buffers and the binding that wrote them are released."""
+        key = (tuple(n_world), tuple(c_world))
         if self._exchange is not None and self._exchange_key == key:
             return self._exchange
         self._drop()
         assert self.ctx is not None
-        self._exchange = GraphedExchange(self.ctx, n_world, c_world, outs, head_grads, self.capture, self.warn)
+        self._exchange = GraphedExchange(self.ctx, n_world, c_world, device, self.capture, self.warn)
         self._exchange_key = key
         self.exchange_captures += all(self._exchange.captured.values())
         return self._exchange
 
+    def _binding_for(self, run, exchange: GraphedExchange, outs, head_grads) -> HeadBinding:
+        """The pack and unpack of head capture ``run`` for ``exchange``: the current ones, or new ones."""
+        if self._binding is not None and self._binding_key == (run, exchange):
+            return self._binding
+        self._release_binding()
+        self._binding = HeadBinding(exchange, outs, head_grads, self.capture, self.warn)
+        self._binding_key = (run, exchange)
+        return self._binding
+
+    def _release_binding(self) -> None:
+        if self._binding is not None:
+            self._binding.release()
+        self._binding = self._binding_key = None
+
+    def _drop_head(self) -> None:
+        """Let go of what holds the head's capture: one process's tail (it reads the head's
+        outputs), the distributed path's binding (the tail there reads the exchange's buffers)."""
+        if self.ctx is None:
+            self._tail = None
+        self._release_binding()
+
     def _drop(self) -> None:
-        """Let the tail and the record exchange go (the exchange's graphs destroyed now)."""
+        """Let the tail, the binding and the record exchange go (their graphs destroyed now)."""
         self._tail = None
+        self._release_binding()
         if self._exchange is not None:
             self._exchange.release()
-            self._exchange = None
+        self._exchange = self._exchange_key = None
 
     def release(self) -> None:
         """Free every capture this object holds (the record exchange's collectives must be gone
@@ -407,13 +455,14 @@ class GraphedStep:
                 if not warm_up:  # a first launch of some kernel in the capture? once more, warmed up
                     warm_up = True
                     continue
-                self.failed = True
                 self.failures += 1
-                line = (
-                    "--cuda_graphs: the step's tail could not be captured, steps run eagerly "
-                    f"({str(e).splitlines()[0]})"
-                )
-                (self.warn or warnings.warn)(line)
+                if self.ctx is None:  # one process: the eager step from now on
+                    self.failed = True
+                    line = "--cuda_graphs: the step's tail could not be captured, steps run eagerly"
+                else:  # the distributed path keeps the other ranks' collectives: this tail runs uncaptured
+                    line = "--cuda_graphs: a step's tail could not be captured, it runs uncaptured between the replays"
+                if self.failures == 1:
+                    (self.warn or warnings.warn)(f"{line} ({str(e).splitlines()[0]})")
                 return False
 
     def _capture(
@@ -439,7 +488,10 @@ class GraphedStep:
         if uncaptured:  # no capture: the tail runs eagerly at each replay
             tail.call = _Uncaptured(fn, inputs)
         elif not self._captured_call(tail, fn, inputs, warm_up=warmed not in self._warmed):
-            return None
+            if self.ctx is None:
+                return None
+            tail.call = _Uncaptured(fn, inputs)  # the distributed path: no rank may leave the replay alone
+            uncaptured = True
         means2d_grad = targets["means2d"]
         # holders whose .grad the strategy reads: stride-0 views, no memory of their own
         tail.means2d = means2d_grad.new_empty(1).expand(means2d_grad.shape)

@@ -7,29 +7,39 @@ the split sizes are Python lists fixed by the shard sizes and the camera counts,
 at densification and pruning steps, and no host reads device data. So both all_to_alls can be
 captured in CUDA graphs (NCCL supports stream capture) and replayed each step without host work:
 
-- forward: the head's static outputs [C_all, N_r, ...] -> one payload holding, for each rank j,
-  the fields of kernels.constants.RECORD_FIELDS of j's cameras one after the other (each field a
+- forward: the head's outputs [C_all, N_r, ...] -> one payload holding, for each rank j, the
+  fields of kernels.constants.RECORD_FIELDS of j's cameras one after the other (each field a
   contiguous block [C_j, N_r, w] of a head output, the int32 radii bit-cast, 12 float32 lanes per
-  record in all) -> all_to_all -> each field of the received records [C, N_all, ...] in static
-  memory, joined from the owners' blocks in rank order;
-- backward: the static gradients of the received records' rasterized fields (means2d, conics,
+  record in all) -> all_to_all -> each field of the received records [C, N_all, ...], joined from
+  the owners' blocks in rank order;
+- backward: the gradients of the received records' rasterized fields (means2d, conics,
   opacities, colors: 9 lanes; the depth lane has no gradient in a step that trains nothing but
   the photometric loss and does not travel, where the eager reverse exchange sends it as zeros),
-  field after field for each owner -> the reverse all_to_all -> the head's static gradient
-  buffers (depths' zeroed).
+  field after field for each owner -> the reverse all_to_all -> the head's gradient buffers
+  (depths' zeroed).
 
 Field-major blocks rather than the eager exchange's interleaved 12-lane rows: every copy on either
 side moves whole contiguous runs (an interleaved pack or unpack of the narrow fields ran at a
 fraction of the memory bandwidth on the H200, docs/clusters.md).
 
+Every rank must issue the same collectives in the same order, so what communicates depends only on
+what every rank knows alike: :class:`GraphedExchange` (the two collectives, with the received
+records' join and the gradients' pack) owns all of its buffers and is built, warmed up and captured
+for the pass layout (every rank's Gaussian and camera counts), on every rank at the same step.
+What is one rank's own, the head's capture (captured again when this rank's parameters are
+reallocated, or run eagerly when its capture fails), binds to it through :class:`HeadBinding`: the
+pack of the head's outputs into the payload and the unpack of the returned gradients into the
+head's buffers, local copies captured (or run eagerly) on their own. A collective whose capture the
+backend refuses runs eagerly on the same buffers, the same bytes at the same point of the step as
+the other ranks' replays; said once through ``warn``.
+
 What it moves equals the eager exchange's values (render._exchange_dense and exchange.AllToAll's
-backward), in another order: every value is a copy, so the replayed step trains as the eager one to the rasterizer's
-rounding. A capture the backend refuses runs that exchange eagerly on the same static buffers from
-then on, said once through ``warn``.
+backward), in another order: every value is a copy, so the replayed step trains as the eager one
+to the rasterizer's rounding.
 
 A captured collective's plan belongs to NCCL until its graph is destroyed, and destroying the
 process group waits for it: :meth:`GraphedExchange.release` must run before the group goes
-(step/forward.ForwardBackward.release, called by the Trainer's close).
+(step/forward.ForwardBackward.release, called by the Trainer, the CLI and the bench).
 """
 
 from __future__ import annotations
@@ -41,15 +51,16 @@ from typing import Callable, Optional
 
 import torch
 
+from ...kernels.constants import RECORD_FIELDS
 from ..exchange import _all_to_all_rows
 from ..launch import DistContext
-from ...kernels.constants import RECORD_FIELDS
 from ..render import ExchangeLayout
 
 RECORD_KEYS = tuple(name for name, _ in RECORD_FIELDS)  # radii, means2d, depths, conics, opacities, colors
 GRAD_FIELDS = (("means2d", 2), ("conics", 3), ("opacities", 1), ("colors", 3))  # what a photometric gradient reaches
 GRAD_KEYS = tuple(name for name, _ in GRAD_FIELDS)
 GRAD_LANES = sum(w for _, w in GRAD_FIELDS)  # 9
+RECORD_LANES = sum(w for _, w in RECORD_FIELDS)  # 12
 
 
 @contextlib.contextmanager
@@ -65,151 +76,130 @@ def stats_unchanged(ctx: DistContext):
 
 
 class _Eager:
-    """An exchange that runs ``fn(*inputs)`` at each ``replay()``: what a refused capture leaves."""
+    """Work that runs ``fn()`` at each ``replay()``: what a refused capture leaves. ``fn`` writes
+    buffers its owner holds, so there is nothing to copy."""
 
-    def __init__(self, fn: Callable, inputs: tuple):
-        self.fn, self.inputs = fn, inputs
-        self.outputs = tuple(fn(*inputs))
+    def __init__(self, fn: Callable):
+        self.fn = fn
 
-    def replay(self) -> tuple:
-        out = self.fn(*self.inputs)
-        if self.outputs:
-            for static, o in zip(self.outputs, out):
-                if static.data_ptr() != o.data_ptr():
-                    static.copy_(o)
-        return self.outputs
+    def replay(self) -> None:
+        self.fn()
+
+
+def _captured_or_eager(fn: Callable, capture: Callable, what: str, warn, on_device: bool):
+    """(``fn`` captured through ``capture(fn, ())``, True), or (an :class:`_Eager` of it, False)
+    where the backend refuses the capture (said through ``warn``). ``fn`` has run once eagerly
+    before (the caller's warm-up)."""
+    from .capture import collector_held
+
+    try:
+        if on_device:
+            torch.cuda.synchronize()
+        with collector_held():
+            return capture(fn, ()), True
+    except RuntimeError as e:  # torch.AcceleratorError is one
+        line = f"--cuda_graphs: the {what} could not be captured, it runs eagerly between the replays ({str(e).splitlines()[0]})"
+        (warn or warnings.warn)(line)
+        return _Eager(fn), False
+
+
+def _reset(call) -> None:
+    graph = getattr(call, "graph", None)
+    if graph is not None:
+        graph.reset()
 
 
 class GraphedExchange:
-    """Both record exchanges of a dense step for one head capture and one pass layout.
+    """Both record collectives of a dense step for one pass layout, with every buffer they touch.
 
     ``ctx``: the rank (``ctx.distributed``); ``n_world`` / ``c_world``: every rank's Gaussian and
-    camera counts (render.PassLayout); ``sources``: the head's static outputs by name
-    (capture.OUTPUT_KEYS; [C_all, N_r, ...] with C_all = sum(c_world)); ``targets``: the head's
-    static gradient buffers by name (those of its differentiable outputs); ``capture``:
-    capture.CapturedCall or a test's stand-in (``fn, inputs -> .replay(), .outputs``);
-    ``warn``: one-line warnings. Raises ValueError when the sources' shapes disagree with the
-    counts.
+    camera counts (render.PassLayout; the same on every rank, so every rank builds its exchange at
+    the same step); ``device``; ``capture``: capture.CapturedCall or a test's stand-in (``fn,
+    inputs -> .replay()``); ``warn``: one-line warnings. The constructor runs each collective once
+    (a warm-up every rank runs alike) before capturing it. Raises what the collectives raise.
 
-    :meth:`forward` returns the received records by name ([C, N_all, ...], static: overwritten by
-    the next step); :attr:`record_grads` are the static gradient buffers of their rasterized
-    fields, which the step's tail writes; :meth:`backward` takes them to ``targets``. ``layout``
-    (render.ExchangeLayout) and ``means2d`` (whose ``.grad`` is the local 2D means' gradient) go
-    into the step's RenderInfo.
-    ``captured`` says, per direction ("forward", "backward"), whether it replays as a graph (False:
-    its capture was refused and it runs eagerly)."""
+    Buffers: :attr:`payload` (what :meth:`HeadBinding.pack` writes), :attr:`records` (the received
+    records by name, [C, N_all, ...]: what the tail reads), :attr:`record_grads` (their gradients:
+    what the tail writes), :attr:`back` (the gradients of this rank's records per renderer: what
+    :meth:`HeadBinding.unpack` reads). :meth:`forward` and :meth:`backward` replay the two
+    collectives; ``layout`` (render.ExchangeLayout) goes into the step's RenderInfo; ``captured``
+    says, per direction, whether it replays as a graph."""
 
     def __init__(
         self,
         ctx: DistContext,
         n_world: list[int],
         c_world: list[int],
-        sources: dict,
-        targets: dict,
+        device: torch.device,
         capture: Callable,
         warn: Optional[Callable[[str], None]] = None,
     ):
         self.ctx, self.n_world, self.c_world = ctx, list(n_world), list(c_world)
         self.C, self.N = c_world[ctx.rank], n_world[ctx.rank]
-        C_all, N_all = sum(c_world), sum(n_world)
-        if tuple(sources["means2d"].shape[:2]) != (C_all, self.N):
-            raise ValueError(
-                f"the head's records are {tuple(sources['means2d'].shape[:2])} (cameras, Gaussians); "
-                f"the pass layout says {(C_all, self.N)}"
-            )
+        C, N_all = self.C, sum(n_world)
         self.send_rows = [c * self.N for c in c_world]  # records, as render._exchange_dense sends them
-        self.recv_rows = [self.C * n for n in n_world]
-        lanes = sum(w for _, w in RECORD_FIELDS)
-        self.send_elements = [r * lanes for r in self.send_rows]  # float32 elements per peer
-        self.recv_elements = [r * lanes for r in self.recv_rows]
-        self.recv_elements_back = [r * GRAD_LANES for r in self.recv_rows]  # what goes back to each owner
-        self.send_elements_back = [r * GRAD_LANES for r in self.send_rows]
+        self.recv_rows = [C * n for n in n_world]
         self.layout = ExchangeLayout(False, self.N, self.n_world, self.send_rows, self.recv_rows)
-        self.sources, self.targets, self.warn = sources, targets, warn
-        like = sources["means2d"]
-        self.record_grads = {
-            k: like.new_zeros((self.C, N_all, *sources[k].shape[2:])) for k in GRAD_KEYS
-        }  # written by the tail
-        # the holder whose .grad the strategy reads (RenderInfo.means2d): a stride-0 view over
-        # the head's gradient buffer of the local 2D means, [C_all, N_r, 2], no memory of its own
-        self.means2d = targets["means2d"].new_empty(1).expand(targets["means2d"].shape)
-        self.means2d.grad = targets["means2d"]
-        self.captured = {"forward": True, "backward": True}
-        self._forward = self._made(self._forward_fn, "forward", capture)
-        self._backward = self._made(self._backward_fn, "backward", capture)
-
-    def _made(self, fn: Callable, phase: str, capture: Callable):
-        """``fn`` warmed up once eagerly (the communicator and the kernels exist before the
-        capture) and captured, or run eagerly from now on where the capture is refused."""
-        from .capture import collector_held
-
-        with stats_unchanged(self.ctx):
-            self.ctx.stats.phase = phase
-            fn()
-            try:
-                if self.sources["means2d"].is_cuda:
-                    torch.cuda.synchronize(self.sources["means2d"].device)
-                with collector_held():
-                    return capture(fn, ())
-            except RuntimeError as e:  # torch.AcceleratorError is one
-                self.captured[phase] = False
-                line = (
-                    f"--cuda_graphs: the {phase} record exchange could not be captured, it runs eagerly "
-                    f"between the replays ({str(e).splitlines()[0]})"
-                )
-                (self.warn or warnings.warn)(line)
-                return _Eager(fn, ())
+        self.send_elements = [r * RECORD_LANES for r in self.send_rows]  # float32 elements per peer
+        self.recv_elements = [r * RECORD_LANES for r in self.recv_rows]
+        self.back_send = [r * GRAD_LANES for r in self.recv_rows]  # gradients to each owner
+        self.back_recv = [r * GRAD_LANES for r in self.send_rows]
+        f32 = torch.float32
+        self.payload = torch.zeros(sum(self.send_elements), dtype=f32, device=device)
+        self._recv = torch.zeros(sum(self.recv_elements), dtype=f32, device=device)
+        self.records = {
+            name: torch.zeros((C, N_all, w), dtype=torch.int32 if name == "radii" else torch.float32, device=device)
+            for name, w in RECORD_FIELDS
+        }
+        self._record_fields = dict(self.records)  # [C, N_all, w], also for the one-lane fields
+        self.records.update({name: self.records[name][..., 0] for name, w in RECORD_FIELDS if w == 1})
+        self.record_grads = {name: torch.zeros((C, N_all, w), dtype=f32, device=device) for name, w in GRAD_FIELDS}
+        self._grad_fields = dict(self.record_grads)
+        self.record_grads["opacities"] = self.record_grads["opacities"][..., 0]
+        self._rows = torch.zeros(sum(self.back_send), dtype=f32, device=device)
+        self.back = torch.zeros(sum(self.back_recv), dtype=f32, device=device)
+        self.captured: dict = {}
+        self._calls: dict = {}
+        try:
+            for phase, fn in (("forward", self._forward_fn), ("backward", self._backward_fn)):
+                with stats_unchanged(ctx):
+                    ctx.stats.phase = phase
+                    fn()  # the warm-up: every rank, the same collectives
+                    what = f"{phase} record exchange"
+                    self._calls[phase], self.captured[phase] = _captured_or_eager(
+                        fn, capture, what, warn, device.type == "cuda"
+                    )
+        except BaseException:  # a capture made before the failure must not outlive the group
+            self.release()
+            raise
 
     def _forward_fn(self) -> tuple:
-        s = self.sources
-        # to each rank its cameras' records, field after field (each a contiguous [C_j, N_r, w]
-        # block of a head output: the payload is written in one pass of whole blocks)
-        blocks, first = [], 0
-        for c in self.c_world:
-            for name, _ in RECORD_FIELDS:
-                block = s[name][first : first + c]
-                blocks.append((block.view(torch.float32) if name == "radii" else block).reshape(-1))
-            first += c
-        payload = torch.cat(blocks)
-        recv = _all_to_all_rows(self.ctx, payload[:, None], self.send_elements, self.recv_elements)[:, 0]
+        _all_to_all_rows(
+            self.ctx, self.payload[:, None], self.send_elements, self.recv_elements, out=self._recv[:, None]
+        )
         # from each owner r its field blocks [C, N_r, w]; each field joined along the Gaussians
         pieces: dict = {name: [] for name, _ in RECORD_FIELDS}
         start = 0
         for n in self.n_world:
             for name, width in RECORD_FIELDS:
-                block = recv[start : start + self.C * n * width].view(self.C, n, width)
+                block = self._recv[start : start + self.C * n * width].view(self.C, n, width)
                 pieces[name].append(block.view(torch.int32) if name == "radii" else block)
                 start += self.C * n * width
-        fields = []
-        for name, width in RECORD_FIELDS:
-            field = torch.cat(pieces[name], dim=1)
-            fields.append(field[..., 0] if width == 1 else field)
-        return tuple(fields)
+        for name, _ in RECORD_FIELDS:
+            torch.cat(pieces[name], dim=1, out=self._record_fields[name])
+        return ()  # it writes the buffers it owns (a capture's outputs: none)
 
     def _backward_fn(self) -> tuple:
-        g, C = self.record_grads, self.C
+        g, C = self._grad_fields, self.C
         # to each owner j the gradients of its Gaussians, field after field ([C, n_j, w] blocks)
-        rows = g["means2d"].new_empty(sum(self.recv_elements_back))
         first = start = 0
         for n in self.n_world:
             for name, width in GRAD_FIELDS:
-                grad = g[name][:, start : start + n]
-                rows[first : first + C * n * width].view(C, n, width).copy_(grad.view(C, n, width))
+                self._rows[first : first + C * n * width].view(C, n, width).copy_(g[name][:, start : start + n])
                 first += C * n * width
             start += n
-        back = _all_to_all_rows(self.ctx, rows[:, None], self.recv_elements_back, self.send_elements_back)[:, 0]
-        # from each renderer r the blocks [C_r, N, w] of its cameras: rows of the head's gradients
-        t, first, cam = self.targets, 0, 0
-        for c in self.c_world:
-            for name, width in GRAD_FIELDS:
-                t[name][cam : cam + c].view(c, self.N, width).copy_(
-                    back[first : first + c * self.N * width].view(c, self.N, width)
-                )
-                first += c * self.N * width
-            cam += c
-        if "depths" in t:
-            t["depths"].zero_()
-        return (back,)
+        _all_to_all_rows(self.ctx, self._rows[:, None], self.back_send, self.back_recv, out=self.back[:, None])
+        return ()
 
     def _record(self, phase: str, send: list[int], recv: list[int]) -> None:
         """The replayed all_to_all of ``send`` / ``recv`` float32 elements per peer in the rank's
@@ -220,22 +210,95 @@ class GraphedExchange:
         stats.phase = saved
 
     def forward(self) -> dict:
-        """Replay the forward exchange; the received records by name (static)."""
+        """Replay the forward collective (:attr:`payload` -> :attr:`records`); the records by name."""
         with stats_unchanged(self.ctx):  # a replay runs no host code; an eager exchange would count itself
-            out = self._forward.replay()
+            self._calls["forward"].replay()
         self._record("forward", self.send_elements, self.recv_elements)
-        return dict(zip(RECORD_KEYS, out))
+        return self.records
 
     def backward(self) -> None:
-        """Replay the reverse exchange: :attr:`record_grads` to the head's gradient buffers."""
+        """Replay the reverse collective (:attr:`record_grads` -> :attr:`back`)."""
         with stats_unchanged(self.ctx):
-            self._backward.replay()
-        self._record("backward", self.recv_elements_back, self.send_elements_back)
+            self._calls["backward"].replay()
+        self._record("backward", self.back_send, self.back_recv)
+
+    def pack(self, sources: dict) -> None:
+        """Write the head's outputs ``sources`` ([C_all, N_r, ...] by name) into :attr:`payload`:
+        for each rank its cameras' blocks, field after field. Local: no collective."""
+        blocks, first = [], 0
+        for c in self.c_world:
+            for name, _ in RECORD_FIELDS:
+                block = sources[name][first : first + c].detach()
+                blocks.append((block.view(torch.float32) if name == "radii" else block).reshape(-1))
+            first += c
+        torch.cat(blocks, out=self.payload)
+
+    def unpack(self, targets: dict) -> None:
+        """Write :attr:`back` into the head's gradient buffers ``targets`` ([C_all, N_r, ...] by
+        name; "depths" zeroed). Local: no collective."""
+        first = cam = 0
+        for c in self.c_world:
+            for name, width in GRAD_FIELDS:
+                size = c * self.N * width
+                targets[name][cam : cam + c].view(c, self.N, width).copy_(
+                    self.back[first : first + size].view(c, self.N, width)
+                )
+                first += size
+            cam += c
+        if "depths" in targets:
+            targets["depths"].zero_()
 
     def release(self) -> None:
-        """Destroy the captured graphs now (before the process group goes); the object is unusable after."""
-        for call in (self._forward, self._backward):
-            graph = getattr(call, "graph", None)
-            if graph is not None:
-                graph.reset()
-        self._forward = self._backward = None  # type: ignore[assignment]
+        """Destroy the captured graphs now (before the process group goes); unusable after."""
+        for call in self._calls.values():
+            _reset(call)
+        self._calls = {}
+
+
+class HeadBinding:
+    """The local half of the exchange for one head capture: its outputs ``sources`` packed into
+    ``exchange``'s payload and the returned gradients unpacked into its gradient buffers
+    ``targets`` (both by name), each captured through ``capture`` (or run eagerly where refused;
+    they communicate nothing, so a rank may do either alone). ``means2d`` (a stride-0 view whose
+    ``.grad`` is the head's gradient buffer of the local 2D means, [C_all, N_r, 2]) goes into the
+    step's RenderInfo. Raises ValueError when the sources' shapes disagree with the exchange's
+    counts."""
+
+    def __init__(self, exchange: GraphedExchange, sources: dict, targets: dict, capture: Callable, warn=None):
+        expected = (sum(exchange.c_world), exchange.N)
+        if tuple(sources["means2d"].shape[:2]) != expected:
+            raise ValueError(
+                f"the head's records are {tuple(sources['means2d'].shape[:2])} (cameras, Gaussians); "
+                f"the pass layout says {expected}"
+            )
+        self.exchange, self.sources, self.targets = exchange, sources, targets
+        self.means2d = targets["means2d"].new_empty(1).expand(targets["means2d"].shape)
+        self.means2d.grad = targets["means2d"]
+        on_device = sources["means2d"].is_cuda
+        self.calls = []
+        try:
+            for fn, what in ((self._pack, "records' pack"), (self._unpack, "gradients' unpack")):
+                fn()
+                self.calls.append(_captured_or_eager(fn, capture, what, warn, on_device)[0])
+        except BaseException:
+            self.release()
+            raise
+
+    def _pack(self) -> tuple:
+        self.exchange.pack(self.sources)
+        return ()
+
+    def _unpack(self) -> tuple:
+        self.exchange.unpack(self.targets)
+        return ()
+
+    def pack(self) -> None:
+        self.calls[0].replay()
+
+    def unpack(self) -> None:
+        self.calls[1].replay()
+
+    def release(self) -> None:
+        for call in self.calls:
+            _reset(call)
+        self.calls = []

@@ -1,7 +1,9 @@
 """Where the captured record exchange's time goes at loopback: CUDA-graph replays of (a) one NCCL
 all_to_all_single of a juicebox-sized and a 2 M-sized record payload over a process group of one
-rank, (b) a plain device copy of the same bytes, (c) trainer/step/graphed_exchange.py's forward and
-backward exchanges for that many Gaussians (one camera). Per variant: the device time per replay
+rank, (b) a plain device copy of the same bytes, (c) trainer/step/graphed_exchange.py's pieces for
+that many Gaussians (one camera): the head's records packed into the payload (HeadBinding.pack), the
+forward collective with the records' join, the reverse collective with the gradients' pack, and the
+gradients unpacked into the head's buffers (HeadBinding.unpack). Per variant: the device time per replay
 (events around 200 back-to-back replays) and the latency of one replay (host launch to a host
 synchronization returning, median of 200). Run from the project root on a GPU: python nccl_graph.py"""
 
@@ -13,7 +15,7 @@ import torch
 
 from splat_train.trainer.launch import DistContext, loopback_group
 from splat_train.trainer.exchange import _all_to_all_rows
-from splat_train.trainer.step.graphed_exchange import GraphedExchange
+from splat_train.trainer.step.graphed_exchange import GraphedExchange, HeadBinding
 from splat_train.trainer.step.capture import CapturedCall
 
 
@@ -63,17 +65,21 @@ with loopback_group(DistContext(device=torch.device("cuda"))) as ctx:
             "colors": torch.rand(1, n, 3, device="cuda"),
         }
         targets = {k: torch.zeros_like(sources[k]) for k in ("means2d", "depths", "conics", "opacities", "colors")}
-        ex = GraphedExchange(ctx, [n], [1], sources, targets, CapturedCall)
+        ex = GraphedExchange(ctx, [n], [1], torch.device("cuda"), CapturedCall)
+        binding = HeadBinding(ex, sources, targets, CapturedCall)
         row = dict(
             gaussians=n,
             payload_mb=round(n * 48 / 1e6, 1),
             nccl_all_to_all=timed(g_nccl.replay),
             device_copy=timed(g_copy.replay),
-            exchange_forward=timed(ex._forward.replay),
-            exchange_backward=timed(ex._backward.replay),
+            pack=timed(binding.pack),
+            forward_collective_and_join=timed(ex._calls["forward"].replay),
+            backward_pack_and_collective=timed(ex._calls["backward"].replay),
+            unpack=timed(binding.unpack),
         )
         rows.append(row)
         print(json.dumps(row))
+        binding.release()
         ex.release()
         g_nccl.reset()
         torch.cuda.synchronize()
