@@ -207,3 +207,36 @@ def test_the_exchange_refuses_a_layout_its_records_disagree_with_and_says_when_a
         assert calls == {} and ctx.stats.reset()["calls"] == {"forward/all_to_all": 1, "backward/all_to_all": 1}
         binding.release()
         ex.release()
+
+
+def test_a_superseded_exchange_is_gone_before_the_next_is_built_without_the_cycle_collector(monkeypatch):
+    """Densification changes the counts: the old exchange (its collectives' graphs and buffers) and
+    the tail that read it are freed before the new exchange is built, also where that tail ran
+    uncaptured (its call and its inputs' closure refer to each other) and the cycle collector is
+    off, as it is during a capture."""
+    import gc
+    import weakref
+
+    from splat_train.trainer.step import graphed as graphed_module
+
+    made, alive_at_build = [], []
+
+    class Tracked(GraphedExchange):
+        def __init__(self, *args, **kwargs):
+            alive_at_build.append(sum(r() is not None for r in made))
+            super().__init__(*args, **kwargs)
+            made.append(weakref.ref(self))
+
+    class Kept(list):  # test_step_graphs.EagerCall keeps its instances (and their functions) here
+        def append(self, item):
+            pass
+
+    monkeypatch.setattr(graphed_module, "GraphedExchange", Tracked)
+    monkeypatch.setattr(EagerCall, "instances", Kept())
+    gc.disable()
+    try:
+        with loopback_group(DistContext()) as ctx:
+            _run(ctx, FLAGS, True, refuse=(0, "tail", 1))  # every tail uncaptured
+    finally:
+        gc.enable()
+    assert len(made) >= 2 and alive_at_build == [0] * len(made)

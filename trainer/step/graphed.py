@@ -331,7 +331,7 @@ class GraphedStep:
             tail = self._tail
             tail.fill(offsets, flatten_ids, gts, backgrounds)
         else:
-            self._tail = None  # the old capture goes before the new one is made
+            self._forget_tail()  # the old capture goes before the new one is made
             captured = self._capture(
                 key, records, record_grads, width, height, C, th, tw, offsets, flatten_ids, gts, backgrounds, weight
             )
@@ -418,16 +418,24 @@ class GraphedStep:
             self._binding.release()
         self._binding = self._binding_key = None
 
+    def _forget_tail(self) -> None:
+        """Drop the tail now: an uncaptured tail's call and its inputs' closure refer to each other,
+        and the buffers it reads (the head's outputs, or an exchange's records) must not wait for
+        the cycle collector, which a capture holds off (capture.collector_held)."""
+        if self._tail is not None:
+            self._tail.call = None
+        self._tail = None
+
     def _drop_head(self) -> None:
         """Let go of what holds the head's capture: one process's tail (it reads the head's
         outputs), the distributed path's binding (the tail there reads the exchange's buffers)."""
         if self.ctx is None:
-            self._tail = None
+            self._forget_tail()
         self._release_binding()
 
     def _drop(self) -> None:
         """Let the tail, the binding and the record exchange go (their graphs destroyed now)."""
-        self._tail = None
+        self._forget_tail()
         self._release_binding()
         if self._exchange is not None:
             self._exchange.release()
