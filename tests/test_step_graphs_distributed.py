@@ -89,6 +89,7 @@ def _run(ctx: DistContext, flags, graphed: bool, steps: int = STEPS, refuse=None
     out["comm"] = ctx.stats.reset()
     if graphed:
         whole = fb.graphed_step
+        out["exchange_stopped"] = whole.exchange_stopped
         out.update(
             captures=whole.captures,
             exchanges=whole.exchange_captures,
@@ -240,3 +241,24 @@ def test_a_superseded_exchange_is_gone_before_the_next_is_built_without_the_cycl
     finally:
         gc.enable()
     assert len(made) >= 2 and alive_at_build == [0] * len(made)
+
+
+def test_a_pass_layout_that_changes_too_often_runs_the_exchange_without_graphs():
+    """Two images a step from 7 training views: the rank's camera count changes at epoch ends, and
+    each change builds the exchange anew. After GraphedHead.most_captures builds within its window
+    (counted from the layouts alone, which every rank sees alike) the collectives and the tails
+    run eagerly, and the run still trains as the eager step."""
+    flags = [f for f in FLAGS]
+    flags[flags.index("--refine_start_iter") + 1] = "1000"  # no densification: only the camera counts change
+    flags += ["--batch_size", "2", "--max_steps", "40"]
+    runs = {}
+    for graphed in (False, True):
+        with loopback_group(DistContext()) as ctx:
+            runs[graphed] = _run(ctx, flags, graphed, steps=36)
+    # the builds before the one that stops were captured, none after
+    assert runs[True]["exchange_stopped"] and runs[True]["exchanges"] == GraphedHead.most_captures - 1
+    torch.testing.assert_close(
+        torch.tensor(runs[True]["losses"]), torch.tensor(runs[False]["losses"]), rtol=1e-5, atol=0
+    )
+    for k in graphs.PARAM_KEYS:
+        torch.testing.assert_close(runs[True]["params"][-1][k], runs[False]["params"][-1][k], rtol=1e-4, atol=1e-6)

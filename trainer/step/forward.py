@@ -135,6 +135,8 @@ class ForwardBackward:
             )
             if whole.ctx is not None:
                 line += f", {whole.exchange_captures} record exchanges captured"
+                if whole.exchange_stopped:
+                    line += " (then stopped: the pass layout changed too often)"
             if whole.declined:
                 line += f", {whole.declined} steps too large for one fused launch ran their tail uncaptured"
         return line

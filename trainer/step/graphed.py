@@ -219,6 +219,12 @@ class GraphedStep:
         self._exchange_key: Optional[tuple] = None
         self._binding: Optional[HeadBinding] = None
         self._binding_key: Optional[tuple] = None
+        # layouts that change too often to repay a capture (uneven batches at epoch ends): the
+        # exchange then runs its collectives eagerly; decided from the layouts alone, which every
+        # rank sees alike at the same steps, so every rank decides alike
+        self.exchange_stopped = False
+        self._calls_distributed = 0
+        self._recent_builds: list[int] = []
         self.exchange_captures = 0  # the record exchanges captured (both directions each), distributed path
         self.capture = capture or CapturedCall
         self.warn = warn
@@ -292,6 +298,7 @@ class GraphedStep:
         if self.ctx is not None:
             if timer is not None:
                 timer.begin("forward_exchange")
+            self._calls_distributed += 1
             exchange = self._exchange_for(n_world, c_world, outs["means2d"].device)
             if eager_head:
                 self._release_binding()
@@ -399,7 +406,18 @@ class GraphedStep:
             return self._exchange
         self._drop()
         assert self.ctx is not None
-        self._exchange = GraphedExchange(self.ctx, n_world, c_world, device, self.capture, self.warn)
+        most, window = GraphedHead.most_captures, GraphedHead.window
+        self._recent_builds = [c for c in self._recent_builds if c > self._calls_distributed - window]
+        self._recent_builds.append(self._calls_distributed)
+        if not self.exchange_stopped and len(self._recent_builds) >= most:
+            self.exchange_stopped = True
+            line = (
+                f"--cuda_graphs: the pass layout changed {most} times within {window} steps; "
+                "the record exchange runs without graphs from now on"
+            )
+            (self.warn or warnings.warn)(line)
+        capture = None if self.exchange_stopped else self.capture
+        self._exchange = GraphedExchange(self.ctx, n_world, c_world, device, capture, self.warn)
         self._exchange_key = key
         self.exchange_captures += all(self._exchange.captured.values())
         return self._exchange
@@ -493,8 +511,9 @@ class GraphedStep:
 
         warmed = key[3:]  # all but the head, the exchange and the capacity: same images, same kernels
         uncaptured = key[-1]
-        if uncaptured:  # no capture: the tail runs eagerly at each replay
+        if uncaptured or self.exchange_stopped:  # no capture: the tail runs eagerly at each replay
             tail.call = _Uncaptured(fn, inputs)
+            uncaptured = True
         elif not self._captured_call(tail, fn, inputs, warm_up=warmed not in self._warmed):
             if self.ctx is None:
                 return None

@@ -115,7 +115,8 @@ class GraphedExchange:
     ``ctx``: the rank (``ctx.distributed``); ``n_world`` / ``c_world``: every rank's Gaussian and
     camera counts (render.PassLayout; the same on every rank, so every rank builds its exchange at
     the same step); ``device``; ``capture``: capture.CapturedCall or a test's stand-in (``fn,
-    inputs -> .replay()``); ``warn``: one-line warnings. The constructor runs each collective once
+    inputs -> .replay()``), or None for collectives that run eagerly, uncaptured and without a
+    warm-up; ``warn``: one-line warnings. The constructor runs each collective once
     (a warm-up every rank runs alike) before capturing it. Raises what the collectives raise.
 
     Buffers: :attr:`payload` (what :meth:`HeadBinding.pack` writes), :attr:`records` (the received
@@ -131,7 +132,7 @@ class GraphedExchange:
         n_world: list[int],
         c_world: list[int],
         device: torch.device,
-        capture: Callable,
+        capture: Optional[Callable],
         warn: Optional[Callable[[str], None]] = None,
     ):
         self.ctx, self.n_world, self.c_world = ctx, list(n_world), list(c_world)
@@ -160,6 +161,10 @@ class GraphedExchange:
         self.back = torch.zeros(sum(self.back_recv), dtype=f32, device=device)
         self.captured: dict = {}
         self._calls: dict = {}
+        if capture is None:  # no graphs: both collectives run eagerly on these buffers at each step
+            self._calls = {"forward": _Eager(self._forward_fn), "backward": _Eager(self._backward_fn)}
+            self.captured = {"forward": False, "backward": False}
+            return
         try:
             for phase, fn in (("forward", self._forward_fn), ("backward", self._backward_fn)):
                 with stats_unchanged(ctx):
