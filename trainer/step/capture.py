@@ -246,6 +246,36 @@ def eager_head(
     return head
 
 
+class Uncaptured:
+    """What stands where a capture cannot: ``replay()`` runs ``fn(*inputs())`` eagerly (a fused
+    kernel too large for one launch, whose host reads no capture allows; a capture the backend
+    refused)."""
+
+    def __init__(self, fn: Callable, inputs: Callable[[], tuple] = tuple):
+        self.fn, self.inputs = fn, inputs
+
+    def replay(self):
+        return self.fn(*self.inputs())
+
+
+class CaptureBudget:
+    """The rule that stops captures whose shapes change too often to repay them (a capture costs a
+    warm-up, the capture itself and a memory pool): the capture that would be the ``most``-th
+    within ``window`` calls is refused, and the owner stops capturing for the rest of the run."""
+
+    def __init__(self, most: int, window: int):
+        self.most, self.window = most, window
+        self._recent: list[int] = []  # the call numbers of the latest captures
+
+    def spend(self, call: int) -> bool:
+        """Count a capture at call number ``call``; False when it would be the last straw."""
+        self._recent = [c for c in self._recent if c > call - self.window]
+        if len(self._recent) >= self.most - 1:
+            return False
+        self._recent.append(call)
+        return True
+
+
 class GraphedHead:
     """Activation + projection + SH of a dense pass, forward and backward, as CUDA graphs.
 
@@ -291,7 +321,7 @@ class GraphedHead:
         self.warn = warn
         self.captures = self.failures = self.calls = 0
         self.stopped = False  # the shapes changed too often: no more captures in this run
-        self._recent: list[int] = []  # the call numbers of the latest captures
+        self._budget = CaptureBudget(self.most_captures, self.window)
         self.capture_seconds = 0.0  # host time of the successful captures, warm-up included
         self._key: Optional[tuple] = None
         self._replay: Optional[Callable] = None
@@ -380,8 +410,7 @@ class GraphedHead:
                 self.backward_adam.step if self.backward_adam is not None else None,
             )
             self._key = key
-            self._recent = [c for c in self._recent if c > self.calls - self.window]
-            if not self.stopped and len(self._recent) >= self.most_captures - 1:  # this would be the last straw
+            if not self.stopped and not self._budget.spend(self.calls):  # this would be the last straw
                 self.stopped = True
                 line = (
                     f"--cuda_graphs: the shapes changed {self.most_captures} times within {self.window} steps; "
@@ -391,7 +420,6 @@ class GraphedHead:
             if self.stopped:
                 self._eager = fn
             else:
-                self._recent.append(self.calls)
                 start = time.perf_counter()
                 try:
                     warmed = (key[0], key[1], key[3])  # all but the parameters

@@ -48,7 +48,7 @@ from ...kernels.fused_ssim import uint8_to_unit
 from ...kernels.reference import composite_background
 from ..render import RenderInfo
 from ..launch import DistContext
-from .capture import OUTPUT_KEYS, PARAM_KEYS, CapturedCall, GraphedHead, collector_held
+from .capture import OUTPUT_KEYS, PARAM_KEYS, CaptureBudget, CapturedCall, GraphedHead, Uncaptured, collector_held
 from .graphed_exchange import GraphedExchange, HeadBinding
 
 RASTER_KEYS = ("means2d", "conics", "colors", "opacities")  # the head outputs the rasterizer reads
@@ -137,17 +137,6 @@ def tail_function(
     return tail
 
 
-class _Uncaptured:
-    """A tail that runs eagerly at each ``replay()`` (``fn(*inputs())``): a fused kernel too large
-    for one launch, whose host reads no capture allows."""
-
-    def __init__(self, fn: Callable, inputs: Callable[[], tuple]):
-        self.fn, self.inputs = fn, inputs
-
-    def replay(self) -> tuple:
-        return self.fn(*self.inputs())
-
-
 @dataclass
 class StepOutputs:
     """What a graphed step leaves for the optimizer and densification: the loss and its parts
@@ -224,7 +213,7 @@ class GraphedStep:
         # rank sees alike at the same steps, so every rank decides alike
         self.exchange_stopped = False
         self._calls_distributed = 0
-        self._recent_builds: list[int] = []
+        self._exchange_budget = CaptureBudget(GraphedHead.most_captures, GraphedHead.window)
         self.exchange_captures = 0  # the record exchanges captured (both directions each), distributed path
         self.capture = capture or CapturedCall
         self.warn = warn
@@ -406,14 +395,11 @@ class GraphedStep:
             return self._exchange
         self._drop()
         assert self.ctx is not None
-        most, window = GraphedHead.most_captures, GraphedHead.window
-        self._recent_builds = [c for c in self._recent_builds if c > self._calls_distributed - window]
-        self._recent_builds.append(self._calls_distributed)
-        if not self.exchange_stopped and len(self._recent_builds) >= most:
+        if not self.exchange_stopped and not self._exchange_budget.spend(self._calls_distributed):
             self.exchange_stopped = True
             line = (
-                f"--cuda_graphs: the pass layout changed {most} times within {window} steps; "
-                "the record exchange runs without graphs from now on"
+                f"--cuda_graphs: the pass layout changed {GraphedHead.most_captures} times within "
+                f"{GraphedHead.window} steps; the record exchange runs without graphs from now on"
             )
             (self.warn or warnings.warn)(line)
         capture = None if self.exchange_stopped else self.capture
@@ -512,12 +498,12 @@ class GraphedStep:
         warmed = key[3:]  # all but the head, the exchange and the capacity: same images, same kernels
         uncaptured = key[-1]
         if uncaptured or self.exchange_stopped:  # no capture: the tail runs eagerly at each replay
-            tail.call = _Uncaptured(fn, inputs)
+            tail.call = Uncaptured(fn, inputs)
             uncaptured = True
         elif not self._captured_call(tail, fn, inputs, warm_up=warmed not in self._warmed):
             if self.ctx is None:
                 return None
-            tail.call = _Uncaptured(fn, inputs)  # the distributed path: no rank may leave the replay alone
+            tail.call = Uncaptured(fn, inputs)  # the distributed path: no rank may leave the replay alone
             uncaptured = True
         means2d_grad = targets["means2d"]
         # holders whose .grad the strategy reads: stride-0 views, no memory of their own

@@ -55,6 +55,7 @@ from ...kernels.constants import RECORD_FIELDS
 from ..exchange import _all_to_all_rows
 from ..launch import DistContext
 from ..render import ExchangeLayout
+from .capture import Uncaptured, collector_held
 
 RECORD_KEYS = tuple(name for name, _ in RECORD_FIELDS)  # radii, means2d, depths, conics, opacities, colors
 GRAD_FIELDS = (("means2d", 2), ("conics", 3), ("opacities", 1), ("colors", 3))  # what a photometric gradient reaches
@@ -75,23 +76,10 @@ def stats_unchanged(ctx: DistContext):
         stats.calls, stats.bytes_sent, stats.bytes_recv, stats.phase = saved
 
 
-class _Eager:
-    """Work that runs ``fn()`` at each ``replay()``: what a refused capture leaves. ``fn`` writes
-    buffers its owner holds, so there is nothing to copy."""
-
-    def __init__(self, fn: Callable):
-        self.fn = fn
-
-    def replay(self) -> None:
-        self.fn()
-
-
 def _captured_or_eager(fn: Callable, capture: Callable, what: str, warn, on_device: bool):
-    """(``fn`` captured through ``capture(fn, ())``, True), or (an :class:`_Eager` of it, False)
+    """(``fn`` captured through ``capture(fn, ())``, True), or (a capture.Uncaptured of it, False)
     where the backend refuses the capture (said through ``warn``). ``fn`` has run once eagerly
     before (the caller's warm-up)."""
-    from .capture import collector_held
-
     try:
         if on_device:
             torch.cuda.synchronize()
@@ -100,7 +88,7 @@ def _captured_or_eager(fn: Callable, capture: Callable, what: str, warn, on_devi
     except RuntimeError as e:  # torch.AcceleratorError is one
         line = f"--cuda_graphs: the {what} could not be captured, it runs eagerly between the replays ({str(e).splitlines()[0]})"
         (warn or warnings.warn)(line)
-        return _Eager(fn), False
+        return Uncaptured(fn), False
 
 
 def _reset(call) -> None:
@@ -162,7 +150,7 @@ class GraphedExchange:
         self.captured: dict = {}
         self._calls: dict = {}
         if capture is None:  # no graphs: both collectives run eagerly on these buffers at each step
-            self._calls = {"forward": _Eager(self._forward_fn), "backward": _Eager(self._backward_fn)}
+            self._calls = {"forward": Uncaptured(self._forward_fn), "backward": Uncaptured(self._backward_fn)}
             self.captured = {"forward": False, "backward": False}
             return
         try:
