@@ -81,6 +81,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 BLOCK = 128  # Gaussians per program: one per lane of 4 warps
 NUM_WARPS = 4
+SH_ROWS = 16  # Gaussians per program of _sh_adam_kernel: [16, 64] tiles of their shN rows
 EPS2D = 0.3  # px^2 low-pass blur (gsplat's eps2d default, as render._project uses)
 MAX_CAMERAS = 32  # bits of the int32 visibility mask
 MAX_SH_DEGREE = 3
@@ -871,44 +872,110 @@ if triton is not None:
         _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
                     _cols4(vmx, vmy, vmz, zero), 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
 
+    @triton.jit
+    def _basis_tile(x, y, z, kk, DEG: tl.constexpr):
+        """[ROWS, 64] tile of the SH basis values at the rows' unit directions (x, y, z), column
+        j holding basis ``kk[j]`` (1..15; 0 beyond DEG and beyond 15): the bands of
+        :func:`_sh_color`, the same expressions (``zero +``: Triton's interpreter leaves a
+        constant times a tensor wrapped as a constant, which cannot be indexed)."""
+        zero = tl.zeros_like(x)
+        b1, b2, b3, b4, b5, b6, b7, b8 = zero, zero, zero, zero, zero, zero, zero, zero
+        b9, b10, b11, b12, b13, b14, b15 = zero, zero, zero, zero, zero, zero, zero
+        if DEG >= 1:
+            b1, b2, b3 = _band1(x, y, z)
+        if DEG >= 2:
+            b4, b5, b6, b7, b8 = _band2(x, y, z)
+        if DEG >= 3:
+            b9, b10, b11, b12, b13, b14, b15 = _band3(x, y, z)
+        t = tl.where(kk == 1, (zero + b1)[:, None], 0.0)
+        t = tl.where(kk == 2, (zero + b2)[:, None], t)
+        t = tl.where(kk == 3, (zero + b3)[:, None], t)
+        if DEG >= 2:
+            t = tl.where(kk == 4, (zero + b4)[:, None], t)
+            t = tl.where(kk == 5, (zero + b5)[:, None], t)
+            t = tl.where(kk == 6, (zero + b6)[:, None], t)
+            t = tl.where(kk == 7, (zero + b7)[:, None], t)
+            t = tl.where(kk == 8, (zero + b8)[:, None], t)
+        if DEG >= 3:
+            t = tl.where(kk == 9, (zero + b9)[:, None], t)
+            t = tl.where(kk == 10, (zero + b10)[:, None], t)
+            t = tl.where(kk == 11, (zero + b11)[:, None], t)
+            t = tl.where(kk == 12, (zero + b12)[:, None], t)
+            t = tl.where(kk == 13, (zero + b13)[:, None], t)
+            t = tl.where(kk == 14, (zero + b14)[:, None], t)
+            t = tl.where(kk == 15, (zero + b15)[:, None], t)
+        return t
+
+    @triton.jit
+    def _by_channel(cc, r, g, b):
+        """A tile whose column j holds the rows' value of channel ``cc[j]`` (0, 1, 2: r, g, b)."""
+        return tl.where(cc == 0, r[:, None], tl.where(cc == 1, g[:, None], b[:, None]))
+
     @unspecialized_jit(["N", "KR"], ("campos_ptr", "v_colors_ptr"))
     def _sh_adam_kernel(
         means_ptr, sh0_ptr, shn_ptr, campos_ptr, bits_ptr, v_colors_ptr,
         m1_sh0_ptr, m1_shn_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr, N, C, KR,
-        DEG: tl.constexpr, BLOCK: tl.constexpr, HAS_COLORS: tl.constexpr, SELECTIVE: tl.constexpr,
+        DEG: tl.constexpr, ROWS: tl.constexpr, HAS_COLORS: tl.constexpr, SELECTIVE: tl.constexpr,
     ):  # fmt: skip
-        """sh0 and shN's Adam step (slots 4 and 5 of ``hyp_ptr``) from the colours' gradient: the
-        SH backward of :func:`_backward_kernel` (:func:`_sh_backward`, the same expressions and
-        summation order over the cameras), then :func:`_store_rows` / :func:`_store_shn` with
-        ADAM, reading each coefficient, its two moments and the means once. Run after
-        _backward_kernel with SH_LATER (which reads the coefficients unchanged for the means' view
-        direction gradient): the gradient of sh0 / shN (192 bytes per Gaussian at degree 3) is
-        never written nor read back."""
-        start = tl.program_id(0).to(tl.int64) * BLOCK
-        rows = tl.arange(0, BLOCK)
+        """sh0 and shN's Adam step (slots 4 and 5 of ``hyp_ptr``) from the colours' gradient,
+        after _backward_kernel with SH_LATER (which reads the coefficients unchanged for the means'
+        view-direction gradient): the gradient of sh0 / shN (192 bytes per Gaussian at degree 3)
+        is never written nor read back. Each program takes ROWS Gaussians as [ROWS, 64] tiles of
+        their contiguous shN rows (column 3 k + c: basis k + 1, channel c; KR * 3 <= 64) and a
+        [ROWS, 4] tile of sh0, so the coefficients and both moments are read and written with
+        consecutive lanes on consecutive words. Per camera, as :func:`_sh_backward`: the colour
+        (SH_C0 k0 + the row sum of coefficients x basis, the clamp's test), the masked colour
+        gradient g, and the coefficient gradients' sums SH_C0 g and basis x g in camera order;
+        then kernels/adam.py's update (:func:`_adam`)."""
+        start = tl.program_id(0).to(tl.int64) * ROWS
+        rows = tl.arange(0, ROWS)
         offs = start + rows
         live = offs < N
         bits = tl.load(bits_ptr + offs, mask=live, other=0)
         act = live & (bits != 0)
-        zero = tl.zeros([BLOCK], dtype=tl.float32)
+        col = tl.arange(0, 64)[None, :]
+        kk, cc = col // 3 + 1, col % 3
+        idx = rows[:, None] * (KR * 3) + col  # block-relative int32, as _store_rows
+        inside = live[:, None] & (col < KR * 3)
+        col0 = tl.arange(0, 4)[None, :]
+        idx0 = rows[:, None] * 3 + col0
+        inside0 = live[:, None] & (col0 < 3)
+        acc = tl.zeros([ROWS, 64], dtype=tl.float32)
+        acc0 = tl.zeros([ROWS, 4], dtype=tl.float32)
         if HAS_COLORS:
+            coeffs = tl.load(shn_ptr + start * (KR * 3) + idx, mask=inside & act[:, None], other=0.0)
+            k0s = tl.load(sh0_ptr + start * 3 + idx0, mask=inside0 & act[:, None], other=0.0)
+            k0r = tl.sum(tl.where(col0 == 0, k0s, 0.0), axis=1)
+            k0g = tl.sum(tl.where(col0 == 1, k0s, 0.0), axis=1)
+            k0b = tl.sum(tl.where(col0 == 2, k0s, 0.0), axis=1)
             mx = tl.load(means_ptr + offs * 3, mask=act, other=0.0)
             my = tl.load(means_ptr + offs * 3 + 1, mask=act, other=0.0)
             mz = tl.load(means_ptr + offs * 3 + 2, mask=act, other=0.0)
-            c0, lo0, hi0, _, _, _ = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
-                                                 v_colors_ptr, N, C, KR, 0, DEG, True)  # fmt: skip
-            c1, lo1, hi1, _, _, _ = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
-                                                 v_colors_ptr, N, C, KR, 1, DEG, True)  # fmt: skip
-            c2, lo2, hi2, _, _, _ = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
-                                                 v_colors_ptr, N, C, KR, 2, DEG, True)  # fmt: skip
-        else:
-            c0, c1, c2 = zero, zero, zero
-            lo0 = tl.zeros([BLOCK, 4, 2], dtype=tl.float32)
-            lo1, lo2, hi0, hi1, hi2 = lo0, lo0, lo0, lo0, lo0
-        _store_rows(sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, live, act,
-                    _cols4(c0, c1, c2, zero), 3, hyp_ptr, 4, True, SELECTIVE)  # fmt: skip
-        _store_shn(shn_ptr + start * (KR * 3), m1_shn_ptr + start * (KR * 3), m2_shn_ptr + start * (KR * 3),
-                   rows, live, act, KR, lo0, lo1, lo2, hi0, hi1, hi2, hyp_ptr, True, SELECTIVE)  # fmt: skip
+            for cam in range(C):
+                vis = act & (((bits >> cam) & 1) != 0)
+                x, y, z = mx, my, mz
+                if DEG >= 1:
+                    x, y, z, _, _ = _unit_dir(mx, my, mz, campos_ptr, cam)
+                basis = _basis_tile(x, y, z, kk, DEG)
+                terms = coeffs * basis
+                gp = v_colors_ptr + (cam * N.to(tl.int64) + offs) * 3
+                gr = tl.load(gp, mask=vis, other=0.0)
+                gg = tl.load(gp + 1, mask=vis, other=0.0)
+                gb = tl.load(gp + 2, mask=vis, other=0.0)
+                cr = SH_C0 * k0r + tl.sum(tl.where(cc == 0, terms, 0.0), axis=1)
+                cg = SH_C0 * k0g + tl.sum(tl.where(cc == 1, terms, 0.0), axis=1)
+                cb = SH_C0 * k0b + tl.sum(tl.where(cc == 2, terms, 0.0), axis=1)
+                gr = tl.where(vis & (cr + 0.5 >= 0.0), gr, 0.0)  # clamp_min(colour + 0.5, 0)'s gradient
+                gg = tl.where(vis & (cg + 0.5 >= 0.0), gg, 0.0)
+                gb = tl.where(vis & (cb + 0.5 >= 0.0), gb, 0.0)
+                acc += basis * _by_channel(cc, gr, gg, gb)
+                acc0 += SH_C0 * _by_channel(col0, gr, gg, gb)
+        if SELECTIVE:
+            inside = inside & act[:, None]
+            inside0 = inside0 & act[:, None]
+        _adam(shn_ptr + start * (KR * 3), m1_shn_ptr + start * (KR * 3), m2_shn_ptr + start * (KR * 3), idx, inside,
+              acc, hyp_ptr, 5)  # fmt: skip
+        _adam(sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, idx0, inside0, acc0, hyp_ptr, 4)
 
 
 def kernel_specs() -> dict:
@@ -919,7 +986,7 @@ def kernel_specs() -> dict:
     bwd_flags = dict(HAS_MEANS2D=True, HAS_DEPTHS=False, HAS_CONICS=True, HAS_OPAC=True, HAS_COLORS=True)
     fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK)
     bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, SH_LATER=False, **bwd_flags)
-    sh = dict(DEG=3, BLOCK=BLOCK, HAS_COLORS=True, SELECTIVE=False)
+    sh = dict(DEG=3, ROWS=SH_ROWS, HAS_COLORS=True, SELECTIVE=False)
     return {
         "projection_forward": (_forward_kernel, dict(fwd, AA=False), fwd_ints, floats, NUM_WARPS),
         "projection_forward_aa": (_forward_kernel, dict(fwd, AA=True), fwd_ints, floats, NUM_WARPS),
@@ -1067,10 +1134,10 @@ def backward_into(
     if sh_later:
         assert adam is not None
         m = [adam.moments[k][i] for i in (0, 1) for k in SH_KEYS]
-        _sh_adam_kernel[(triton.cdiv(N, BLOCK),)](
+        _sh_adam_kernel[(triton.cdiv(N, SH_ROWS),)](
             means, params["sh0"], params["shN"], campos, bits, given[4] if given[4] is not None else means,
             *m, adam.hyper, N, C, params["shN"].shape[1],
-            DEG=setup.sh_degree, BLOCK=BLOCK, HAS_COLORS=given[4] is not None, SELECTIVE=adam.selective,
+            DEG=setup.sh_degree, ROWS=SH_ROWS, HAS_COLORS=given[4] is not None, SELECTIVE=adam.selective,
             num_warps=NUM_WARPS,
         )  # fmt: skip
 

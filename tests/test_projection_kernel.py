@@ -813,11 +813,15 @@ def test_gpu_bench_script_runs(tmp_path):
     from splat_train.scripts import bench_projection
 
     out = tmp_path / "bench.json"
-    args = ["--gaussians", "100000", "--cameras", "2", "--layout", "tenth", "--repeats", "2", "--json", str(out)]
-    assert bench_projection.main(args) == 0
-    rows = json.loads(out.read_text())["rows"]
+    args = ["--gaussians", "100000", "--cameras", "2", "--layout", "tenth", "--repeats", "2", "--adam"]
+    assert bench_projection.main([*args, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
     assert [r["path"] for r in rows] == ["gsplat (activated + project_and_shade)", "fused"]
     assert all(r["forward_ms"] > 0 and r["backward_gbs"] > 0 for r in rows)
+    assert [r["fused_adam"] for r in result["adam"]] == ["off", "sh", "on"]
+    assert all(r["ms"] > 0 and r["bytes"] > 0 for r in result["adam"])
+    assert result["adam"][1]["bytes"] < result["adam"][0]["bytes"]  # sh stores no SH gradient
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
