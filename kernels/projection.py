@@ -81,13 +81,11 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 BLOCK = 128  # Gaussians per program: one per lane of 4 warps
 NUM_WARPS = 4
-SH_ROWS = 16  # Gaussians per program of _sh_adam_kernel: [16, 64] tiles of their shN rows
 EPS2D = 0.3  # px^2 low-pass blur (gsplat's eps2d default, as render._project uses)
 MAX_CAMERAS = 32  # bits of the int32 visibility mask
 MAX_SH_DEGREE = 3
 CULL_SLACK = 1e-3  # relative widening of the conservative radius bound (plus one pixel)
 PARAM_KEYS = ("means", "quats", "scales", "opacities", "sh0", "shN")
-SH_KEYS = ("sh0", "shN")  # AdamStep.keys of --fused_adam sh: only the SH coefficients step in the backward
 OUTPUT_KEYS = ("radii", "means2d", "depths", "conics", "opacities", "colors")
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -691,14 +689,12 @@ if triton is not None:
         DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr,
         HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
         HAS_COLORS: tl.constexpr, ADAM: tl.constexpr = False, SELECTIVE: tl.constexpr = False,
-        SH_LATER: tl.constexpr = False,
     ):  # fmt: skip
-        # SH_LATER (without ADAM): no gradient of sh0 / shN is written; _sh_adam_kernel steps them
         start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
         rows = tl.arange(0, BLOCK)
         offs = start + rows
         live = offs < N
-        if not ADAM and not SH_LATER:  # with ADAM the host allows no bases beyond 16 (Adam would step them too)
+        if not ADAM:  # with ADAM the host allows no bases beyond 16 (Adam would have to step them too)
             _store_shn_tail(v_shn_ptr + start * (KR * 3), rows, live, KR)
         bits = tl.load(bits_ptr + offs, mask=live, other=0)
         act = live & (bits != 0)
@@ -853,13 +849,11 @@ if triton is not None:
             c2, lo2, hi2, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
                                                             v_colors_ptr, N, C, KR, 2, DEG, ADAM)  # fmt: skip
             vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
-            if not SH_LATER:
-                _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, live, act,
-                            _cols4(c0, c1, c2, zero), 3, hyp_ptr, 4, ADAM, SELECTIVE)  # fmt: skip
-                _store_shn(v_shn_ptr + start * (KR * 3), m1_shn_ptr + start * (KR * 3),
-                           m2_shn_ptr + start * (KR * 3), rows, live, act, KR, lo0, lo1, lo2, hi0, hi1, hi2, hyp_ptr,
-                           ADAM, SELECTIVE)  # fmt: skip
-        elif not SH_LATER:
+            _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, live, act,
+                        _cols4(c0, c1, c2, zero), 3, hyp_ptr, 4, ADAM, SELECTIVE)  # fmt: skip
+            _store_shn(v_shn_ptr + start * (KR * 3), m1_shn_ptr + start * (KR * 3), m2_shn_ptr + start * (KR * 3),
+                       rows, live, act, KR, lo0, lo1, lo2, hi0, hi1, hi2, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
+        else:
             _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, live, act,
                         _cols4(zero, zero, zero, zero), 3, hyp_ptr, 4, ADAM, SELECTIVE)  # fmt: skip
             if ADAM:  # the quarters' layout (_sh_backward's QUARTERS)
@@ -872,111 +866,6 @@ if triton is not None:
         _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
                     _cols4(vmx, vmy, vmz, zero), 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
 
-    @triton.jit
-    def _basis_tile(x, y, z, kk, DEG: tl.constexpr):
-        """[ROWS, 64] tile of the SH basis values at the rows' unit directions (x, y, z), column
-        j holding basis ``kk[j]`` (1..15; 0 beyond DEG and beyond 15): the bands of
-        :func:`_sh_color`, the same expressions (``zero +``: Triton's interpreter leaves a
-        constant times a tensor wrapped as a constant, which cannot be indexed)."""
-        zero = tl.zeros_like(x)
-        b1, b2, b3, b4, b5, b6, b7, b8 = zero, zero, zero, zero, zero, zero, zero, zero
-        b9, b10, b11, b12, b13, b14, b15 = zero, zero, zero, zero, zero, zero, zero
-        if DEG >= 1:
-            b1, b2, b3 = _band1(x, y, z)
-        if DEG >= 2:
-            b4, b5, b6, b7, b8 = _band2(x, y, z)
-        if DEG >= 3:
-            b9, b10, b11, b12, b13, b14, b15 = _band3(x, y, z)
-        t = tl.where(kk == 1, (zero + b1)[:, None], 0.0)
-        t = tl.where(kk == 2, (zero + b2)[:, None], t)
-        t = tl.where(kk == 3, (zero + b3)[:, None], t)
-        if DEG >= 2:
-            t = tl.where(kk == 4, (zero + b4)[:, None], t)
-            t = tl.where(kk == 5, (zero + b5)[:, None], t)
-            t = tl.where(kk == 6, (zero + b6)[:, None], t)
-            t = tl.where(kk == 7, (zero + b7)[:, None], t)
-            t = tl.where(kk == 8, (zero + b8)[:, None], t)
-        if DEG >= 3:
-            t = tl.where(kk == 9, (zero + b9)[:, None], t)
-            t = tl.where(kk == 10, (zero + b10)[:, None], t)
-            t = tl.where(kk == 11, (zero + b11)[:, None], t)
-            t = tl.where(kk == 12, (zero + b12)[:, None], t)
-            t = tl.where(kk == 13, (zero + b13)[:, None], t)
-            t = tl.where(kk == 14, (zero + b14)[:, None], t)
-            t = tl.where(kk == 15, (zero + b15)[:, None], t)
-        return t
-
-    @triton.jit
-    def _by_channel(cc, r, g, b):
-        """A tile whose column j holds the rows' value of channel ``cc[j]`` (0, 1, 2: r, g, b)."""
-        return tl.where(cc == 0, r[:, None], tl.where(cc == 1, g[:, None], b[:, None]))
-
-    @unspecialized_jit(["N", "KR"], ("campos_ptr", "v_colors_ptr"))
-    def _sh_adam_kernel(
-        means_ptr, sh0_ptr, shn_ptr, campos_ptr, bits_ptr, v_colors_ptr,
-        m1_sh0_ptr, m1_shn_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr, N, C, KR,
-        DEG: tl.constexpr, ROWS: tl.constexpr, HAS_COLORS: tl.constexpr, SELECTIVE: tl.constexpr,
-    ):  # fmt: skip
-        """sh0 and shN's Adam step (slots 4 and 5 of ``hyp_ptr``) from the colours' gradient,
-        after _backward_kernel with SH_LATER (which reads the coefficients unchanged for the means'
-        view-direction gradient): the gradient of sh0 / shN (192 bytes per Gaussian at degree 3)
-        is never written nor read back. Each program takes ROWS Gaussians as [ROWS, 64] tiles of
-        their contiguous shN rows (column 3 k + c: basis k + 1, channel c; KR * 3 <= 64) and a
-        [ROWS, 4] tile of sh0, so the coefficients and both moments are read and written with
-        consecutive lanes on consecutive words. Per camera, as :func:`_sh_backward`: the colour
-        (SH_C0 k0 + the row sum of coefficients x basis, the clamp's test), the masked colour
-        gradient g, and the coefficient gradients' sums SH_C0 g and basis x g in camera order;
-        then kernels/adam.py's update (:func:`_adam`)."""
-        start = tl.program_id(0).to(tl.int64) * ROWS
-        rows = tl.arange(0, ROWS)
-        offs = start + rows
-        live = offs < N
-        bits = tl.load(bits_ptr + offs, mask=live, other=0)
-        act = live & (bits != 0)
-        col = tl.arange(0, 64)[None, :]
-        kk, cc = col // 3 + 1, col % 3
-        idx = rows[:, None] * (KR * 3) + col  # block-relative int32, as _store_rows
-        inside = live[:, None] & (col < KR * 3)
-        col0 = tl.arange(0, 4)[None, :]
-        idx0 = rows[:, None] * 3 + col0
-        inside0 = live[:, None] & (col0 < 3)
-        acc = tl.zeros([ROWS, 64], dtype=tl.float32)
-        acc0 = tl.zeros([ROWS, 4], dtype=tl.float32)
-        if HAS_COLORS:
-            coeffs = tl.load(shn_ptr + start * (KR * 3) + idx, mask=inside & act[:, None], other=0.0)
-            k0s = tl.load(sh0_ptr + start * 3 + idx0, mask=inside0 & act[:, None], other=0.0)
-            k0r = tl.sum(tl.where(col0 == 0, k0s, 0.0), axis=1)
-            k0g = tl.sum(tl.where(col0 == 1, k0s, 0.0), axis=1)
-            k0b = tl.sum(tl.where(col0 == 2, k0s, 0.0), axis=1)
-            mx = tl.load(means_ptr + offs * 3, mask=act, other=0.0)
-            my = tl.load(means_ptr + offs * 3 + 1, mask=act, other=0.0)
-            mz = tl.load(means_ptr + offs * 3 + 2, mask=act, other=0.0)
-            for cam in range(C):
-                vis = act & (((bits >> cam) & 1) != 0)
-                x, y, z = mx, my, mz
-                if DEG >= 1:
-                    x, y, z, _, _ = _unit_dir(mx, my, mz, campos_ptr, cam)
-                basis = _basis_tile(x, y, z, kk, DEG)
-                terms = coeffs * basis
-                gp = v_colors_ptr + (cam * N.to(tl.int64) + offs) * 3
-                gr = tl.load(gp, mask=vis, other=0.0)
-                gg = tl.load(gp + 1, mask=vis, other=0.0)
-                gb = tl.load(gp + 2, mask=vis, other=0.0)
-                cr = SH_C0 * k0r + tl.sum(tl.where(cc == 0, terms, 0.0), axis=1)
-                cg = SH_C0 * k0g + tl.sum(tl.where(cc == 1, terms, 0.0), axis=1)
-                cb = SH_C0 * k0b + tl.sum(tl.where(cc == 2, terms, 0.0), axis=1)
-                gr = tl.where(vis & (cr + 0.5 >= 0.0), gr, 0.0)  # clamp_min(colour + 0.5, 0)'s gradient
-                gg = tl.where(vis & (cg + 0.5 >= 0.0), gg, 0.0)
-                gb = tl.where(vis & (cb + 0.5 >= 0.0), gb, 0.0)
-                acc += basis * _by_channel(cc, gr, gg, gb)
-                acc0 += SH_C0 * _by_channel(col0, gr, gg, gb)
-        if SELECTIVE:
-            inside = inside & act[:, None]
-            inside0 = inside0 & act[:, None]
-        _adam(shn_ptr + start * (KR * 3), m1_shn_ptr + start * (KR * 3), m2_shn_ptr + start * (KR * 3), idx, inside,
-              acc, hyp_ptr, 5)  # fmt: skip
-        _adam(sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, idx0, inside0, acc0, hyp_ptr, 4)
-
 
 def kernel_specs() -> dict:
     """This module's kernels at the configuration :func:`project_and_shade_fused` launches for
@@ -985,8 +874,7 @@ def kernel_specs() -> dict:
     floats = {n: "fp32" for n in ("near", "far", "eps2d")}
     bwd_flags = dict(HAS_MEANS2D=True, HAS_DEPTHS=False, HAS_CONICS=True, HAS_OPAC=True, HAS_COLORS=True)
     fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK)
-    bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, SH_LATER=False, **bwd_flags)
-    sh = dict(DEG=3, ROWS=SH_ROWS, HAS_COLORS=True, SELECTIVE=False)
+    bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, **bwd_flags)
     return {
         "projection_forward": (_forward_kernel, dict(fwd, AA=False), fwd_ints, floats, NUM_WARPS),
         "projection_forward_aa": (_forward_kernel, dict(fwd, AA=True), fwd_ints, floats, NUM_WARPS),
@@ -1007,16 +895,6 @@ def kernel_specs() -> dict:
             floats,
             NUM_WARPS,
         ),
-        # --fused_adam sh: the backward without the SH coefficients' gradients, then their Adam
-        "projection_backward_sh_later": (
-            _backward_kernel,
-            dict(bwd, AA=False, SH_LATER=True),
-            {"bits_ptr": "*i32"},
-            floats,
-            NUM_WARPS,
-        ),
-        "sh_adam": (_sh_adam_kernel, sh, {"bits_ptr": "*i32"}, {}, NUM_WARPS),
-        "sh_adam_selective": (_sh_adam_kernel, dict(sh, SELECTIVE=True), {"bits_ptr": "*i32"}, {}, NUM_WARPS),
     }
 
 
@@ -1100,25 +978,21 @@ def backward_into(
     """Launch the backward kernel: ``grads`` maps the differentiable outputs of
     :data:`OUTPUT_KEYS` to their contiguous gradients (missing or None: zero); every element of
     ``out`` (the raw parameters' gradients, keys :data:`PARAM_KEYS`) is written. With ``adam``
-    (:class:`AdamStep`) no gradient of its ``keys`` is written (nor read from ``out``): each of
-    those parameters takes its Adam step in place, its moments ``adam.moments[k]`` updated with
-    it; with ``keys`` :data:`SH_KEYS` the other four gradients are written to ``out`` and a second
-    launch (:func:`_sh_adam_kernel`) steps sh0 and shN."""
+    (:class:`AdamStep`) no gradient is written: each parameter of ``params`` takes its Adam step in
+    place, its moments ``adam.moments[k]`` updated with it (``out`` is not read)."""
     means = params["means"]
     N, C = means.shape[0], viewmats.shape[0]
     if N == 0:
         return
     names = ("means2d", "depths", "conics", "opacities", "colors")
     given = [grads.get(k) for k in names]
-    sh_later = adam is not None and adam.keys == SH_KEYS
     if adam is not None:
         adam.check(params)
-    if adam is not None and not sh_later:
         targets = [params[k] for k in PARAM_KEYS]
         moments = [adam.moments[k][i] for i in (0, 1) for k in PARAM_KEYS]
         hyper = adam.hyper
-    else:  # sh_later: the SH coefficients' gradient pointers are not written
-        targets = [out[k] if k in out else means for k in PARAM_KEYS]
+    else:
+        targets = [out[k] for k in PARAM_KEYS]
         moments, hyper = targets * 2, means  # unused pointers
     _backward_kernel[(triton.cdiv(N, BLOCK),)](
         *(params[k] for k in PARAM_KEYS), viewmats, Ks, campos, bits,
@@ -1128,18 +1002,8 @@ def backward_into(
         DEG=setup.sh_degree, AA=setup.antialiased, BLOCK=BLOCK,
         HAS_MEANS2D=given[0] is not None, HAS_DEPTHS=given[1] is not None, HAS_CONICS=given[2] is not None,
         HAS_OPAC=given[3] is not None, HAS_COLORS=given[4] is not None,
-        ADAM=adam is not None and not sh_later, SELECTIVE=adam is not None and adam.selective and not sh_later,
-        SH_LATER=sh_later, num_warps=NUM_WARPS,
+        ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, num_warps=NUM_WARPS,
     )  # fmt: skip
-    if sh_later:
-        assert adam is not None
-        m = [adam.moments[k][i] for i in (0, 1) for k in SH_KEYS]
-        _sh_adam_kernel[(triton.cdiv(N, SH_ROWS),)](
-            means, params["sh0"], params["shN"], campos, bits, given[4] if given[4] is not None else means,
-            *m, adam.hyper, N, C, params["shN"].shape[1],
-            DEG=setup.sh_degree, ROWS=SH_ROWS, HAS_COLORS=given[4] is not None, SELECTIVE=adam.selective,
-            num_warps=NUM_WARPS,
-        )  # fmt: skip
 
 
 @dataclass
@@ -1157,29 +1021,22 @@ class AdamStep:
     CUDA graph's replay reads the step's values); ``selective``: gsplat's SelectiveAdam, only the
     Gaussians some camera sees (bit set in the visibility mask) step. The update is
     kernels/adam.py's, formula for formula. Stored SH bases beyond 16 are not supported (raises
-    ValueError in :meth:`check`). ``keys``: the parameters stepped, :data:`PARAM_KEYS` or
-    :data:`SH_KEYS` (--fused_adam sh: the backward writes the gradients of the other four and a
-    second kernel steps sh0 and shN from the colours' gradient: the backward stays as light as
-    the unfused one, and the SH gradients, most of the bytes, are never stored; ``moments`` then
-    holds those two keys)."""
+    ValueError in :meth:`check`)."""
 
     moments: dict
     hyper: Tensor
     selective: bool = False
-    keys: tuple = PARAM_KEYS
 
     def check(self, params: Mapping[str, Tensor]) -> None:
         """Raise ValueError unless every moment is a contiguous float32 tensor shaped as its
         parameter, ``hyper`` is [6, 5] float32, and shN holds at most 15 bases."""
-        if self.keys not in (PARAM_KEYS, SH_KEYS):
-            raise ValueError(f"AdamStep: keys must be {PARAM_KEYS} or {SH_KEYS}, got {self.keys}")
         if params["shN"].shape[1] > 15:
             raise ValueError(f"AdamStep: shN holds {params['shN'].shape[1]} bases; Adam in the backward takes <= 15")
         if tuple(self.hyper.shape) != (len(PARAM_KEYS), 5) or self.hyper.dtype != torch.float32:
             raise ValueError(
                 f"AdamStep: hyper must be float32 [6, 5], got {self.hyper.dtype} {tuple(self.hyper.shape)}"
             )
-        for k in self.keys:
+        for k in PARAM_KEYS:
             for m in self.moments[k]:
                 if m.shape != params[k].shape or m.dtype != torch.float32 or not m.is_contiguous():
                     raise ValueError(
@@ -1188,7 +1045,7 @@ class AdamStep:
 
     def key(self) -> tuple:
         """The moments' and constants' storage (what a captured graph reads)."""
-        return (self.hyper.data_ptr(), self.keys, tuple(m.data_ptr() for k in self.keys for m in self.moments[k]))
+        return (self.hyper.data_ptr(), tuple(m.data_ptr() for k in PARAM_KEYS for m in self.moments[k]))
 
 
 def empty_outputs(N: int, C: int, device) -> dict:
@@ -1207,8 +1064,8 @@ def empty_outputs(N: int, C: int, device) -> dict:
 
 class _ProjectShade(torch.autograd.Function):
     """Forward and backward kernels as one autograd node; saves the raw parameters (no copy),
-    the cameras and the visibility mask. With an :class:`AdamStep` the backward steps its
-    parameters (``keys``) in place and returns no gradient for them."""
+    the cameras and the visibility mask. With an :class:`AdamStep` the backward steps the
+    parameters in place and returns no gradient for them."""
 
     @staticmethod
     def forward(ctx, setup: Setup, adam, means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos):
@@ -1227,13 +1084,12 @@ class _ProjectShade(torch.autograd.Function):
         *tensors, viewmats, Ks, campos, bits = ctx.saved_tensors
         params = dict(zip(PARAM_KEYS, tensors))
         given = {k: None if g is None else g.contiguous() for k, g in zip(OUTPUT_KEYS[1:], grads)}
-        if ctx.adam is not None and ctx.adam.keys == PARAM_KEYS:
+        if ctx.adam is not None:
             backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, {}, ctx.adam)
             return (None,) * 11
-        stepped = () if ctx.adam is None else ctx.adam.keys  # --fused_adam sh: the SH coefficients' step
-        out = {k: torch.empty_like(params[k]) for k in PARAM_KEYS if k not in stepped}
-        backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out, ctx.adam)
-        wanted = [w and k not in stepped for k, w in zip(PARAM_KEYS, ctx.needs_input_grad[2:8])]
+        out = {k: torch.empty_like(params[k]) for k in PARAM_KEYS}
+        backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out)
+        wanted = ctx.needs_input_grad[2:8]
         return (None, None, *(out[k] if w else None for k, w in zip(PARAM_KEYS, wanted)), None, None, None)
 
 

@@ -42,10 +42,6 @@ def kernel_specs() -> dict:
         "projection_backward": proj["projection_backward"],
         "projection_backward_adam": proj["projection_backward_adam"],
         "projection_backward_adam_selective": proj["projection_backward_adam_selective"],
-        # --fused_adam sh: the backward leaving the SH coefficients to their own Adam kernel
-        "projection_backward_sh_later": proj["projection_backward_sh_later"],
-        "sh_adam": proj["sh_adam"],
-        "sh_adam_selective": proj["sh_adam_selective"],
         "sparse_mark": (sc._mark_kernel, rows, ints, {}, 4),
         "sparse_count": (sc._count_kernel, dict(BLOCK_R=sc.BLOCK_ROWS), ints, {}, 4),
         "sparse_compact": (sc._compact_kernel, rows, ints, {}, 4),

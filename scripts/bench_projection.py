@@ -4,7 +4,7 @@ and prints each one's achieved bandwidth from the bytes model (projection.traffi
 
     python -m splat_train.scripts.bench_projection [--gaussians 20000000] [--cameras 1]
         [--resolution 1920x1080] [--sh_degree 3] [--layout all|tenth] [--antialiased]
-        [--repeats 20] [--warmup 3] [--adam] [--json FILE]
+        [--repeats 20] [--warmup 3] [--json FILE]
 
 The scene is synthetic, made on the GPU: cameras at the origin (C > 1: moved 0.5 scene units
 apart along x) looking down +z with fx = fy = the image width; means 2-20 units deep, inside the
@@ -14,12 +14,6 @@ shard); log-scales in [-4.5, -2.5], random quaternions, SH coefficients and logi
 Each direction is timed alone with CUDA events (the backward from fixed random output gradients),
 ``--warmup`` untimed calls first, then the median of ``--repeats``. The fused outputs' largest
 relative difference from gsplat's on the records both keep is printed as a sanity check.
-
-``--adam``: the backward with the optimizer step after it, the three ways the trainer's
-``--fused_adam`` takes it: off (the backward writes every gradient, kernels/adam.py's launch
-steps the six parameters), sh (the backward writes the four geometric gradients, the second
-kernel steps sh0 and shN from the colours' gradient, the launch steps the four) and on (Adam
-inside the backward), each with its bytes model (:func:`adam_traffic`) and achieved GB/s.
 """
 
 from __future__ import annotations
@@ -100,63 +94,6 @@ def bench_path(name: str, run, params: dict, grads: dict, warmup: int, repeats: 
     return dict(path=name, forward_ms=forward, backward_ms=both - forward), {k: v.detach() for k, v in out.items()}
 
 
-ADAM_BYTES = 28  # per float of Adam: parameter, gradient, two moments read; parameter and moments written
-
-
-def adam_traffic(t: projection.Traffic, n: int, cameras: int, num_bases: int) -> dict[str, int]:
-    """Bytes of the backward + optimizer step per ``--fused_adam`` mode, from the backward's
-    model ``t`` (:func:`projection.traffic`): off adds Adam over the 59 floats per Gaussian at
-    K = 16 (``ADAM_BYTES`` each); sh leaves out the SH gradients' writes (12 K bytes) and their
-    Adam, adding Adam over the 11 geometric floats and the second kernel's reads and writes of the
-    coefficients and their moments (24 bytes per coefficient each way), the means, the mask and
-    the colours' gradient; on reads and writes each parameter and its moments once (24 bytes per
-    float) in place of the gradients' writes."""
-    geometric, coeffs = 3 + 4 + 3 + 1, 3 * num_bases
-    sh = n * (coeffs * 24 + 12 + 4 + 12 * cameras)
-    return {
-        "off": t.backward + n * (geometric + coeffs) * ADAM_BYTES,
-        "sh": t.backward - n * 4 * coeffs + n * geometric * ADAM_BYTES + sh,
-        "on": t.backward - n * 4 * (geometric + coeffs) + n * (geometric + coeffs) * 24,
-    }
-
-
-def bench_adam(params, cams, setup: projection.Setup, grads: dict, warmup: int, repeats: int) -> list[dict]:
-    """ms of the backward + optimizer step for each ``--fused_adam`` mode (module docstring), on
-    copies of ``params`` (the steps move them; lr 1e-4)."""
-    from splat_train.kernels import adam as adam_kernel
-
-    keys = projection.PARAM_KEYS
-    p = {k: v.detach().clone().contiguous() for k, v in params.items()}
-    N, C = p["means"].shape[0], cams[0].shape[0]
-    out = projection.empty_outputs(N, C, p["means"].device)
-    projection.forward_into(p, *cams, setup, out)
-    leaves = {k: torch.nn.Parameter(p[k]) for k in keys}  # share storage with p
-    opts = {k: torch.optim.Adam([leaves[k]], lr=1e-4, eps=1e-15) for k in keys}
-    states = {k: adam_kernel.state_of(opts[k], leaves[k]) for k in keys}
-    hyper = torch.tensor([(1e-4 / 0.1, 1 / 0.001**0.5, 0.9, 0.999, 1e-15)] * 6, device=p["means"].device)
-    moments = {k: (states[k]["exp_avg"], states[k]["exp_avg_sq"]) for k in keys}
-    g = {k: torch.empty_like(v) for k, v in p.items()}
-    given = {k: v for k, v in grads.items()}
-
-    def separate(stepped: tuple, step=None):
-        projection.backward_into(p, *cams, out["bits"], setup, given, g, step)
-        rest = [k for k in keys if k not in stepped]
-        for k in rest:
-            leaves[k].grad = g[k]
-        adam_kernel.adam_step([opts[k] for k in rest])
-        for k in rest:
-            leaves[k].grad = None
-
-    sh_step = projection.AdamStep({k: moments[k] for k in projection.SH_KEYS}, hyper, False, projection.SH_KEYS)
-    on_step = projection.AdamStep(moments, hyper)
-    runs = {
-        "off": lambda: separate(()),
-        "sh": lambda: separate(projection.SH_KEYS, sh_step),
-        "on": lambda: projection.backward_into(p, *cams, out["bits"], setup, given, {}, on_step),
-    }
-    return [dict(fused_adam=mode, ms=time_ms(run, warmup, repeats)) for mode, run in runs.items()]
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m splat_train.scripts.bench_projection", description=__doc__.split("\n\n")[0]
@@ -169,7 +106,6 @@ def main(argv=None) -> int:
     p.add_argument("--antialiased", action="store_true")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--adam", action="store_true", help="also time the backward + optimizer step per --fused_adam")
     p.add_argument("--json", help="also write the rows to this JSON file")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -222,19 +158,8 @@ def main(argv=None) -> int:
         print(f"| {r['path']} | {r['forward_ms']:.2f} | {r['forward_gbs']:.0f} | {r['backward_ms']:.2f} | "
               f"{r['backward_gbs']:.0f} |")  # fmt: skip
     print(f"fused vs gsplat, largest relative difference on records both keep: {diffs}")
-    adam_rows = []
-    if args.adam:
-        setup = projection.Setup(width, height, deg, NEAR, FAR, args.antialiased)
-        adam_rows = bench_adam(params, cams, setup, grads, args.warmup, args.repeats)
-        model = adam_traffic(t, N, C, K)
-        print("| --fused_adam | backward + optimizer ms | bytes model GB | GB/s |\n|---|---|---|---|")
-        for r in adam_rows:
-            r.update(bytes=model[r["fused_adam"]], gbs=model[r["fused_adam"]] / r["ms"] / 1e6)
-            print(f"| {r['fused_adam']} | {r['ms']:.2f} | {r['bytes'] / 1e9:.2f} | {r['gbs']:.0f} |")
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(dict(args=vars(args), rows=rows, diffs=diffs, visible=visible, adam=adam_rows), indent=2)
-        )
+        Path(args.json).write_text(json.dumps(dict(args=vars(args), rows=rows, diffs=diffs, visible=visible), indent=2))
     return 0
 
 

@@ -7,9 +7,8 @@ import math
 import pytest
 import torch
 
-from splat_train.kernels.projection import PARAM_KEYS, SH_KEYS
+from splat_train.kernels.projection import PARAM_KEYS
 from splat_train.trainer.config import Config, from_argv
-from splat_train.trainer.model import optimizer_step
 from splat_train.trainer.step.backward_adam import FROZEN, BackwardAdam
 from splat_train.trainer.step.plan import adam_mode, memory_tight
 
@@ -90,55 +89,24 @@ def _cfg(*flags):
 
 
 def test_adam_mode_auto_follows_the_memory_the_projection_and_the_loss_terms():
-    mode, why = adam_mode(_cfg(), "triton")
-    assert mode == "sh" and "SH coefficients" in why
-    mode, why = adam_mode(_cfg(), "triton", tight=True)
-    assert mode == "on" and "memory" in why
+    on, why = adam_mode(_cfg(), "triton")
+    assert not on and "the separate launch is faster" in why
+    on, why = adam_mode(_cfg(), "triton", tight=True)
+    assert on and "memory" in why
     assert memory_tight(100_000_000, 100 * 2**30) and not memory_tight(20_000_000, 100 * 2**30)
     assert not memory_tight(10**9, None)  # unknown (a CPU run): not tight
-    mode, why = adam_mode(_cfg(), "gsplat")
-    assert mode == "off" and "gsplat projection" in why
-    # a loss term on the geometry rules out all six in the kernel, not the SH coefficients'
-    assert adam_mode(_cfg("--opacity_reg", "0.01"), "triton", tight=True)[0] == "sh"
-    assert adam_mode(_cfg("--scale_reg", "0.01"), "triton", tight=True)[0] == "sh"
-    assert adam_mode(_cfg("--fused_adam", "off"), "triton") == ("off", "--fused_adam off")
-    assert adam_mode(_cfg("--fused_adam", "on"), "triton") == ("on", "--fused_adam on")
-    assert adam_mode(_cfg("--fused_adam", "sh", "--opacity_reg", "0.01"), "triton") == ("sh", "--fused_adam sh")
+    on, why = adam_mode(_cfg(), "gsplat")
+    assert not on and "gsplat projection" in why
+    on, why = adam_mode(_cfg("--opacity_reg", "0.01"), "triton", tight=True)
+    assert not on and "--opacity_reg" in why
+    on, why = adam_mode(_cfg("--scale_reg", "0.01"), "triton", tight=True)
+    assert not on and "--scale_reg" in why
+    assert adam_mode(_cfg("--fused_adam", "off"), "triton") == (False, "--fused_adam off")
+    assert adam_mode(_cfg("--fused_adam", "on"), "triton") == (True, "--fused_adam on")
 
 
-def test_fused_adam_where_it_cannot_run_is_refused_naming_why():
+def test_fused_adam_on_where_it_cannot_run_is_refused_naming_why():
     with pytest.raises(ValueError, match="--fused_adam on cannot run this step.*--opacity_reg"):
         adam_mode(_cfg("--fused_adam", "on", "--opacity_reg", "0.01"), "triton")
     with pytest.raises(ValueError, match="gsplat projection"):
         adam_mode(_cfg("--fused_adam", "on"), "gsplat")
-    with pytest.raises(ValueError, match="--fused_adam sh cannot run this step.*gsplat projection"):
-        adam_mode(_cfg("--fused_adam", "sh"), "gsplat")
-
-
-def test_sh_keys_prepare_only_their_moments_and_leave_the_rest_to_the_optimizer():
-    """--fused_adam sh: the kernels step sh0 and shN; commit counts those two and returns False,
-    so the loop's optimizer steps the four that have gradients."""
-    opts = _optimizers()
-    adam = BackwardAdam("cpu", keys=SH_KEYS)
-    step = adam.prepare(opts)
-    assert step.keys == SH_KEYS and sorted(step.moments) == sorted(SH_KEYS)
-    for i, k in enumerate(PARAM_KEYS):
-        if k in SH_KEYS:
-            assert adam.hyper[i, 0] == pytest.approx(1e-3 * (i + 1) / (1 - 0.9)), k
-        else:
-            assert torch.equal(adam.hyper[i], torch.tensor(FROZEN, dtype=torch.float32)), k
-            assert len(opts[k].state) == 0, k  # their state is the separate launch's to make
-    for k in PARAM_KEYS:
-        if k not in SH_KEYS:
-            opts[k].param_groups[0]["params"][0].grad = torch.zeros(opts[k].param_groups[0]["params"][0].shape)
-    assert not adam.commit(opts)
-    for k in SH_KEYS:
-        assert float(next(iter(opts[k].state.values()))["step"]) == 1.0 and opts[k]._opt_called
-    optimizer_step(opts)  # the four with gradients step, the two without are skipped
-    assert all(float(next(iter(opts[k].state.values()))["step"]) == 1.0 for k in PARAM_KEYS)
-    adam.prepare(opts)
-    opts["sh0"].param_groups[0]["params"][0].grad = torch.ones(5, 1, 3)  # another projection ran
-    assert not adam.commit(opts)
-    assert float(next(iter(opts["shN"].state.values()))["step"]) == 1.0  # not counted: the optimizer steps it
-    with pytest.raises(ValueError, match="keys must be"):
-        BackwardAdam("cpu", keys=("means",))

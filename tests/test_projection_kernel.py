@@ -241,9 +241,8 @@ def run_adam(scene, deg, aa, grads, seed):
     projection.backward_into(p, *cams, out["bits"], setup, grads, g)
     moments, lrs = adam_state(scene, seed)
     results = {}
-    for mode in ("adam", "selective", "frozen", "sh", "sh_selective", "sh_frozen"):
-        selective = mode.endswith("selective")
-        keys = projection.SH_KEYS if mode.startswith("sh") else projection.PARAM_KEYS
+    for mode in ("adam", "selective", "frozen"):
+        selective = mode == "selective"
         rows = []
         for k in projection.PARAM_KEYS:
             group = dict(lr=lrs[k], betas=(0.9, 0.999), eps=1e-15)
@@ -251,23 +250,19 @@ def run_adam(scene, deg, aa, grads, seed):
             rows.append((*constants, 0.9, 0.999, 1e-15))
         fused = {k: p[k].clone() for k in projection.PARAM_KEYS}
         step = projection.AdamStep(
-            {k: (moments[k][0].clone(), moments[k][1].clone()) for k in keys},
-            torch.tensor([FROZEN] * 6 if mode.endswith("frozen") else rows, dtype=torch.float32),
+            {k: (moments[k][0].clone(), moments[k][1].clone()) for k in projection.PARAM_KEYS},
+            torch.tensor([FROZEN] * 6 if mode == "frozen" else rows, dtype=torch.float32),
             selective,
-            keys,
         )
-        rest = {k: torch.full_like(v, float("nan")) for k, v in p.items() if k not in keys}  # written: no NaN left
-        projection.backward_into(fused, *cams, out["bits"], setup, grads, rest, step)
-        got = {k: (fused[k], *step.moments[k]) for k in keys}
-        if mode.endswith("frozen"):
-            want = {k: (p[k], *moments[k]) for k in keys}
+        projection.backward_into(fused, *cams, out["bits"], setup, grads, {}, step)
+        got = {k: (fused[k], *step.moments[k]) for k in projection.PARAM_KEYS}
+        if mode == "frozen":
+            want = {k: (p[k], *moments[k]) for k in projection.PARAM_KEYS}
         else:
             visible = out["bits"] != 0
             want = {k: adam_float32(p[k], g[k], *moments[k], row, visible if selective else None)
-                    for k, row in zip(projection.PARAM_KEYS, rows) if k in keys}  # fmt: skip
-        # the other parameters (--fused_adam sh): untouched, their gradients the plain backward's
-        others = {k: (fused[k], rest[k], g[k]) for k in rest}
-        results[mode] = (got, want, out["bits"], others)
+                    for k, row in zip(projection.PARAM_KEYS, rows)}  # fmt: skip
+        results[mode] = (got, want, out["bits"])
     return results
 
 
@@ -479,25 +474,18 @@ def test_missing_output_gradients_count_as_zeros(interpreted, case):
 
 
 @pytest.mark.parametrize("case", ADAM_CASES)
-@pytest.mark.parametrize("mode", ["adam", "selective", "frozen", "sh", "sh_selective", "sh_frozen"])
+@pytest.mark.parametrize("mode", ["adam", "selective", "frozen"])
 def test_adam_in_the_backward_equals_the_gradients_stepped_by_adam(interpreted, case, mode):
     """The backward with Adam in it leaves every moment as kernels/adam.py's update leaves them
     after the plain backward (bit for bit: the same operations in float32), the parameters to an
     ulp or two (on a GPU bit for bit, test_gpu_adam_in_the_backward_matches_the_adam_kernel);
     selective: only the visible Gaussians change (gsplat's SelectiveAdam); the frozen constants of
-    a capture's warm-up change nothing. sh (--fused_adam sh): the same for sh0 and shN, stepped by
-    the second kernel from the colours' gradient, while the four others keep their values and get
-    the plain backward's gradients, bit for bit."""
+    a capture's warm-up change nothing."""
     scenes, _, _, out, _ = interpreted
-    got, want, bits, others = out["adam"][case][mode]
-    keys = projection.SH_KEYS if mode.startswith("sh") else projection.PARAM_KEYS
-    assert sorted(others) == sorted(set(projection.PARAM_KEYS) - set(keys))
-    for k, (param, grad, plain) in others.items():
-        assert torch.equal(param, scenes[case]["params"][k]), k
-        assert torch.equal(grad, plain), (k, float((grad - plain).abs().nan_to_num(1e30).max()))
+    got, want, bits = out["adam"][case][mode]
     invisible = bits == 0
     assert invisible.any() and not invisible.all()
-    for k in keys:
+    for k in projection.PARAM_KEYS:
         for name, a, b in zip(("exp_avg", "exp_avg_sq"), got[k][1:], want[k][1:]):
             assert torch.equal(a, b), (k, name, float((a - b).abs().max()))
         # the parameter to an ulp or two of its operands (the interpreter's sqrt and division do not
@@ -505,15 +493,15 @@ def test_adam_in_the_backward_equals_the_gradients_stepped_by_adam(interpreted, 
         before = scenes[case]["params"][k]
         err = (got[k][0] - want[k][0]).abs()
         assert (err <= 2.4e-7 * (before.abs() + want[k][0].abs())).all(), (k, float(err.max()))
-        if mode.endswith("frozen"):
+        if mode == "frozen":
             assert torch.equal(got[k][0], want[k][0]), k
-    if not mode.endswith("frozen"):
+    if mode != "frozen":
         start_m = adam_state_moments(case)
-        for k in keys:
+        for k in projection.PARAM_KEYS:
             if got[k][1].numel() == 0:
                 continue
             changed = (got[k][1] != start_m[k]).reshape(bits.shape[0], -1).any(1)
-            if mode.endswith("selective"):
+            if mode == "selective":
                 assert not changed[invisible].any(), k  # invisible rows keep their moments
             else:
                 assert changed[invisible].all(), k  # decayed by beta1 even with a zero gradient
@@ -709,7 +697,7 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph():
     assert (eager_out[0] > 0).any()
 
 
-def compare_adam_in_the_backward(selective, N=200_000, device="cuda", keys=projection.PARAM_KEYS):
+def compare_adam_in_the_backward(selective, N=200_000, device="cuda"):
     """The backward with Adam in it (``fused``) and the plain backward + kernels/adam.py's launch
     (``separate``), both float32, against Adam applied in float64 to the float64 reference's
     gradients (``exact``), at N Gaussians (deg 3, 2 cameras, antialiased), torch.optim.Adam state
@@ -719,8 +707,7 @@ def compare_adam_in_the_backward(selective, N=200_000, device="cuda", keys=proje
     kernels contract the gradient's multiply-adds differently, thin Gaussians' gradients are
     ill-conditioned, and Adam's m / sqrt(v) turns a gradient's rounding into a whole step's
     sign); Gaussians whose float32 and float64 radii differ are left out. Selective: invisible
-    rows are unchanged, bit for bit. ``keys`` SH_KEYS (--fused_adam sh): sh0 and shN so, the
-    other four's gradients equal to the plain backward's, bit for bit, their values unchanged."""
+    rows are unchanged, bit for bit."""
     from splat_train.kernels import adam as adam_kernel
     from splat_train.kernels.reference import adam_update, selective_adam_update
 
@@ -754,22 +741,15 @@ def compare_adam_in_the_backward(selective, N=200_000, device="cuda", keys=proje
     visible = out["bits"] != 0
     adam_kernel.adam_step(opts, visible if selective else None)
     step = projection.AdamStep(
-        {k: tuple(m.to(dev).clone() for m in moments[k]) for k in keys},
+        {k: tuple(m.to(dev).clone() for m in moments[k]) for k in projection.PARAM_KEYS},
         torch.tensor(rows, dtype=torch.float32, device=dev),
         selective,
-        keys,
     )
     fused = {k: v.clone() for k, v in p.items()}
-    rest = {k: torch.full_like(v, float("nan")) for k, v in p.items() if k not in keys}
-    projection.backward_into(fused, *cams, out["bits"], setup, grads, rest, step)
+    projection.backward_into(fused, *cams, out["bits"], setup, grads, {}, step)
     failures = []
-    for k, grad in rest.items():
-        if not torch.equal(grad, g[k]) or not torch.equal(fused[k], p[k]):
-            failures.append((k, "the plain backward's gradient and an unchanged value"))
     keep = ~ignore
     for k, opt, leaf in zip(projection.PARAM_KEYS, opts, leaves):
-        if k not in keys:
-            continue
         d = lambda t: t.detach().double().cpu()[keep]  # noqa: E731
         m, v = (x.double() for x in moments[k])
         gx = exact_grads[k].double()
@@ -795,13 +775,10 @@ def compare_adam_in_the_backward(selective, N=200_000, device="cuda", keys=proje
 @needs_cuda
 @needs_triton
 @pytest.mark.parametrize("selective", [False, True])
-@pytest.mark.parametrize("keys", ["all", "sh"])
-def test_gpu_adam_in_the_backward_matches_the_adam_kernel(selective, keys):
-    """At 200k Gaussians on the GPU: the backward with Adam in it (all six parameters, or sh0 and
-    shN in the second kernel) as close to the float64 update as the plain backward +
-    kernels/adam.py's launch (:func:`compare_adam_in_the_backward`)."""
-    chosen = projection.PARAM_KEYS if keys == "all" else projection.SH_KEYS
-    failures, share = compare_adam_in_the_backward(selective, keys=chosen)
+def test_gpu_adam_in_the_backward_matches_the_adam_kernel(selective):
+    """At 200k Gaussians on the GPU: the backward with Adam in it as close to the float64 update
+    as the plain backward + kernels/adam.py's launch (:func:`compare_adam_in_the_backward`)."""
+    failures, share = compare_adam_in_the_backward(selective)
     assert not failures, failures
     assert 0.1 < share < 0.9
 
@@ -813,15 +790,11 @@ def test_gpu_bench_script_runs(tmp_path):
     from splat_train.scripts import bench_projection
 
     out = tmp_path / "bench.json"
-    args = ["--gaussians", "100000", "--cameras", "2", "--layout", "tenth", "--repeats", "2", "--adam"]
-    assert bench_projection.main([*args, "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
-    rows = result["rows"]
+    args = ["--gaussians", "100000", "--cameras", "2", "--layout", "tenth", "--repeats", "2", "--json", str(out)]
+    assert bench_projection.main(args) == 0
+    rows = json.loads(out.read_text())["rows"]
     assert [r["path"] for r in rows] == ["gsplat (activated + project_and_shade)", "fused"]
     assert all(r["forward_ms"] > 0 and r["backward_gbs"] > 0 for r in rows)
-    assert [r["fused_adam"] for r in result["adam"]] == ["off", "sh", "on"]
-    assert all(r["ms"] > 0 and r["bytes"] > 0 for r in result["adam"])
-    assert result["adam"][1]["bytes"] < result["adam"][0]["bytes"]  # sh stores no SH gradient
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:

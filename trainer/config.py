@@ -249,8 +249,8 @@ class StepConfig:
     """Far clipping plane (scene units)."""
     visible_adam: bool = False
     """gsplat's SelectiveAdam (Taming 3DGS, Mallick et al. 2024): each step only the Gaussians visible in some camera of the global batch move and update their moments; like gsplat's kernel, no bias correction."""
-    fused_adam: Literal["auto", "on", "sh", "off"] = "auto"
-    """Where the Gaussians' Adam step (or --visible_adam's) runs (trainer/step/backward_adam.py; the same update). on: inside the projection's backward kernel, which then writes no gradient for a separate Adam to read back: the parameters' gradients take no memory (236 bytes per Gaussian at SH degree 3), at some speed; needs no loss term on the parameters themselves (--opacity_reg, --scale_reg). sh: sh0 and shN step in a second kernel of the backward, from the colours' gradient, their gradients (192 of the 236 bytes) never stored; the other four parameters in the separate launch. Both need --projection triton's kernels and --sh_degree <= 3. auto: on where it applies and the model is large for the device (step/plan.py, TIGHT_BYTES_PER_GAUSSIAN), else sh where the kernels run, else off; off: the separate Adam launch for all six."""
+    fused_adam: Literal["auto", "on", "off"] = "auto"
+    """The Gaussians' Adam step (or --visible_adam's) inside the projection's backward kernel, which then writes no gradient for a separate Adam to read back (trainer/step/backward_adam.py; the same update): the parameters' gradients take no memory (236 bytes per Gaussian at SH degree 3), at some speed. on: needs --projection triton's kernels and no loss term on the parameters themselves (--opacity_reg, --scale_reg); auto: on where it applies and the model is large for the device (step/plan.py, TIGHT_BYTES_PER_GAUSSIAN), else the separate launch; off: the separate Adam launch."""
     sparse_grad: bool = False
     """gsplat's sparse gradients (SparseAdam on the visible rows): here gradients reach the owners dense through the exchange, so this selects the same update as --visible_adam and saves no memory."""
     sparse_grad_comm: bool = False

@@ -31,7 +31,6 @@ from .report import Reporter
 from .shard import GaussianShard
 from .step import Batches, ForwardBackward, plan_step
 from .step.plan import memory_tight
-from ..kernels.projection import PARAM_KEYS, SH_KEYS
 from .step.backward_adam import BackwardAdam
 from .step.plan import check_pipeline, native_kernel_everywhere
 from .step.eager import unwrapped
@@ -144,13 +143,7 @@ class Trainer:
                 cfg.outputs.tb_save_image and self.report.active and (step + 1) % cfg.schedule.log_every == 0
             ),
             warn=self.report.warn,
-            backward_adam=(
-                BackwardAdam(
-                    self.device, self.plan.selective_adam, PARAM_KEYS if self.plan.fused_adam == "on" else SH_KEYS
-                )
-                if self.plan.fused_adam != "off"
-                else None
-            ),
+            backward_adam=BackwardAdam(self.device, self.plan.selective_adam) if self.plan.fused_adam else None,
         )
         self.step = 0  # completed steps
         self._stats_step = 0  # step of the previous train stats file

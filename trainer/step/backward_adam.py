@@ -10,10 +10,6 @@ trainer's side of it:
   (learning rates after the scheduler, the next step count) into a device tensor the kernel
   reads at run time (so a CUDA-graph replay reads each step's), and the Adams' moment tensors
   (their state, torch's format, made on first use as torch makes it);
-- ``keys``: all six parameters (--fused_adam on), or sh0 and shN only (--fused_adam sh: the
-  backward writes the four geometric gradients as without it, and a second kernel recomputes
-  the SH coefficients' gradient from the colours' and steps them, so their 192 bytes per
-  Gaussian of gradient are never stored; the separate launch steps the other four);
 - :meth:`BackwardAdam.commit`, after the backward: when the kernel stepped (no parameter has a
   gradient) the step counts advance, as kernels/adam.py's launch advances them; when the step
   took another projection (cameras of several sizes in one step, where the kernels do not run)
@@ -35,7 +31,7 @@ from typing import Mapping, Optional
 import torch
 
 from ...kernels.adam import state_of, step_constants
-from ...kernels.projection import PARAM_KEYS, SH_KEYS, AdamStep
+from ...kernels.projection import PARAM_KEYS, AdamStep
 from ..model import mark_stepped
 
 # step size 0, 1/sqrt(bc2) 1, beta1 = beta2 = 1, eps 1: m, v and the parameter stay as they are
@@ -43,18 +39,13 @@ FROZEN = (0.0, 1.0, 1.0, 1.0, 1.0)
 
 
 class BackwardAdam:
-    """Adam of the Gaussian parameters ``keys`` (:data:`kernels.projection.PARAM_KEYS`, all six:
-    --fused_adam on; or :data:`kernels.projection.SH_KEYS`, sh0 and shN: --fused_adam sh, the
-    other four left to the separate launch) taken in the projection's backward; ``device``: the
-    parameters' device; ``selective``: gsplat's SelectiveAdam (--visible_adam / --sparse_grad)
-    instead of Adam. Raises ValueError for other ``keys``."""
+    """Adam of the six Gaussian parameters (:data:`kernels.projection.PARAM_KEYS`) taken by the
+    projection's backward kernel; ``device``: the parameters' device; ``selective``: gsplat's
+    SelectiveAdam (--visible_adam / --sparse_grad) instead of Adam."""
 
-    def __init__(self, device, selective: bool = False, keys: tuple = PARAM_KEYS):
-        if keys not in (PARAM_KEYS, SH_KEYS):
-            raise ValueError(f"BackwardAdam: keys must be {PARAM_KEYS} or {SH_KEYS}, got {keys}")
+    def __init__(self, device, selective: bool = False):
         self.hyper = torch.zeros(len(PARAM_KEYS), 5, dtype=torch.float32, device=device)
         self.selective = selective
-        self.keys = keys
         self.step: Optional[AdamStep] = None  # what prepare made for the step under way
         self._rows: list[tuple] = []
 
@@ -69,13 +60,10 @@ class BackwardAdam:
         each key of PARAM_KEYS to its torch.optim.Adam of one parameter (model.create_optimizers).
         Call once per step, before its forward."""
         moments, rows = {}, []
-        for k in PARAM_KEYS:  # every row (the kernels index them by key); moments of ``keys`` only
+        for k in PARAM_KEYS:
             opt = optimizers[k]
             ((group,),) = (opt.param_groups,)
             (p,) = group["params"]
-            if k not in self.keys:
-                rows.append(FROZEN)
-                continue
             state = state_of(opt, p)
             beta1, beta2 = group["betas"]
             rows.append(
@@ -84,24 +72,22 @@ class BackwardAdam:
             moments[k] = (state["exp_avg"], state["exp_avg_sq"])
         self._rows = rows
         self._write(rows)
-        self.step = AdamStep(moments, self.hyper, self.selective, self.keys)
+        self.step = AdamStep(moments, self.hyper, self.selective)
         return self.step
 
     def commit(self, optimizers: Mapping[str, torch.optim.Adam]) -> bool:
-        """After the step's backward: True when the kernel took every parameter's step (no
-        parameter has a gradient; the counts advance, selective ones as gsplat's do not); False
-        when the caller must run the optimizer: the parameters got gradients instead (a step that
-        took another projection), or only ``keys`` SH_KEYS stepped (their counts advanced here;
-        the other four have gradients and the optimizer skips the two without)."""
+        """After the step's backward: True when the kernel took the step (no parameter has a
+        gradient; the counts advance, selective ones as gsplat's do not), False when the
+        parameters got gradients instead (the caller runs the optimizer)."""
         self.step = None
-        params = [optimizers[k].param_groups[0]["params"][0] for k in self.keys]
+        params = [optimizers[k].param_groups[0]["params"][0] for k in PARAM_KEYS]
         if any(p.grad is not None for p in params):
             return False
         if not self.selective:
-            for k, p in zip(self.keys, params):
+            for k, p in zip(PARAM_KEYS, params):
                 optimizers[k].state[p]["step"] += 1
-        mark_stepped([optimizers[k] for k in self.keys])
-        return self.keys == PARAM_KEYS
+        mark_stepped([optimizers[k] for k in PARAM_KEYS])
+        return True
 
     @contextlib.contextmanager
     def frozen(self):

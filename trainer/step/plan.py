@@ -50,7 +50,7 @@ class StepPlan:
     projection_why: str = ""
     distributed: bool = False  # the distributed path (W > 1 or --loopback; DistContext.distributed)
     distributed_why: str = ""
-    fused_adam: str = "off"  # "on" | "sh" | "off": the Adam in the projection's backward (step/backward_adam.py)
+    fused_adam: bool = False  # the Gaussians' Adam inside the projection's backward (step/backward_adam.py)
     fused_adam_why: str = ""
 
     @property
@@ -62,11 +62,7 @@ class StepPlan:
         exchange = "gsplat's distributed pass" if self.pipeline != "ours" else ("packed" if self.packed else "dense")
         graphs = {"whole": "whole-step CUDA graphs", "head": "CUDA graphs of the projection", "off": "no CUDA graphs"}
         path = "the distributed path" if self.distributed else "one process's path"
-        adam = {
-            "on": "Adam in the projection's backward",
-            "sh": "the SH coefficients' Adam in the projection's backward, the rest after it",
-            "off": "Adam after the backward",
-        }[self.fused_adam]
+        adam = "Adam in the projection's backward" if self.fused_adam else "Adam after the backward"
         return (
             f"step: {path} ({self.distributed_why}), {self.projection} projection ({self.projection_why}), "
             f"{self.raster} rasterization "
@@ -241,39 +237,33 @@ def memory_tight(num_gaussians: int, free_bytes: Optional[int]) -> bool:
     return free_bytes is not None and num_gaussians * TIGHT_BYTES_PER_GAUSSIAN > TIGHT_SHARE * free_bytes
 
 
-def adam_mode(cfg: Config, projection: str, tight: bool = False) -> tuple[str, str]:
-    """(where the Gaussians' Adam runs, why) from --fused_adam: "on" (all six parameters inside
-    the projection's backward kernel), "sh" (sh0 and shN in a kernel after the backward, from
-    the colours' gradient; the other four in the separate launch) or "off" (the separate launch).
-    Both kernels need the Triton projection (``projection``, StepPlan.projection) and SH of at
-    most degree 3 stored; "on" also needs no loss term on the parameters outside the projection
-    (their gradients would arrive after the kernel stepped them; --opacity_reg and --scale_reg
-    touch only the geometry, which "sh" leaves to the separate launch). auto takes "on" where
-    memory is ``tight`` (:func:`memory_tight`), else "sh" (docs/large-scenes.md). Raises
-    ValueError for --fused_adam on or sh where it cannot run."""
-    mode = cfg.step.fused_adam
-    if mode == "off":
-        return "off", "--fused_adam off"
-    why_not_sh = None
+def adam_mode(cfg: Config, projection: str, tight: bool = False) -> tuple[bool, str]:
+    """(whether the Gaussians' Adam runs inside the projection's backward kernel, why) from
+    --fused_adam: it needs the Triton projection (``projection``, StepPlan.projection), SH of at
+    most degree 3 stored, and no loss term on the parameters outside the projection (their
+    gradients would arrive after the kernel stepped them); auto takes it only where memory is
+    ``tight`` (:func:`memory_tight`): the separate launch is faster (docs/large-scenes.md).
+    Raises ValueError for --fused_adam on where it cannot run."""
+    why_not = None
     if projection != "triton":
-        why_not_sh = "the gsplat projection (--projection, or a CPU run)"
+        why_not = "the gsplat projection (--projection, or a CPU run)"
     elif cfg.model.sh_degree > 3:
-        why_not_sh = f"--sh_degree {cfg.model.sh_degree} (the kernels step at most 16 SH bases)"
-    why_not = why_not_sh
-    if why_not is None and cfg.step.opacity_reg > 0:
+        why_not = f"--sh_degree {cfg.model.sh_degree} (the kernel steps at most 16 SH bases)"
+    elif cfg.step.opacity_reg > 0:
         why_not = "--opacity_reg (a gradient on the opacities outside the projection)"
-    elif why_not is None and cfg.step.scale_reg > 0:
+    elif cfg.step.scale_reg > 0:
         why_not = "--scale_reg (a gradient on the scales outside the projection)"
-    if mode in ("on", "sh"):
-        reason = why_not if mode == "on" else why_not_sh
-        if reason is not None:
-            raise ValueError(f"--fused_adam {mode} cannot run this step ({reason}); use --fused_adam auto or off")
-        return mode, f"--fused_adam {mode}"
-    if why_not is None and tight:
-        return "on", "--fused_adam auto: the gradients' memory is needed (a large model for the device)"
-    if why_not_sh is None:
-        return "sh", "--fused_adam auto: the SH coefficients in the backward's second kernel, the rest after it"
-    return "off", f"--fused_adam auto: {why_not_sh}"
+    if cfg.step.fused_adam == "off":
+        return False, "--fused_adam off"
+    if why_not is None and cfg.step.fused_adam == "on":
+        return True, "--fused_adam on"
+    if why_not is None:
+        if tight:
+            return True, "--fused_adam auto: the gradients' memory is needed (a large model for the device)"
+        return False, "--fused_adam auto: the model fits with the gradients, where the separate launch is faster"
+    if cfg.step.fused_adam == "on":
+        raise ValueError(f"--fused_adam on cannot run this step ({why_not}); use --fused_adam auto or off")
+    return False, f"--fused_adam auto: {why_not}"
 
 
 def check_pipeline(cfg: Config, device_type: str, world_size: int, sampler, loopback: bool = False) -> None:
