@@ -1,5 +1,5 @@
 # One process through the distributed path (--loopback: a process group of one rank over NCCL, none
-# of the one-process shortcuts) against the one-process step, on one H200 at fb05910, in one device
+# of the one-process shortcuts) against the one-process step, on one H200 at 5d42830, in one device
 # call (gpu.txt): the NCCL loopback GPU tests first, then per juicebox factor a 7,000-step run of the
 # default step (train.log, train_val_step7000.json) whose checkpoint the bench starts from, then the
 # 2 M synthetic scene from its initial model (with gsplat-dist and the unfused step beside: the
