@@ -55,7 +55,8 @@ buffer (:func:`tile_chunks`). The last block to finish its loss (a count of fini
 device memory) sums the per-tile partial sums in tile order and writes the loss and its terms, so
 no reduction runs after the kernel and the loss does not depend on block timing. The gradients
 live in one zeroed buffer, which :class:`KnownGradients` scales in place by the incoming gradient
-(kernels/grad_scale.py: no pass at all when it is 1). Loss and gradients equal the reference's up to
+(kernels/grad_scale.py: no pass at all when it is 1), or in buffers the caller passes
+(``grads_out``: the whole-step replay's gradient buffers). Loss and gradients equal the reference's up to
 float32 rounding (including the difference above) and a pixel's stop decision at T <= 1e-4
 (float32 running product vs. the reference's float64 sums of logs). The same source runs on the CPU under an emulation of the few
 CUDA builtins it uses (tests/csrc/cpu_emu.h; tests only) at warp sizes 32 and 64.
@@ -280,6 +281,23 @@ def _check_inputs(
     return I
 
 
+def _check_grads_out(grads_out, means2d, conics, colors, opacities) -> None:
+    """Raises ValueError unless ``grads_out`` is None or holds, for each of the four records'
+    inputs, a float32 contiguous tensor of its element count on its device."""
+    if grads_out is None:
+        return
+    inputs = {"means2d": means2d, "conics": conics, "colors": colors, "opacities": opacities}
+    if set(grads_out) != set(inputs):
+        raise ValueError(f"grads_out must hold exactly {sorted(inputs)}, got {sorted(grads_out)}")
+    for name, x in inputs.items():
+        g = grads_out[name]
+        if g.dtype != torch.float32 or not g.is_contiguous() or g.numel() != x.numel() or g.device != x.device:
+            raise ValueError(
+                f"grads_out[{name!r}] must be float32, contiguous, of {x.numel()} elements on {x.device}; "
+                f"got {g.dtype}, {tuple(g.shape)}, contiguous={g.is_contiguous()} on {g.device}"
+            )
+
+
 # ------------------------------------------------------------------------------------------------
 # Native kernel: launcher, autograd function, entry point
 # ------------------------------------------------------------------------------------------------
@@ -353,11 +371,14 @@ def _launch(
     absgrad,
     origin=(0, 0),
     warp_size=None,
+    grads_out=None,
 ):
     """Runs the native kernel (``ext``: kernels.native.load(), or the CPU emulation with
     ``warp_size``). Returns (loss 0-dim, grads dict (GRAD_NAMES, float32, flattened records), stats
     dict, scaled): every gradient is a view of ``scaled``, one zero-initialized float32 buffer, so
-    that one memset clears them and one pass scales them (:class:`KnownGradients`). The kernel's
+    that one memset clears them and one pass scales them (:class:`KnownGradients`). With
+    ``grads_out`` (:func:`fused_raster_loss`'s, checked there) the four records' gradients are
+    those buffers instead, zeroed here, and ``scaled`` holds the backgrounds' only. The kernel's
     last block writes the loss and its terms (a [3] buffer); the image starts NaN-filled when asked
     for, so that a pixel the kernel missed shows."""
     device = means2d.device
@@ -376,16 +397,21 @@ def _launch(
     fids = flatten_ids.reshape(-1).to(torch.int32).contiguous()
     # one zeroed buffer: the gradients (scaled by the incoming gradient), then absgrad (not scaled)
     # and the kernel's count of finished tiles (int32)
-    sizes = {"means2d": 2 * R, "conics": 3 * R, "colors": 3 * R, "opacities": R,
-             "backgrounds": 3 * I if backgrounds is not None else 0}  # fmt: skip
+    widths = {"means2d": 2, "conics": 3, "colors": 3, "opacities": 1}
+    sizes = {name: w * R for name, w in widths.items()} if grads_out is None else {}
+    sizes["backgrounds"] = 3 * I if backgrounds is not None else 0
     num_scaled = sum(sizes.values())
     num_abs = 2 * R if absgrad else 0
     buf = torch.zeros(num_scaled + num_abs + 1, **f32)
     scaled = buf[:num_scaled]
     grads, at = {}, 0
-    for name, shape in (("means2d", (R, 2)), ("conics", (R, 3)), ("colors", (R, 3)), ("opacities", (R,))):
-        grads[name] = buf[at : at + sizes[name]].view(shape)
-        at += sizes[name]
+    for name, w in widths.items():
+        shape = (R, w) if w > 1 else (R,)
+        if grads_out is not None:
+            grads[name] = grads_out[name].view(shape).zero_()
+        else:
+            grads[name] = buf[at : at + sizes[name]].view(shape)
+            at += sizes[name]
     grads["backgrounds"] = buf[at : at + sizes["backgrounds"]].view(I, 3) if backgrounds is not None else none
     abs_buf = buf[num_scaled : num_scaled + num_abs].view(R, 2) if absgrad else none
     done_tiles = buf[-1:].view(torch.int32)
@@ -495,9 +521,11 @@ def _native_loss(
     absgrad,
     origin,
     warp_size=None,
+    grads_out=None,
 ) -> Tuple[Tensor, Dict]:
     """The kernel ``ext`` launched now (:func:`_launch`), its loss tied to its gradients by
-    :class:`KnownGradients`. Returns (loss, stats)."""
+    :class:`KnownGradients`; with ``grads_out`` the gradients are left there and the loss is
+    returned detached. Returns (loss, stats)."""
     loss, grads, stats, scaled = _launch(
         ext,
         means2d,
@@ -515,11 +543,14 @@ def _native_loss(
         absgrad,
         origin,
         warp_size,
+        grads_out,
     )
-    inputs = [means2d, conics, colors, opacities] + ([backgrounds] if backgrounds is not None else [])
-    known = (loss, [grads[name] for name in GRAD_NAMES[: len(inputs)]], scaled)
     if absgrad:  # where gsplat's rasterizer leaves it (render.AbsGradRelay reads it in the backward)
         means2d.absgrad = stats["absgrad"].view(means2d.shape)
+    if grads_out is not None:
+        return loss, stats
+    inputs = [means2d, conics, colors, opacities] + ([backgrounds] if backgrounds is not None else [])
+    known = (loss, [grads[name] for name in GRAD_NAMES[: len(inputs)]], scaled)
     return KnownGradients.apply(known, *inputs), stats
 
 
@@ -576,6 +607,7 @@ def fused_raster_loss(
     fallback: Optional[ModuleType] = None,
     origin: Tuple[int, int] = (0, 0),
     padded_rows: bool = False,
+    grads_out: Optional[Dict[str, Tensor]] = None,
 ) -> Tuple[Tensor, Dict]:
     """Composites, scores and back-propagates I images in one fused native kernel (ByteSplat §4).
 
@@ -594,6 +626,12 @@ def fused_raster_loss(
     below the image have no pixels, and whatever their lists hold is read by no pixel (the native
     kernel only: trainer/step/graphed.py pads its static tile lists so). Raises ValueError on the
     CPU reference and the unfused path.
+    grads_out: {"means2d", "conics", "colors", "opacities"} -> float32 contiguous tensors of those
+    inputs' element counts on their device: the kernel zeroes them and accumulates d loss / d input
+    there instead of in buffers of its own, and the returned loss is detached (no autograd node, no
+    gradient for backgrounds). trainer/step/graphed.py passes the head's gradient buffers, so no
+    copy follows the kernel. The native kernel only: raises ValueError on the CPU reference and
+    the unfused path, and for buffers of another count, dtype, layout or device.
     absgrad: also return, in stats["absgrad"] [R, 2] (R = I*N or nnz), the sum over pixels of
     |d loss / d means2d| of each pixel's contribution (gsplat's absgrad; unscaled by the
     incoming gradient), and leave it as ``means2d.absgrad`` (shaped as means2d), where gsplat's
@@ -629,8 +667,10 @@ def fused_raster_loss(
         origin,
         padded_rows,
     )
-    if padded_rows and (means2d.device.type == "cpu" or native.load() is None):
-        raise ValueError("padded_rows needs the native kernel (a CUDA/ROCm device where it builds)")
+    _check_grads_out(grads_out, means2d, conics, colors, opacities)
+    for flag, given in (("padded_rows", padded_rows), ("grads_out", grads_out is not None)):
+        if given and (means2d.device.type == "cpu" or native.load() is None):
+            raise ValueError(f"{flag} needs the native kernel (a CUDA/ROCm device where it builds)")
     if means2d.device.type == "cpu":
         terms: dict = {}
         loss, image = reference_fused_loss(
@@ -694,6 +734,7 @@ def fused_raster_loss(
         return_image,
         absgrad,
         origin,
+        grads_out=grads_out,
     )
 
 
@@ -728,6 +769,7 @@ def emulated_fused_raster_loss(
     origin=(0, 0),
     warp_size=32,
     padded_rows=False,
+    grads_out=None,
 ):
     """TESTS ONLY: :func:`fused_raster_loss` with the native kernel's source run on the CPU
     (kernels.native.load_cpu_emulation) at ``warp_size`` lanes per warp. Same returns."""
@@ -748,6 +790,7 @@ def emulated_fused_raster_loss(
         origin,
         padded_rows,
     )
+    _check_grads_out(grads_out, means2d, conics, colors, opacities)
     return _native_loss(
         native.load_cpu_emulation(),
         means2d,
@@ -765,4 +808,5 @@ def emulated_fused_raster_loss(
         absgrad,
         origin,
         warp_size,
+        grads_out,
     )

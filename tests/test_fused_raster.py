@@ -549,6 +549,38 @@ def test_autograd_function_scales_the_saved_gradients():
             torch.autograd.grad(out, leaves)
 
 
+def test_grads_out_takes_the_kernels_gradients_in_place(emulation):
+    """grads_out: the kernel (its source under the CPU emulation) zeroes the caller's buffers and
+    leaves there the gradients autograd gets from the default call, bit for bit, with the same
+    loss, now detached; buffers of another dtype, layout, count or key set raise ValueError, and
+    so does the CPU reference, which has no kernel to write them."""
+    scene = make_scene(I=2, H=20, W=24, N=30, seed=9, packed=False, bg=True)
+    names, leaves = _leaves(scene)
+    loss, _ = _call(fr.emulated_fused_raster_loss, scene, leaves, names)
+    want = dict(zip(names, torch.autograd.grad(loss, leaves)))
+    four = ("means2d", "conics", "colors", "opacities")
+    out = {n: torch.full_like(scene[n], math.nan) for n in four}  # stale contents: zeroed first
+    ptrs = {n: t.data_ptr() for n, t in out.items()}
+    names, leaves = _leaves(scene)
+    got, stats = _call(fr.emulated_fused_raster_loss, scene, leaves, names, grads_out=out)
+    assert got.grad_fn is None and torch.equal(got, loss.detach())
+    assert stats["l1"].item() > 0
+    for n in four:
+        assert out[n].data_ptr() == ptrs[n] and want[n].abs().sum() > 0, n
+        assert torch.equal(out[n], want[n]), n
+    bad = {
+        "float64": dict(out, colors=out["colors"].double()),
+        "strided": dict(out, conics=torch.zeros(2, 30, 6)[..., ::2]),
+        "count": dict(out, opacities=torch.zeros(2, 29)),
+        "keys": {n: out[n] for n in four[:3]},
+    }
+    for buffers in bad.values():
+        with pytest.raises(ValueError, match="grads_out"):
+            _call(fr.emulated_fused_raster_loss, scene, leaves, names, grads_out=buffers)
+    with pytest.raises(ValueError, match="grads_out needs the native kernel"):
+        _call(fr.fused_raster_loss, scene, leaves, names, grads_out=out)
+
+
 def test_tile_chunks_partition_the_tiles_within_the_scratch():
     """Launches in chunks of tiles: they cover every tile once, in order, and each one's buckets
     (tile t from bucket offsets[t] // 32 + t, ceil(n_t / 32) of them) fit the cap unless one tile

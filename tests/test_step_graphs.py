@@ -219,6 +219,59 @@ def test_graphed_fused_step_gives_the_eager_fused_steps_loss_and_gradients():
     assert ns[1] < ns[0]  # the replayed step's buffer held the first step's longer list past its count
 
 
+def test_the_fused_tail_leaves_its_weighted_gradients_in_the_head_buffers():
+    """The fused tail (the kernel's source under the CPU emulation) with a rank's weight of 1/3:
+    the kernel writes into the gradient buffers themselves (the same memory, stale contents
+    replaced), scaled by the weight, bit for bit what autograd gives for weight x the eager fused
+    call's loss; "depths" is zeroed. A buffer the kernel cannot take (strided) gets the same
+    values through autograd and a copy."""
+    import shutil
+
+    import pytest
+
+    from splat_train.kernels import fused_raster as fr
+    from splat_train.trainer.step.graphed import RASTER_KEYS, _Tail, tail_function
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler to build the CPU emulation of the native kernel")
+    given = []  # the grads_out of each kernel call
+
+    def fused(*args, grads_out=None, **kw):
+        given.append(grads_out)
+        return fr.emulated_fused_raster_loss(*args, ssim_lambda=0.2, grads_out=grads_out, **kw)
+
+    weight = 1.0 / 3.0
+    cams, gts = _cams([0, 3])
+    out = render(activated(_params()), cams, DistContext(), reference, 1, rasterize=False)
+    rec, tiles = out.info.records, out.info.tiles
+    records = {k: getattr(rec, k).detach() for k in RASTER_KEYS}
+    C, N = records["opacities"].shape
+    w, h = cams.width, cams.height
+    tail = _Tail(None, C, math.ceil(h / TILE_SIZE), math.ceil(w / TILE_SIZE), 4096, gts, None)
+    tail.fill(tiles.offsets, tiles.flatten_ids, gts, None)
+    leaves = [records[k].clone().requires_grad_() for k in RASTER_KEYS]
+    want_loss, _ = fused(*leaves, tiles.offsets, tiles.flatten_ids, uint8_to_unit(gts), w, h)
+    want = dict(zip(RASTER_KEYS, torch.autograd.grad(want_loss * weight, leaves)))
+    for layout in ("contiguous", "strided"):
+        targets = {k: torch.full_like(records[k], math.nan) for k in RASTER_KEYS}
+        if layout == "strided":
+            targets["colors"] = torch.full((C, N, 6), math.nan)[..., ::2]
+        targets["depths"] = torch.full((C, N), math.nan)
+        ptrs = {k: t.data_ptr() for k, t in targets.items()}
+        fn = tail_function(reference, _loss, w, h, False, targets, fused=fused, weight=weight)
+        leaves = [records[k].clone().requires_grad_() for k in RASTER_KEYS]
+        loss, l1, ssim, _ = fn(*leaves, tail.offsets, tail.flatten_ids, tail.masks, tail.gts, None)
+        if layout == "contiguous":  # the kernel wrote the buffers themselves
+            assert all(given[-1][k] is targets[k] for k in RASTER_KEYS)
+        else:
+            assert given[-1] is None
+        assert torch.equal(loss, want_loss.detach()) and l1 > 0, layout
+        for k in RASTER_KEYS:
+            assert targets[k].data_ptr() == ptrs[k] and want[k].abs().sum() > 0, (layout, k)
+            assert torch.equal(targets[k], want[k]), (layout, k)
+        assert torch.all(targets["depths"] == 0), layout
+
+
 def test_a_fused_step_too_large_for_one_launch_runs_its_tail_uncaptured(monkeypatch):
     """A fused step whose checkpoint scratch exceeds SPLAT_TRAIN_FUSED_SCRATCH_MB runs the kernel
     in chunks of tiles, reading the tile offsets on the host, which no capture allows: that step's

@@ -81,7 +81,8 @@ def tail_function(
     outputs —, offsets, flatten_ids, masks, gts uint8 [C, H, W, 3], backgrounds [C, 3] or None) ->
     (loss, l1, ssim, absgrad [C, N, 2] or an empty tensor). The gradients of the four leaves are
     copied into ``grad_targets`` (the head's static gradient buffers, by output name; "depths"
-    there is zeroed: no depth term). ``loss_fn(colors [C, H, W, 3], gts) -> (loss, {"l1", "ssim"})``.
+    there is zeroed: no depth term); the fused kernel writes them there itself where they are
+    float32 and contiguous (kernels.fused_raster.fused_raster_loss's ``grads_out``). ``loss_fn(colors [C, H, W, 3], gts) -> (loss, {"l1", "ssim"})``.
     ``fused``: kernels.fused_raster.fused_raster_loss with its ssim_lambda bound (tests: the CPU
     emulation), which replaces the rasterizer and ``loss_fn``; l1 and ssim are then its terms (the
     SSIM tile-local), as in the eager fused step. ``weight``: the gradients are those of ``weight``
@@ -124,13 +125,26 @@ def tail_function(
             abs_means2d.detach() if abs_means2d is not None else means2d.new_empty(0),
         )
 
+    # the fused kernel accumulates straight into the gradient buffers where they fit it (float32,
+    # contiguous): no copy after it, and the weight scales them in place
+    in_place = {key: grad_targets[key] for key in RASTER_KEYS}
+    if not all(g.dtype == torch.float32 and g.is_contiguous() for g in in_place.values()):
+        in_place = None
+
     def fused_tail(leaves, offsets, flatten_ids, gts, backgrounds):
         assert fused is not None
         loss, stats = fused(
             *leaves, offsets, flatten_ids, uint8_to_unit(gts), width, height,
-            backgrounds=backgrounds, absgrad=absgrad, padded_rows=True,
+            backgrounds=backgrounds, absgrad=absgrad, padded_rows=True, grads_out=in_place,
         )  # fmt: skip
-        write_gradients(loss, leaves)
+        if in_place is None:
+            write_gradients(loss, leaves)
+        else:
+            if weight != 1.0:
+                for grad in in_place.values():
+                    grad.mul_(weight)
+            if "depths" in grad_targets:
+                grad_targets["depths"].zero_()
         abs_means2d = stats["absgrad"].view(leaves[0].shape) if absgrad else leaves[0].new_empty(0)
         return loss.detach(), stats["l1"], stats["ssim"], abs_means2d.detach()
 
