@@ -127,9 +127,9 @@ def tail_function(
 
     # the fused kernel accumulates straight into the gradient buffers where they fit it (float32,
     # contiguous): no copy after it, and the weight scales them in place
-    in_place = {key: grad_targets[key] for key in RASTER_KEYS}
-    if not all(g.dtype == torch.float32 and g.is_contiguous() for g in in_place.values()):
-        in_place = None
+    raster_grads = {key: grad_targets[key] for key in RASTER_KEYS}
+    fits = all(g.dtype == torch.float32 and g.is_contiguous() for g in raster_grads.values())
+    in_place: dict[str, torch.Tensor] | None = raster_grads if fits else None
 
     def fused_tail(leaves, offsets, flatten_ids, gts, backgrounds):
         assert fused is not None
