@@ -1,5 +1,8 @@
 """Tests for trainer/losses.py and trainer/metrics.py (CPU; one `gpu` test for CUDA)."""
 
+import importlib
+import importlib.machinery
+import importlib.util
 import math
 import os
 import sys
@@ -375,3 +378,46 @@ def test_ssim_on_cuda_matches_cpu():
         gpu.backward()
         assert gpu.item() == pytest.approx(cpu.item(), abs=1e-5)
         assert torch.isfinite(render.grad).all() and render.grad.abs().sum() > 0
+
+
+def test_lpips_imports_no_backend_without_the_backbone_file(monkeypatch, tmp_path):
+    """An installed torchmetrics is found, not imported, when the backbone weights are missing
+    (its import pulls in transformers where that is installed: seconds at the first evaluation)."""
+    real_find, real_import = importlib.util.find_spec, importlib.import_module
+    for name in ("torchmetrics", "torchvision", "lpips"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    found = {
+        "torchmetrics": importlib.machinery.ModuleSpec("torchmetrics", None),
+        "torchvision": importlib.machinery.ModuleSpec("torchvision", None),
+    }
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: found.get(name) if name in found or name == "lpips" else real_find(name, *a),
+    )
+    imported = []
+    monkeypatch.setattr(importlib, "import_module", lambda name, *a: imported.append(name) or real_import(name, *a))
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path))
+    metric = metrics.LPIPSMetric(net="alex")
+    assert not metric.available and "backbone weights" in metric.reason and "not on disk" in metric.reason
+    assert not [n for n in imported if n.split(".")[0] in ("torchmetrics", "torchvision", "lpips")]
+
+
+def test_lpips_falls_back_to_the_lpips_package_when_torchmetrics_fails_to_import(monkeypatch, tmp_path):
+    built = []
+    _fake_lpips_backends(monkeypatch, built)
+    monkeypatch.setitem(sys.modules, "torchmetrics.image.lpip", None)  # installed, but its import fails
+
+    class FakePackage(torch.nn.Module):
+        def __init__(self, net, verbose):
+            super().__init__()
+            built.append(net)
+
+    fake = types.ModuleType("lpips")
+    fake.LPIPS = FakePackage
+    monkeypatch.setitem(sys.modules, "lpips", fake)
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({}, tmp_path / "checkpoints" / "alexnet-owt-7be5be79.pth")
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path))
+    metric = metrics.LPIPSMetric(net="alex")
+    assert metric.available and metric.backend == "lpips" and built == ["alex"]

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
+import sys
 import tempfile
 from typing import Any
 
@@ -108,14 +110,16 @@ class LPIPSMetric:
         self.available = self._model is not None
 
     def _build(self) -> None:
-        backend = _first_importable(("torchmetrics", "lpips"))
-        if backend is None:
+        # find the packages without importing them: torchmetrics' import pulls in transformers
+        # where that is installed (seconds), and without the backbone file nothing is built
+        backends = [name for name in ("torchmetrics", "lpips") if _installed(name)]
+        if not backends:
             self.reason = (
                 "LPIPS unavailable: neither torchmetrics nor lpips is installed (splat-train does not depend on them)"
             )
             return
-        if _first_importable(("torchvision",)) is None:
-            self.reason = f"LPIPS unavailable: {backend} is installed but torchvision is not"
+        if not _installed("torchvision"):
+            self.reason = f"LPIPS unavailable: {backends[0]} is installed but torchvision is not"
             return
         weights = self.backbone_file()
         if not os.path.isfile(weights):
@@ -126,11 +130,20 @@ class LPIPSMetric:
             )
             return
         with _hub_folder_holding(weights, LPIPS_BACKBONE_FILES[self.net]) if self.weights else contextlib.nullcontext():
-            if backend == "torchmetrics":
-                module = importlib.import_module("torchmetrics.image.lpip")
-                model = module.LearnedPerceptualImagePatchSimilarity(net_type=self.net, normalize=self.normalize)
-            else:
-                model = importlib.import_module("lpips").LPIPS(net=self.net, verbose=False)
+            for backend in backends:  # first importable wins (an installed package may still fail to import)
+                try:
+                    if backend == "torchmetrics":
+                        module = importlib.import_module("torchmetrics.image.lpip")
+                        model = module.LearnedPerceptualImagePatchSimilarity(
+                            net_type=self.net, normalize=self.normalize
+                        )
+                    else:
+                        model = importlib.import_module("lpips").LPIPS(net=self.net, verbose=False)
+                except ImportError:
+                    if backend == backends[-1]:
+                        raise
+                    continue
+                break
         self._model = model.to(self.device).eval()
         self.backend = backend
 
@@ -183,12 +196,12 @@ def _hub_folder_holding(path: str, name: str):
             torch.hub.set_dir(previous)
 
 
-def _first_importable(names: tuple[str, ...]) -> str | None:
-    """The first module in ``names`` that imports, or None."""
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            continue
-        return name
-    return None
+def _installed(name: str) -> bool:
+    """Whether the top-level module ``name`` can be found, without importing it (a module set to
+    None in sys.modules counts as absent, as it does for import)."""
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
