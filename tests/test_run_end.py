@@ -131,3 +131,17 @@ def test_odd_size_real_capture_trains_and_writes_ply_and_video(tmp_path):
     assert json.loads((out / "stats/val_step2.json").read_text())["num_views"] == 2
     assert [p.name for p in (out / "videos").iterdir()] == ["traj_2.mp4"]
     assert imageio.get_reader(out / "videos/traj_2.mp4").get_data(0).shape == (150, 200, 3)
+
+
+def test_test_renders_are_lossless_rgb_pngs(tmp_path):
+    """The side-by-side test renders read back as the float image rounded to 8 bits, channels in
+    RGB order (OpenCV encodes BGR), and no temporary file is left beside them."""
+    rng = np.random.default_rng(0)
+    image = rng.random((5, 7, 3)).astype(np.float32)
+    image[0, 0] = (1.0, 0.0, 0.0)  # pure red: a swapped channel order would read back blue
+    evaluate._write_pngs(tmp_path / "renders", 12, [("cams/IMG_1.jpg", image)])
+    path = tmp_path / "renders" / "val_step12_IMG_1.png"
+    back = cv2.cvtColor(cv2.imread(str(path), cv2.IMREAD_UNCHANGED), cv2.COLOR_BGR2RGB)
+    assert back.dtype == np.uint8 and back[0, 0].tolist() == [255, 0, 0]
+    assert np.array_equal(back, (image * 255.0 + 0.5).astype(np.uint8))
+    assert sorted(p.name for p in (tmp_path / "renders").iterdir()) == ["val_step12_IMG_1.png"]

@@ -98,10 +98,11 @@ def _write_pngs(folder: Path, step: int, images: list[tuple[str, np.ndarray]]) -
 
 
 def _write_png(path: Path, image: np.ndarray) -> None:
-    import imageio.v3 as iio
+    """A float [H, W, 3] image in [0, 1] as an 8-bit PNG (data/images.write_png)."""
+    from .data.images import write_png
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    iio.imwrite(path, (np.clip(image, 0, 1) * 255.0 + 0.5).astype(np.uint8))
+    write_png(path, (np.clip(image, 0, 1) * 255.0 + 0.5).astype(np.uint8))
 
 
 def even_size(frame: np.ndarray) -> np.ndarray:

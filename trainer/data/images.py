@@ -320,9 +320,13 @@ def _cache_folder_name(folder: str, factor: int) -> str:
     return f"{PurePosixPath(folder).as_posix()}_{factor}"
 
 
-def _write_atomic_png(path: Path, rgb: np.ndarray) -> None:
+def write_png(path: Path, rgb: np.ndarray) -> None:
+    """Write uint8 [H, W, 3] RGB ``rgb`` to ``path`` as a PNG, atomically (a temporary name, then a
+    rename). OpenCV's encoder at its default compression: several times faster than Pillow's
+    (imageio) for the same lossless pixels and about the same size. OSError when it cannot encode."""
     ok, encoded = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
-    assert ok, path
+    if not ok:
+        raise OSError(f"{path}: OpenCV could not encode a PNG of shape {rgb.shape}")
     atomic_write_bytes(path, encoded.tobytes())
 
 
@@ -397,6 +401,6 @@ def locate_images(
                 raise DataError(
                     f"image {source} is {image.shape[1]}x{image.shape[0]}, but the camera model says {w}x{h}"
                 )
-            _write_atomic_png(path, cv2.resize(image, (fw, fh), interpolation=cv2.INTER_AREA))
+            write_png(path, cv2.resize(image, (fw, fh), interpolation=cv2.INTER_AREA))
         located.append((path, fw, fh))
     return located
