@@ -436,3 +436,32 @@ def test_gsplat_flags_this_trainer_lacks_are_unknown_flags(tmp_path, capsys, fla
     assert stop.value.code == 2
     assert flags[0] in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_the_train_loop_line_leaves_out_the_writes_between_steps(tmp_path, capsys, monkeypatch):
+    """An evaluation and checkpoint between steps (here made 1.5 s slow) counts in the
+    `excluded` seconds of the `train loop:` line, not in its training time or ms/step."""
+    import re
+    import time
+
+    from splat_train.trainer import loop
+
+    real = loop.Trainer.write_outputs
+
+    def slow(self, step, **kw):
+        if step == 2:
+            time.sleep(1.5)
+        return real(self, step, **kw)
+
+    monkeypatch.setattr(loop.Trainer, "write_outputs", slow)
+    start = time.perf_counter()
+    assert (
+        run("--max_steps", "4", "--eval_steps", "2", "--num_traj_frames", "0", "--result_dir", str(tmp_path / "r")) == 0
+    )
+    wall = time.perf_counter() - start
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("train loop: "))
+    found = re.search(r"4 steps in ([0-9.]+) s \(([0-9.]+) ms/step, .*excluded: ([0-9.]+) s between steps\)", line)
+    assert found, line
+    training, ms, excluded = (float(g) for g in found.groups())
+    assert excluded >= 1.5 and training + excluded <= wall + 0.1
+    assert ms == pytest.approx(1000 * training / 4, abs=50)

@@ -147,6 +147,7 @@ class Trainer:
         )
         self.step = 0  # completed steps
         self._stats_step = 0  # step of the previous train stats file
+        self.outputs_seconds = 0.0  # seconds of checkpoints, evaluations and outputs between steps (_steps)
         self.evaluation = evaluate.Evaluation(
             cfg, self.setup, scene, self.scene_scale, self.trainset, self.testset, self.report
         )
@@ -331,7 +332,8 @@ class Trainer:
             )
             self.report.print(
                 f"train loop: {steps} steps in {loop_seconds:.1f} s ({1000 * loop_seconds / steps:.2f} ms/step, "
-                f"evaluation excluded, {self.raster} rasterization), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}"
+                f"{self.raster} rasterization; evaluations, checkpoints and outputs excluded: "
+                f"{self.outputs_seconds:.1f} s between steps), {out.get('num_gaussians', 0):,} Gaussians on rank 0{peak}"
             )
             graphs = self.forward_backward.graphs_summary()
             if graphs:
@@ -353,11 +355,13 @@ class Trainer:
 
     def _steps(self, bar, profiler, viewer=None) -> tuple[dict, list[Path], float]:
         """The step loop of :meth:`train`: (the last logged scalars, the files the last
-        write_outputs wrote, seconds of training before the final evaluation). ``viewer``: the
-        live viewer (viewer.py), told when a step begins and ends."""
+        write_outputs wrote, seconds of training: the loop's wall time up to the last step less
+        the checkpoints, evaluations and outputs written between steps). ``viewer``: the live
+        viewer (viewer.py), told when a step begins and ends."""
         s = self.cfg.schedule
         window_start, window_steps = time.perf_counter(), 0
         loop_start, loop_seconds = time.perf_counter(), 0.0
+        self.outputs_seconds = 0.0  # writes between steps, left out of the training time
         out, written = {}, []
         for step in bar:
             if profiler is not None:
@@ -396,13 +400,18 @@ class Trainer:
             if done == s.max_steps:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                loop_seconds = time.perf_counter() - loop_start  # training only: before eval/export
+                loop_seconds = time.perf_counter() - loop_start - self.outputs_seconds  # before eval/export
             last = done == s.max_steps
             saved = done in s.save_steps or last
+            writes_start = time.perf_counter()
             written = self.write_outputs(
                 done, save=saved, ply=done in s.ply_steps or last, evaluation=done in s.eval_steps or last
             )
             self._answer_requests(done, saved)
+            if not last:  # an evaluation or checkpoint between steps: not training time
+                spent = time.perf_counter() - writes_start
+                self.outputs_seconds += spent
+                window_start += spent  # nor part of the logged ms/step
         return out, written, loop_seconds
 
     def _answer_requests(self, done: int, saved: bool) -> None:
