@@ -361,7 +361,6 @@ class Trainer:
         s = self.cfg.schedule
         window_start, window_steps = time.perf_counter(), 0
         loop_start, loop_seconds = time.perf_counter(), 0.0
-        self.outputs_seconds = 0.0  # writes between steps, left out of the training time
         out, written = {}, []
         for step in bar:
             if profiler is not None:

@@ -142,8 +142,8 @@ class LPIPSMetric:
                 except ImportError:
                     if backend == backends[-1]:
                         raise
-                    continue
-                break
+                else:
+                    break
         self._model = model.to(self.device).eval()
         self.backend = backend
 
