@@ -20,6 +20,11 @@ SelectiveAdam (gsplat/optimizers/selective_adam.py, csrc/AdamCUDA.cu; Taming 3DG
 2024): only the rows i of visible Gaussians update m, v and p, with the plain step
 p = p - lr m / (sqrt(v) + eps), no bias correction and no step count, as gsplat's kernel.
 Reference: :func:`splat_train.kernels.reference.selective_adam_update`.
+
+Deferred variant (``lazy_rows``: bool [N], ``--lazy_sh_adam``, kernels/lazy_adam.py): the tensors
+named in kernels/lazy_adam.SH_KEYS update only the rows of ``lazy_rows`` (the Gaussians some camera
+saw, whose earlier zero-gradient steps the projection caught up), with the plain Adam update above;
+the others' zero-gradient steps wait. The other tensors step densely in the same launch.
 """
 
 from __future__ import annotations
@@ -78,12 +83,16 @@ if triton is not None:
         row,
         BLOCK: tl.constexpr,
         SELECTIVE: tl.constexpr,
+        MASKED: tl.constexpr,
     ):
         # 64-bit offsets: shN alone passes 2^31 elements at about 48 M Gaussians on one rank
         offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         if SELECTIVE:  # only the rows (Gaussians) marked visible; row = elements per Gaussian
             mask = mask & (tl.load(vis_ptr + offs // row, mask=mask, other=0) != 0)
+        if MASKED:  # the same, for the tensors with row > 0 only (lazy_rows)
+            if row > 0:
+                mask = mask & (tl.load(vis_ptr + offs // row, mask=mask, other=0) != 0)
         g = tl.load(g_ptr + offs, mask=mask, other=0.0)
         adam_in_place(p_ptr, m_ptr, v_ptr, offs, mask, g, step_size, inv_bc2_sqrt, beta1, beta2, eps)
 
@@ -151,23 +160,25 @@ if triton is not None:
         r5,
         BLOCK: tl.constexpr,
         SELECTIVE: tl.constexpr,
+        MASKED: tl.constexpr = False,
     ):
         """Program pid updates block pid - e_i of tensor i, where e_i (e_0 = 0) is the first
         program of tensor i; s_i = lr_i / (1 - beta1^t_i), c_i = 1 / sqrt(1 - beta2^t_i)
-        (selective: s_i = lr_i, c_i = 1); r_i: elements per Gaussian of tensor i (selective)."""
+        (selective: s_i = lr_i, c_i = 1); r_i: elements per Gaussian of tensor i (selective; with
+        MASKED, 0 for a tensor that steps densely)."""
         pid = tl.program_id(0)
         if pid < e1:
-            _update(p0, g0, m0, v0, n0, pid, s0, c0, beta1, beta2, eps, vis, r0, BLOCK, SELECTIVE)
+            _update(p0, g0, m0, v0, n0, pid, s0, c0, beta1, beta2, eps, vis, r0, BLOCK, SELECTIVE, MASKED)
         elif pid < e2:
-            _update(p1, g1, m1, v1, n1, pid - e1, s1, c1, beta1, beta2, eps, vis, r1, BLOCK, SELECTIVE)
+            _update(p1, g1, m1, v1, n1, pid - e1, s1, c1, beta1, beta2, eps, vis, r1, BLOCK, SELECTIVE, MASKED)
         elif pid < e3:
-            _update(p2, g2, m2, v2, n2, pid - e2, s2, c2, beta1, beta2, eps, vis, r2, BLOCK, SELECTIVE)
+            _update(p2, g2, m2, v2, n2, pid - e2, s2, c2, beta1, beta2, eps, vis, r2, BLOCK, SELECTIVE, MASKED)
         elif pid < e4:
-            _update(p3, g3, m3, v3, n3, pid - e3, s3, c3, beta1, beta2, eps, vis, r3, BLOCK, SELECTIVE)
+            _update(p3, g3, m3, v3, n3, pid - e3, s3, c3, beta1, beta2, eps, vis, r3, BLOCK, SELECTIVE, MASKED)
         elif pid < e5:
-            _update(p4, g4, m4, v4, n4, pid - e4, s4, c4, beta1, beta2, eps, vis, r4, BLOCK, SELECTIVE)
+            _update(p4, g4, m4, v4, n4, pid - e4, s4, c4, beta1, beta2, eps, vis, r4, BLOCK, SELECTIVE, MASKED)
         else:
-            _update(p5, g5, m5, v5, n5, pid - e5, s5, c5, beta1, beta2, eps, vis, r5, BLOCK, SELECTIVE)
+            _update(p5, g5, m5, v5, n5, pid - e5, s5, c5, beta1, beta2, eps, vis, r5, BLOCK, SELECTIVE, MASKED)
 
 
 def supported(optimizer: torch.optim.Optimizer) -> bool:
@@ -220,9 +231,10 @@ def step_constants(group: dict, state: dict, selective: bool = False) -> tuple[f
 
 
 def _entries(optimizers: Iterable[torch.optim.Adam], selective: bool = False) -> list[tuple]:
-    """(param, grad, exp_avg, exp_avg_sq, step_size, 1/sqrt(bias correction 2), hyper) of every
-    parameter with a gradient; advances each one's host-side step count (torch's format).
-    ``selective``: gsplat's SelectiveAdam terms (step size lr, no bias correction, no count)."""
+    """(param, grad, exp_avg, exp_avg_sq, step_size, 1/sqrt(bias correction 2), hyper, name) of
+    every parameter with a gradient; advances each one's host-side step count (torch's format).
+    ``selective``: gsplat's SelectiveAdam terms (step size lr, no bias correction, no count);
+    name: the param group's "name" (model.create_optimizers), or None."""
     out = []
     for p, state, group in params_with_state(optimizers):
         beta1, beta2 = group["betas"]
@@ -230,28 +242,46 @@ def _entries(optimizers: Iterable[torch.optim.Adam], selective: bool = False) ->
         step_size, inv_bc2_sqrt = step_constants(group, state, selective)
         if not selective:
             state["step"] += 1
-        out.append((p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], step_size, inv_bc2_sqrt, hyper))
+        entry = (p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], step_size, inv_bc2_sqrt, hyper)
+        out.append(entry + (group.get("name"),))
     return out
 
 
 @torch.no_grad()
-def adam_step(optimizers: Iterable[torch.optim.Adam], visible: torch.Tensor | None = None) -> None:
+def adam_step(
+    optimizers: Iterable[torch.optim.Adam],
+    visible: torch.Tensor | None = None,
+    lazy_rows: torch.Tensor | None = None,
+    lazy_names: tuple = ("sh0", "shN"),
+) -> None:
     """One Adam step of every parameter (with a gradient) of ``optimizers``, in
     ceil(tensors / MAX_TENSORS) launches per (betas, eps) combination. The optimizers must pass
     :func:`supported` and their tensors live on one CUDA/ROCm device (or the CPU under
     TRITON_INTERPRET=1). Gradients are left in place (zero or drop them after).
     ``visible`` (bool [N], N the first dimension of every parameter): the selective update of
-    the module docstring."""
+    the module docstring. ``lazy_rows`` (bool [N]): the deferred update of the module docstring
+    for the parameters whose group is named in ``lazy_names`` (kernels/lazy_adam.SH_KEYS).
+    Raises ValueError when both are given."""
+    if visible is not None and lazy_rows is not None:
+        raise ValueError("adam_step: visible (SelectiveAdam) and lazy_rows (deferred Adam) exclude each other")
     entries = _entries(optimizers, selective=visible is not None)
     by_hyper: dict[tuple, list] = {}
     for e in entries:
         by_hyper.setdefault(e[6], []).append(e)
     for (beta1, beta2, eps), group in by_hyper.items():
         for i in range(0, len(group), MAX_TENSORS):
-            _launch(group[i : i + MAX_TENSORS], beta1, beta2, eps, visible)
+            _launch(group[i : i + MAX_TENSORS], beta1, beta2, eps, visible, lazy_rows, lazy_names)
 
 
-def _launch(entries: list[tuple], beta1: float, beta2: float, eps: float, visible: torch.Tensor | None = None) -> None:
+def _launch(
+    entries: list[tuple],
+    beta1: float,
+    beta2: float,
+    eps: float,
+    visible: torch.Tensor | None = None,
+    lazy_rows: torch.Tensor | None = None,
+    lazy_names: tuple = (),
+) -> None:
     blocks = [triton.cdiv(e[0].numel(), BLOCK) for e in entries]
     starts = [sum(blocks[:i]) for i in range(1, MAX_TENSORS)]  # e1..e5
     total = sum(blocks)
@@ -261,10 +291,17 @@ def _launch(entries: list[tuple], beta1: float, beta2: float, eps: float, visibl
     slots = entries + [pad] * (MAX_TENSORS - len(entries))
     tensors = [t for e in slots for t in e[:4]]
     sizes = [e[0].numel() for e in slots]
+    masked = lazy_rows is not None and any(e[7] in lazy_names for e in entries)
     if visible is not None:
         assert all(e[0].shape[0] == visible.shape[0] for e in entries), "visible must have one entry per Gaussian"
         rows = [max(e[0][:1].numel(), 1) for e in slots]
         vis = visible.to(torch.uint8).contiguous()
+    elif masked:
+        assert lazy_rows is not None
+        lazy = [e[7] in lazy_names for e in slots]
+        assert all(e[0].shape[0] == lazy_rows.shape[0] for e, on in zip(slots, lazy) if on), "one row per Gaussian"
+        rows = [max(e[0][:1].numel(), 1) if on else 0 for e, on in zip(slots, lazy)]
+        vis = lazy_rows.to(torch.uint8).contiguous()
     else:
         rows, vis = [1] * MAX_TENSORS, entries[0][0]  # unused pointer
     _adam_kernel[(total,)](
@@ -280,4 +317,5 @@ def _launch(entries: list[tuple], beta1: float, beta2: float, eps: float, visibl
         *rows,
         BLOCK=BLOCK,
         SELECTIVE=visible is not None,
+        MASKED=masked,
     )

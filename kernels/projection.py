@@ -64,18 +64,22 @@ from __future__ import annotations
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 import torch
 from torch import Tensor
 
 from .reference import ALPHA_THRESHOLD, EXTENT_SIGMAS
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .lazy_adam import LazyRows
+
 try:  # the CPU-only torch wheel may ship without Triton
     import triton
     import triton.language as tl
 
     from .adam import adam_in_place
+    from .lazy_adam import catch_up_rows
 except ImportError:  # pragma: no cover - depends on the environment
     triton = None
 
@@ -425,8 +429,9 @@ if triton is not None:
     def _forward_kernel(
         means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
         radii_ptr, means2d_ptr, depths_ptr, conics_ptr, opac_out_ptr, colors_ptr, bits_ptr,
+        m_sh0_ptr, v_sh0_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, count_ptr, tab_ptr, lr_ptr, T1, beta1, beta2, eps,
         N, C, KR, W, H, near, far, eps2d,
-        DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr, SLACK: tl.constexpr,
+        DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr, SLACK: tl.constexpr, LAZY: tl.constexpr = False,
     ):  # fmt: skip
         thr: tl.constexpr = THRESHOLD
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -505,6 +510,13 @@ if triton is not None:
             bits = bits | (valid.to(tl.int32) << cam)
         tl.store(bits_ptr + offs, bits, mask=live)
         seen = bits != 0
+        if LAZY:  # the seen rows' deferred SH Adam steps (kernels/lazy_adam.py), before their colours
+            t = tl.load(count_ptr)
+            stale = seen & (tl.load(applied_ptr + offs, mask=seen, other=0) < t)
+            if tl.max(stale.to(tl.int32), 0) > 0:
+                catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, offs, stale,
+                              t, KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps)  # fmt: skip
+                tl.debug_barrier()  # the caught-up rows before any lane reads them
         for ch in tl.static_range(3):
             k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15 = _load_coeffs(
                 sh0_ptr, shn_ptr, offs, KR, ch, seen, DEG
@@ -873,11 +885,19 @@ def kernel_specs() -> dict:
     fwd_ints = {"radii_ptr": "*i32", "bits_ptr": "*i32"}
     floats = {n: "fp32" for n in ("near", "far", "eps2d")}
     bwd_flags = dict(HAS_MEANS2D=True, HAS_DEPTHS=False, HAS_CONICS=True, HAS_OPAC=True, HAS_COLORS=True)
-    fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK)
+    fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK, LAZY=False)
     bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, **bwd_flags)
     return {
         "projection_forward": (_forward_kernel, dict(fwd, AA=False), fwd_ints, floats, NUM_WARPS),
         "projection_forward_aa": (_forward_kernel, dict(fwd, AA=True), fwd_ints, floats, NUM_WARPS),
+        # --lazy_sh_adam: the seen rows' deferred SH Adam steps caught up first
+        "projection_forward_lazy": (
+            _forward_kernel,
+            dict(fwd, AA=False, LAZY=True),
+            dict(fwd_ints, applied_ptr="*i32", count_ptr="*i32", tab_ptr="*fp64", lr_ptr="*fp64"),
+            dict(floats, beta1="fp32", beta2="fp32", eps="fp32"),
+            NUM_WARPS,
+        ),
         "projection_backward": (_backward_kernel, dict(bwd, AA=False), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
         "projection_backward_aa": (_backward_kernel, dict(bwd, AA=True), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
         # --fused_adam: the backward takes the Adam step (selective: --visible_adam)
@@ -956,19 +976,30 @@ def _check(params: Mapping[str, Tensor], viewmats: Tensor, Ks: Tensor, campos: T
         raise ValueError(f"project_and_shade_fused: SH degree {sh_degree} needs {(sh_degree + 1) ** 2} bases, K={K}")
 
 
-def forward_into(params: Mapping[str, Tensor], viewmats, Ks, campos, setup: Setup, out: dict) -> None:
+def forward_into(
+    params: Mapping[str, Tensor], viewmats, Ks, campos, setup: Setup, out: dict, lazy: "Optional[LazyRows]" = None
+) -> None:
     """Launch the forward kernel, writing every element of ``out`` (:data:`OUTPUT_KEYS` as
     :func:`project_and_shade_fused` returns them, and "bits", int32 [N]). Contiguous float32
-    tensors on one device."""
+    tensors on one device. ``lazy`` (kernels/lazy_adam.LazyRows): the SH rows of the Gaussians
+    seen are first caught up to its count (their parameters and moments written in place)."""
     means = params["means"]
     N, C = means.shape[0], viewmats.shape[0]
     if N == 0:
         return
+    if lazy is not None:
+        if lazy.applied.shape != (N,):
+            raise ValueError(f"project_and_shade_fused: lazy.applied must be ({N},), got {tuple(lazy.applied.shape)}")
+        extra = (*lazy.moments, lazy.applied, lazy.count, lazy.tables, lazy.lr, lazy.tables.shape[1])
+        extra += (lazy.beta1, lazy.beta2, lazy.eps)
+    else:
+        extra = (means,) * 4 + (out["bits"],) * 2 + (means,) * 2 + (1, 0.0, 0.0, 0.0)  # unused
     _forward_kernel[(triton.cdiv(N, BLOCK),)](
         *(params[k] for k in PARAM_KEYS), viewmats, Ks, campos,
-        *(out[k] for k in OUTPUT_KEYS), out["bits"],
+        *(out[k] for k in OUTPUT_KEYS), out["bits"], *extra,
         N, C, params["shN"].shape[1], setup.width, setup.height, float(setup.near), float(setup.far), EPS2D,
-        DEG=setup.sh_degree, AA=setup.antialiased, BLOCK=BLOCK, SLACK=CULL_SLACK, num_warps=NUM_WARPS,
+        DEG=setup.sh_degree, AA=setup.antialiased, BLOCK=BLOCK, SLACK=CULL_SLACK, LAZY=lazy is not None,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
 
 
@@ -1068,10 +1099,10 @@ class _ProjectShade(torch.autograd.Function):
     parameters in place and returns no gradient for them."""
 
     @staticmethod
-    def forward(ctx, setup: Setup, adam, means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos):
+    def forward(ctx, setup: Setup, adam, lazy, means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos):
         params = dict(means=means, quats=quats, scales=scales, opacities=opacities, sh0=sh0, shN=shN)
         out = empty_outputs(means.shape[0], viewmats.shape[0], means.device)
-        forward_into(params, viewmats, Ks, campos, setup, out)
+        forward_into(params, viewmats, Ks, campos, setup, out, lazy)
         ctx.setup, ctx.adam = setup, adam
         ctx.save_for_backward(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos, out["bits"])
         ctx.mark_non_differentiable(out["radii"])
@@ -1086,11 +1117,11 @@ class _ProjectShade(torch.autograd.Function):
         given = {k: None if g is None else g.contiguous() for k, g in zip(OUTPUT_KEYS[1:], grads)}
         if ctx.adam is not None:
             backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, {}, ctx.adam)
-            return (None,) * 11
+            return (None,) * 12
         out = {k: torch.empty_like(params[k]) for k in PARAM_KEYS}
         backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out)
-        wanted = ctx.needs_input_grad[2:8]
-        return (None, None, *(out[k] if w else None for k, w in zip(PARAM_KEYS, wanted)), None, None, None)
+        wanted = ctx.needs_input_grad[3:9]
+        return (None, None, None, *(out[k] if w else None for k, w in zip(PARAM_KEYS, wanted)), None, None, None)
 
 
 def project_and_shade_fused(
@@ -1106,6 +1137,7 @@ def project_and_shade_fused(
     camera_model: str = "pinhole",
     antialiased: bool = False,
     adam: Optional[AdamStep] = None,
+    lazy: "Optional[LazyRows]" = None,
 ) -> dict[str, Tensor]:
     """``render.project_and_shade(ops, model.activated(params), viewmats, Ks, campos,
     [(width, height)] * C, sh_degree, near, far, packed=False, camera_model, antialiased)`` in one
@@ -1120,7 +1152,9 @@ def project_and_shade_fused(
     differentiable w.r.t. the six parameters (not the cameras). Static shapes, no host
     synchronization: capturable in a CUDA graph. ``adam`` (:class:`AdamStep`): the backward
     takes the parameters' Adam step in place instead and leaves them no gradient (the
-    parameters must be the tensors given, contiguous: they are written).
+    parameters must be the tensors given, contiguous: they are written). ``lazy``
+    (kernels/lazy_adam.LazyRows, --lazy_sh_adam): the forward first catches up the deferred SH Adam
+    steps of the Gaussians it sees (sh0, shN and their moments written in place: contiguous ones).
 
     Raises NotImplementedError for what :func:`unsupported` names (camera models other than
     pinhole, cameras requiring a gradient, SH degree > 3, ...) and ValueError for shapes that
@@ -1133,6 +1167,9 @@ def project_and_shade_fused(
     setup = Setup(int(width), int(height), int(sh_degree), float(near), float(far), bool(antialiased))
     if adam is not None and not all(params[k].is_contiguous() for k in PARAM_KEYS):
         raise ValueError("project_and_shade_fused: Adam in the backward steps the parameters in place: contiguous ones")
+    if lazy is not None and not all(params[k].is_contiguous() for k in ("sh0", "shN")):
+        raise ValueError("project_and_shade_fused: lazy catches sh0 / shN up in place: contiguous ones")
     tensors = [params[k].contiguous() for k in PARAM_KEYS]
-    outs = _ProjectShade.apply(setup, adam, *tensors, viewmats.contiguous(), Ks.contiguous(), campos.contiguous())
+    cams = (viewmats.contiguous(), Ks.contiguous(), campos.contiguous())
+    outs = _ProjectShade.apply(setup, adam, lazy, *tensors, *cams)
     return dict(zip(OUTPUT_KEYS, outs))

@@ -813,6 +813,34 @@ def selective_adam_update(
     return torch.where(rows, p, param), torch.where(rows, m, exp_avg), torch.where(rows, v, exp_avg_sq)
 
 
+def adam_zero_grad_steps(
+    param: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    applied: Tensor,
+    count: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The zero-gradient Adam steps that kernels/lazy_adam.py defers, taken one by one as the dense
+    Adam takes them: each row i (tensors [N, ...], ``applied`` int [N]) steps at the counts
+    applied[i] + 1 .. ``count`` with :func:`adam_update`'s formula and a zero gradient. Computed in
+    the inputs' dtype (the tests pass float64); returns new (param, exp_avg, exp_avg_sq), inputs
+    unmodified."""
+    p, m, v = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
+    if applied.numel() == 0:
+        return p, m, v
+    rows = applied.reshape(-1, *([1] * (param.dim() - 1)))
+    zero = torch.zeros_like(p)
+    for u in range(int(applied.min()) + 1, int(count) + 1):
+        new_p, new_m, new_v = adam_update(p, zero, m, v, u, lr, beta1, beta2, eps)
+        on = rows < u
+        p, m, v = torch.where(on, new_p, p), torch.where(on, new_m, m), torch.where(on, new_v, v)
+    return p, m, v
+
+
 def densify_stats_update(
     grad2d: Tensor,
     count: Tensor,

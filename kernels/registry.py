@@ -10,6 +10,7 @@ from typing import Optional, Union
 from . import adam
 from . import densify_stats as ds
 from . import fused_ssim as fs
+from . import lazy_adam as la
 from . import projection as pj
 from . import sparse_comm as sc
 from .resources import compile_spec
@@ -31,14 +32,19 @@ def kernel_specs() -> dict:
     proj = pj.kernel_specs()
     return {
         **{k: ssim[k] for k in ("ssim_forward", "ssim_backward", "l1_ssim_forward", "l1_ssim_backward")},
-        "adam": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=False), {}, adam_args, 4),
+        "adam": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=False, MASKED=False), {}, adam_args, 4),
         # --visible_adam: gsplat's SelectiveAdam update, visible Gaussians only
-        "adam_selective": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=True), {}, adam_args, 4),
+        "adam_selective": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=True, MASKED=False), {}, adam_args, 4),
+        # --lazy_sh_adam: sh0 / shN step their seen rows only, the rest densely
+        "adam_lazy": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=False, MASKED=True), {}, adam_args, 4),
         "densify_dense": (ds._dense_kernel, dict(BLOCK=ds.BLOCK), {"radii_ptr": "*i32"}, {}, 4),
         "densify_packed": (ds._packed_kernel, dict(BLOCK=ds.BLOCK), {"ids_ptr": "*i64", "cams_ptr": "*i64"}, {}, 4),
         "loss_combine": ssim["loss_combine"],
         # fused projection + SH of the dense pass and its per-Gaussian backward (SH degree 3)
         "projection_forward": proj["projection_forward"],
+        # --lazy_sh_adam: the forward catching the seen SH rows up first, and the flush of every row
+        "projection_forward_lazy": proj["projection_forward_lazy"],
+        "lazy_sh_flush": la.kernel_specs()["lazy_sh_flush"],
         "projection_backward": proj["projection_backward"],
         "projection_backward_adam": proj["projection_backward_adam"],
         "projection_backward_adam_selective": proj["projection_backward_adam_selective"],

@@ -229,6 +229,7 @@ def export_merged(
     and kept in the export's ``params`` (else None)."""
     from .formats import WEB_SUFFIXES
 
+    shard.sync()  # deferred SH Adam steps (--lazy_sh_adam) caught up
     params = shard.params
     path = Path(result_dir) / "ply" / ply_name(step, ctx.world_size)
     web = any(f in WEB_SUFFIXES for f in cfg.outputs.export_formats)

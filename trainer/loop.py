@@ -26,7 +26,15 @@ from .launch import DistContext, Interrupted
 from .model import create_optimizers, create_shard, initial_points, means_lr_scheduler, optimizer_step
 from .profile_window import ProfileWindow
 from .profiling import PhaseTimer, memory_model_line
-from .render import RenderSetup, check_camera_model, ops_for, resolve_backend, rigid_inverse, visible_gaussians
+from .render import (
+    RenderSetup,
+    check_camera_model,
+    ops_for,
+    resolve_backend,
+    rigid_inverse,
+    seen_gaussians,
+    visible_gaussians,
+)
 from .report import Reporter
 from .shard import GaussianShard
 from .step import Batches, ForwardBackward, plan_step
@@ -144,7 +152,11 @@ class Trainer:
             ),
             warn=self.report.warn,
             backward_adam=BackwardAdam(self.device, self.plan.selective_adam) if self.plan.fused_adam else None,
+            lazy_rows=(lambda: self.shard.lazy.rows(self.optimizers)) if self.plan.lazy_sh_adam else None,
+            lazy_sync=self.shard.sync if self.plan.lazy_sh_adam else None,
         )
+        if self.plan.lazy_sh_adam:
+            self.shard.defer_sh_adam(cfg.schedule.max_steps)
         self.step = 0  # completed steps
         self._stats_step = 0  # step of the previous train stats file
         self.outputs_seconds = 0.0  # seconds of checkpoints, evaluations and outputs between steps (_steps)
@@ -242,13 +254,19 @@ class Trainer:
         backward_adam = self.forward_backward.backward_adam
         if backward_adam is not None:  # the step's constants for the Adam inside the projection's backward
             backward_adam.prepare(self.optimizers)
+        lazy = self.shard.lazy  # --lazy_sh_adam: the SH rows of unseen Gaussians wait (kernels/lazy_adam.py)
+        if lazy is not None:
+            lazy.check_lrs(self.params, self.optimizers)
         out = self.forward_backward(batch, self.params, self.sh_degree_at(step), timer)
         info = out.info
         timer.begin("optimizer")
         # the Gaussians' Adams (one launch on a GPU, or already taken by the projection's backward);
-        # --visible_adam / --sparse_grad: visible ones only
+        # --visible_adam / --sparse_grad: visible ones only; --lazy_sh_adam: the seen SH rows only
         if backward_adam is None or not backward_adam.commit(self.optimizers):
-            optimizer_step(self.optimizers, visible_gaussians(info) if self.plan.selective_adam else None)
+            seen = seen_gaussians(info) if lazy is not None else None
+            optimizer_step(self.optimizers, visible_gaussians(info) if self.plan.selective_adam else None, seen)
+            if lazy is not None:
+                lazy.stepped(self.optimizers, seen)
         for opt in self.aux_optimizers.values():
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -256,7 +274,12 @@ class Trainer:
             scheduler.step()
         self.scheduler.step()
         timer.begin("densification")
+        refines = step % cfg.schedule.refine_every == 0  # where the strategies may grow, prune or relocate
+        if refines:
+            self.shard.sync()  # their surgery copies and cuts the SH rows and moments
         densify.post_backward(self.shard, cfg, step, info)
+        if refines:
+            self.shard.rows_changed()
         self.last_phases = timer.end_step()
         # tensors stay on the device: converting them here would synchronize every step
         return dict(

@@ -268,18 +268,26 @@ def _adam_impl(device: torch.device) -> dict:
     return {"fused": True} if device.type in supported else {}
 
 
-def optimizer_step(optimizers: dict[str, torch.optim.Optimizer], visible: Optional[torch.Tensor] = None) -> None:
+def optimizer_step(
+    optimizers: dict[str, torch.optim.Optimizer],
+    visible: Optional[torch.Tensor] = None,
+    lazy_rows: Optional[torch.Tensor] = None,
+) -> None:
     """One step of every optimizer, then their gradients dropped (set to None). The Gaussians'
     Adams on a GPU run in one launch (kernels/adam.py); anything else through its own step().
     ``visible`` (bool [N]; --visible_adam): gsplat's SelectiveAdam update instead, only the visible
-    Gaussians' rows (kernels/adam.py on a GPU, kernels.reference.selective_adam_update elsewhere)."""
+    Gaussians' rows (kernels/adam.py on a GPU, kernels.reference.selective_adam_update elsewhere).
+    ``lazy_rows`` (bool [N]; --lazy_sh_adam): sh0 and shN step only these rows (kernels/adam.py
+    only: RuntimeError where it does not run)."""
     opts = list(optimizers.values())
     from ..kernels import adam
 
     params = [p for o in opts for g in o.param_groups for p in g["params"]]
     if params and _uses_adam_kernel(params[0].device) and all(adam.supported(o) for o in opts):
-        adam.adam_step(cast(list[torch.optim.Adam], opts), visible)  # adam.supported checked each
+        adam.adam_step(cast(list[torch.optim.Adam], opts), visible, lazy_rows)  # adam.supported checked each
         mark_stepped(opts)
+    elif lazy_rows is not None:
+        raise RuntimeError("the deferred SH Adam (--lazy_sh_adam) needs kernels/adam.py's launch on a GPU")
     elif visible is not None:
         _selective_adam_reference(cast(list[torch.optim.Adam], opts), visible)
         mark_stepped(opts)

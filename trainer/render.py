@@ -595,6 +595,16 @@ def visible_gaussians(info: RenderInfo) -> torch.Tensor:
     return visible.index_fill_(0, info.gaussian_ids, True)
 
 
+def seen_gaussians(info: RenderInfo) -> torch.Tensor:
+    """bool [N_local]: the local Gaussians with a nonzero radius on either axis in some camera of a
+    dense pass: the rows whose deferred SH Adam steps the Triton projection's forward caught up
+    (its visibility bits, kernels/projection.py) and the only ones whose SH gradient can be nonzero
+    (--lazy_sh_adam's rows; kernels/lazy_adam.py). Raises ValueError for a packed pass."""
+    if info.packed:
+        raise ValueError("seen_gaussians: a dense pass's radii")
+    return (info.radii > 0).any(dim=-1).any(dim=0)
+
+
 def check_camera_model(scene, camera_model: str) -> Optional[str]:
     """Whether ``--camera_model`` can project ``scene``'s cameras: fisheye and ortho cameras
     (COLMAP / nerfstudio fisheyes after data/fisheye.py's remap, the synthetic scene's) need their

@@ -34,16 +34,45 @@ class GaussianShard:
         self.strategy = strategy
         self.strategy_state = strategy_state
         self.world_sizes: Optional[list[int]] = None
+        self.lazy: Any = None  # kernels/lazy_adam.LazyShAdam where the SH Adam of unseen Gaussians waits
 
     @property
     def num(self) -> int:
         """Gaussians in this shard."""
         return int(self.params["means"].shape[0])
 
+    def defer_sh_adam(self, max_count: int) -> None:
+        """From now on the training step defers the SH Adam of the Gaussians it does not see
+        (--lazy_sh_adam; kernels/lazy_adam.py, up to Adam count ``max_count``); :meth:`sync`
+        catches them up."""
+        from ..kernels.lazy_adam import LazyShAdam
+
+        self.lazy = LazyShAdam(self.optimizers, self.num, max_count, self.params["means"].device)
+
+    def sync(self) -> None:
+        """Catch up the deferred SH Adam steps of every Gaussian (--lazy_sh_adam): afterwards the
+        parameters and moments are the dense Adam's. Everything that reads or changes the
+        Gaussians outside the training step calls it first (activated, state_dict, remove,
+        export, densification's refinement steps). Parameters replaced wholesale (a test, a
+        checkpoint) are taken as current."""
+        if self.lazy is None:
+            return
+        if self.lazy.applied.numel() != self.num:
+            self.rows_changed()
+            return
+        self.lazy.flush(self.params, self.optimizers)
+
+    def rows_changed(self) -> None:
+        """The Gaussians' rows were replaced, grown or cut after a :meth:`sync` (densification,
+        pruning, a loaded checkpoint): every row is at the current Adam count."""
+        if self.lazy is not None:
+            self.lazy.reset(self.optimizers, self.num)
+
     def activated(self) -> dict[str, torch.Tensor]:
-        """The Gaussians as the renderer takes them (model.activated)."""
+        """The Gaussians as the renderer takes them (model.activated), deferred steps caught up."""
         from .model import activated
 
+        self.sync()
         return activated(self.params)
 
     def sizes_changed(self) -> None:
@@ -54,7 +83,9 @@ class GaussianShard:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """params, optimizers, scheduler and strategy_state, as a checkpoint stores them."""
+        """params, optimizers, scheduler and strategy_state, as a checkpoint stores them (the
+        deferred SH Adam steps caught up first: a checkpoint holds the dense Adam's state)."""
+        self.sync()
         return dict(
             params={k: v.detach() for k, v in self.params.items()},
             optimizers={k: o.state_dict() for k, o in self.optimizers.items()},
@@ -76,6 +107,7 @@ class GaussianShard:
             k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in state["strategy_state"].items()
         }
         self.sizes_changed()
+        self.rows_changed()
 
     # ------------------------------------------------------------------ surgery
     @torch.no_grad()
@@ -83,8 +115,10 @@ class GaussianShard:
         """Remove the Gaussians where ``mask`` [N] bool is True from the parameters, their Adam
         moments (gsplat.strategy.ops.remove) and the strategy's per-Gaussian state. Returns the
         count."""
+        self.sync()
         num = remove_gaussians(self.params, self.optimizers, self.strategy_state, mask)
         self.sizes_changed()
+        self.rows_changed()
         return num
 
 

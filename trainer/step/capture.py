@@ -205,12 +205,13 @@ def capture_graphs(fn: Callable, inputs: tuple) -> CapturedGraphs:
 
 
 def head_function(
-    ops, sizes, sh_degree, near, far, camera_model, antialiased, projection="gsplat", adam=None
+    ops, sizes, sh_degree, near, far, camera_model, antialiased, projection="gsplat", adam=None, lazy=None
 ) -> Callable:
     """The captured function: (means, quats, scales, opacities, sh0, shN — raw parameters —,
     viewmats, Ks, campos) -> the tensors of :data:`OUTPUT_KEYS`, dense [C_all, N, ...].
     ``projection`` (StepPlan.projection): "triton", kernels/projection.py's fused kernels (one
-    image size; ``adam``, a kernels.projection.AdamStep: their backward steps the parameters);
+    image size; ``adam``, a kernels.projection.AdamStep: their backward steps the parameters;
+    ``lazy``, a kernels.lazy_adam.LazyRows: their forward catches the seen SH rows up);
     "gsplat", model.activated + render.project_and_shade with ``ops``."""
 
     def head(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos):
@@ -218,7 +219,7 @@ def head_function(
         if projection == "triton":
             ((width, height),) = set(sizes)
             out = project_and_shade_fused(
-                raw, viewmats, Ks, campos, width, height, sh_degree, near, far, camera_model, antialiased, adam
+                raw, viewmats, Ks, campos, width, height, sh_degree, near, far, camera_model, antialiased, adam, lazy
             )
         else:
             out = project_and_shade(
@@ -230,17 +231,24 @@ def head_function(
 
 
 def eager_head(
-    params: Mapping[str, torch.Tensor], near: float, far: float, camera_model: str, antialiased: bool, adam=None
+    params: Mapping[str, torch.Tensor],
+    near: float,
+    far: float,
+    camera_model: str,
+    antialiased: bool,
+    adam=None,
+    lazy=None,
 ):
     """render.render's ``head`` for kernels/projection.py's kernels without a capture (steps that
     run eagerly: several processes, --cuda_graphs off): (viewmats, Ks, campos, sizes, sh_degree)
     -> {output: tensor}, one image size; ``adam`` (kernels.projection.AdamStep): the backward
-    steps the parameters."""
+    steps the parameters; ``lazy`` (kernels.lazy_adam.LazyRows): the forward catches the SH rows
+    it sees up."""
 
     def head(viewmats, Ks, campos, sizes, sh_degree):
         ((width, height),) = set(sizes)
         return project_and_shade_fused(
-            params, viewmats, Ks, campos, width, height, sh_degree, near, far, camera_model, antialiased, adam
+            params, viewmats, Ks, campos, width, height, sh_degree, near, far, camera_model, antialiased, adam, lazy
         )
 
     return head
@@ -313,9 +321,11 @@ class GraphedHead:
         warn: Optional[Callable[[str], None]] = None,
         projection: str = "gsplat",
         backward_adam=None,
+        lazy_rows: Optional[Callable] = None,
     ):
         self.ops, self.near, self.far = ops, near, far
         self.backward_adam = backward_adam  # step/backward_adam.BackwardAdam, or None
+        self.lazy_rows = lazy_rows  # () -> kernels.lazy_adam.LazyRows (--lazy_sh_adam), or None
         self.camera_model, self.antialiased, self.projection = camera_model, antialiased, projection
         self.capture = capture or capture_graphs
         self.warn = warn
@@ -372,7 +382,7 @@ class GraphedHead:
     def key_of(self, params, viewmats, Ks, campos, sizes, sh_degree) -> tuple:
         """What a capture is valid for: sizes, SH degree, the parameters' storage, shapes and
         requires_grad, the cameras' shapes (and with Adam in the backward, the storage of the
-        moments it steps)."""
+        moments it steps; with --lazy_sh_adam, the storage of the SH rows' counts and moments)."""
         adam = self.backward_adam.step if self.backward_adam is not None else None
         return (
             tuple(sizes),
@@ -380,6 +390,7 @@ class GraphedHead:
             tuple((params[k].data_ptr(), tuple(params[k].shape), params[k].requires_grad) for k in PARAM_KEYS),
             tuple((tuple(c.shape), c.requires_grad) for c in (viewmats, Ks, campos)),
             adam.key() if adam is not None else None,
+            self.lazy_rows().key() if self.lazy_rows is not None else None,
         )
 
     def is_current(self, key: tuple) -> bool:
@@ -408,6 +419,7 @@ class GraphedHead:
                 self.antialiased,
                 self.projection,
                 self.backward_adam.step if self.backward_adam is not None else None,
+                self.lazy_rows() if self.lazy_rows is not None else None,
             )
             self._key = key
             if not self.stopped and not self._budget.spend(self.calls):  # this would be the last straw

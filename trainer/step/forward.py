@@ -30,7 +30,10 @@ class ForwardBackward:
     (losses.TrainingLoss), ``aux``, ``depth_targets``, ``scene_scale``, ``tb_wanted``: as
     step/eager.EagerStep's; ``warn``: one-line warnings (a capture that failed); ``backward_adam``
     (step/backward_adam.BackwardAdam, the plan's ``fused_adam``): the projection's backward steps
-    the parameters (prepared by the caller before each step) and leaves them no ``.grad``. ``graphed_head``
+    the parameters (prepared by the caller before each step) and leaves them no ``.grad``;
+    ``lazy_rows`` (--lazy_sh_adam): () -> the kernels.lazy_adam.LazyRows the Triton projection's
+    forward catches the SH rows it sees up with, and ``lazy_sync``: () -> None, which catches every
+    row up before a step that takes another projection. ``graphed_head``
     and ``graphed_step`` (None where the plan has none; tests may set their own) are public."""
 
     def __init__(
@@ -45,9 +48,12 @@ class ForwardBackward:
         tb_wanted: Callable[[int], bool] = lambda step: False,
         warn: Optional[Callable[[str], None]] = None,
         backward_adam: Optional[BackwardAdam] = None,
+        lazy_rows: Optional[Callable] = None,
+        lazy_sync: Optional[Callable[[], None]] = None,
     ):
         self.plan = plan
         self.backward_adam = backward_adam
+        self.lazy_rows, self.lazy_sync = lazy_rows, lazy_sync
         self.eager = EagerStep(plan, cfg, setup, loss, aux, depth_targets, scene_scale, tb_wanted)
         self.graphed_head: Optional[GraphedHead] = (
             GraphedHead(
@@ -58,6 +64,7 @@ class ForwardBackward:
                 warn=warn,
                 projection=plan.projection,
                 backward_adam=backward_adam,
+                lazy_rows=lazy_rows,
             )
             if plan.graphs != "off"
             else None
@@ -104,7 +111,10 @@ class ForwardBackward:
         elif self.plan.projection == "triton" and one_size:  # the same kernels, without a capture
             s = self.setup
             adam = self.backward_adam.step if self.backward_adam is not None else None
-            head = eager_head(params, s.near, s.far, **s.options, adam=adam)
+            lazy = self.lazy_rows() if self.lazy_rows is not None else None
+            head = eager_head(params, s.near, s.far, **s.options, adam=adam, lazy=lazy)
+        if head is None and self.lazy_sync is not None:  # another projection reads every SH row
+            self.lazy_sync()
         return self.eager(batch, params, sh_degree, timer, head=head)
 
     def release(self) -> None:

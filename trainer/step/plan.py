@@ -15,7 +15,9 @@ A step has six independent choices, each made here and nowhere else, each with i
 - the pass (``pipeline``): this trainer's exchange (dense or ``--packed``) or gsplat's own
   ``rasterization(distributed=True)`` (the benchmark's baseline);
 - the optimizer (``fused_adam``): the Gaussians' Adam inside the projection's backward kernel
-  (step/backward_adam.py) or kernels/adam.py's launch after the backward;
+  (step/backward_adam.py) or kernels/adam.py's launch after the backward, and with the latter
+  (``lazy_sh_adam``) the SH coefficients' update deferred for the Gaussians not seen
+  (kernels/lazy_adam.py);
 - the CUDA graphs (``graphs``): the whole step as three replays around the tile intersection
   (``"whole"``, step/graphed.py), only the activation, projection and SH (``"head"``,
   step/capture.py), or none (``"off"``).
@@ -52,6 +54,8 @@ class StepPlan:
     distributed_why: str = ""
     fused_adam: bool = False  # the Gaussians' Adam inside the projection's backward (step/backward_adam.py)
     fused_adam_why: str = ""
+    lazy_sh_adam: bool = False  # the SH Adam of unseen Gaussians deferred (kernels/lazy_adam.py)
+    lazy_sh_adam_why: str = ""
 
     @property
     def fused(self) -> bool:
@@ -63,11 +67,12 @@ class StepPlan:
         graphs = {"whole": "whole-step CUDA graphs", "head": "CUDA graphs of the projection", "off": "no CUDA graphs"}
         path = "the distributed path" if self.distributed else "one process's path"
         adam = "Adam in the projection's backward" if self.fused_adam else "Adam after the backward"
+        lazy = f", the SH Adam of unseen Gaussians deferred ({self.lazy_sh_adam_why})" if self.lazy_sh_adam else ""
         return (
             f"step: {path} ({self.distributed_why}), {self.projection} projection ({self.projection_why}), "
             f"{self.raster} rasterization "
             f"({self.raster_why}), {exchange} records, {graphs[self.graphs]} ({self.graphs_why}), "
-            f"{adam} ({self.fused_adam_why})"
+            f"{adam} ({self.fused_adam_why}){lazy}"
         )
 
 
@@ -266,6 +271,31 @@ def adam_mode(cfg: Config, projection: str, tight: bool = False) -> tuple[bool, 
     return False, f"--fused_adam auto: {why_not}"
 
 
+def lazy_adam_mode(cfg: Config, projection: str, fused_adam: bool, selective: bool) -> tuple[bool, str]:
+    """(whether the SH coefficients' Adam is deferred for unseen Gaussians, why) from
+    --lazy_sh_adam: it needs the Triton projection (``projection``: its forward catches the rows
+    up) and kernels/adam.py's separate launch (not ``fused_adam``, not the ``selective`` update of
+    --visible_adam / --sparse_grad). Raises ValueError for --lazy_sh_adam on where it cannot run."""
+    from ...kernels import lazy_adam
+
+    why_not = None
+    if projection != "triton":
+        why_not = "the gsplat projection (--projection, or a CPU run)"
+    elif fused_adam:
+        why_not = "Adam in the projection's backward (--fused_adam)"
+    elif selective:
+        why_not = "--visible_adam / --sparse_grad (gsplat's SelectiveAdam)"
+    elif not lazy_adam.available():
+        why_not = "Triton is not installed"
+    if cfg.step.lazy_sh_adam == "off":
+        return False, "--lazy_sh_adam off"
+    if why_not is None:
+        return True, f"--lazy_sh_adam {cfg.step.lazy_sh_adam}"
+    if cfg.step.lazy_sh_adam == "on":
+        raise ValueError(f"--lazy_sh_adam on cannot run this step ({why_not}); use --lazy_sh_adam auto or off")
+    return False, f"--lazy_sh_adam auto: {why_not}"
+
+
 def check_pipeline(cfg: Config, device_type: str, world_size: int, sampler, loopback: bool = False) -> None:
     """Raise ValueError for a run its device or data cannot take: --loopback without its group
     (``loopback``: the rank's DistContext.loopback, set by launch.loopback_group), mcmc's
@@ -311,12 +341,14 @@ def plan_step(
     auxiliary modules it trains; ``kernel_ready``: whether every rank can run the native kernel
     (asked only for a fused step on a GPU); ``loopback``: one process on the distributed path
     (launch.loopback_group); ``tight``: device memory is tight for the model (:func:`memory_tight`).
-    Raises ValueError as :func:`raster_mode` and :func:`adam_mode`."""
+    Raises ValueError as :func:`raster_mode`, :func:`adam_mode` and :func:`lazy_adam_mode`."""
     raster, raster_why = raster_mode(cfg, device_type, masked, kernel_ready)
     graphs, graphs_why = graphs_mode(cfg, device_type, world_size, raster, aux, loopback)
     distributed, distributed_why = path_mode(world_size, loopback)
     projection, projection_why = projection_mode(cfg, device_type, world_size, aux)
     fused_adam, fused_adam_why = adam_mode(cfg, projection, tight)
+    selective = cfg.step.visible_adam or cfg.step.sparse_grad
+    lazy, lazy_why = lazy_adam_mode(cfg, projection, fused_adam, selective)
     return StepPlan(
         raster=raster,
         raster_why=raster_why,
@@ -325,11 +357,13 @@ def plan_step(
         pipeline=cfg.step.pipeline,
         packed=cfg.step.packed,
         tile_shift=cfg.step.random_tile_shift and raster == "fused",
-        selective_adam=cfg.step.visible_adam or cfg.step.sparse_grad,
+        selective_adam=selective,
         projection=projection,
         projection_why=projection_why,
         distributed=distributed,
         distributed_why=distributed_why,
         fused_adam=fused_adam,
         fused_adam_why=fused_adam_why,
+        lazy_sh_adam=lazy,
+        lazy_sh_adam_why=lazy_why,
     )

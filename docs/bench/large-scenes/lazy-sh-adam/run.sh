@@ -1,0 +1,22 @@
+# The SH Adam deferred for unseen Gaussians (--lazy_sh_adam, kernels/lazy_adam.py) beside the dense
+# one (--lazy_sh_adam off, the step before it), one H200, one device call: the GPU tests first
+# (gpu_tests_*.log), then one bench invocation per scene with gsplat-dist, the default step (the
+# deferred SH Adam where it applies) and the dense SH Adam side by side, warm-up steps discarded.
+# Each bench-<scene>/: bench.json (with the profile summary), bench.md, console.log.
+# Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go.
+R=${R:-$OUT/r}; mkdir -p $R; t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $R/timeline.txt; }
+nvidia-smi > $R/gpu.txt 2>&1; git log -1 --format='%H %s' >> $R/gpu.txt 2>/dev/null
+python3 -m pytest -q -s -m gpu tests/test_lazy_adam.py tests/test_adam.py > $R/gpu_tests_lazy.log 2>&1
+stamp "lazy tests rc=$? $(tail -1 $R/gpu_tests_lazy.log)"
+python3 -m pytest -q -m gpu tests/test_projection_kernel.py tests/test_gpu.py -k "steady_state or adam or graphed or densifies" > $R/gpu_tests_step.log 2>&1
+stamp "step tests rc=$? $(tail -1 $R/gpu_tests_step.log)"
+V="--steps 12 --warmup 4 --phase_steps 3 --profile_steps 3 --world_sizes 1"
+DENSE=(--variant "ours-dense-fused-dense-sh=--raster fused --lazy_sh_adam off")
+for scene in city-20m 20m; do
+  layout=(); [ $scene = city-20m ] && layout=(--synthetic_layout city)
+  mkdir -p $R/bench-$scene
+  splat-train bench "${layout[@]}" --synthetic_gaussians 20000000 --resolution 1920x1080 \
+    --variants gsplat-dist ours-dense-fused "${DENSE[@]}" $V --out $R/bench-$scene > $R/bench-$scene/console.log 2>&1
+  stamp "bench-$scene rc=$? $(grep -h 'ms/iter' $R/bench-$scene/console.log | tr '\n' ';')"
+done
