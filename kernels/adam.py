@@ -67,6 +67,14 @@ if triton is not None:
         tl.store(p_ptr + idx, p, mask=mask)
 
     @triton.jit
+    def _row_of(block, offs, row, BLOCK: tl.constexpr):
+        """offs // row for the block's elements (int64 offsets): one 64-bit division for the
+        block's first row, then 32-bit ones within the block (a 64-bit division per element cost
+        more than the update's memory traffic)."""
+        first = (block.to(tl.int64) * BLOCK) // row
+        return first + ((offs - first * row).to(tl.int32) // row)
+
+    @triton.jit
     def _update(
         p_ptr,
         g_ptr,
@@ -89,10 +97,10 @@ if triton is not None:
         offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         if SELECTIVE:  # only the rows (Gaussians) marked visible; row = elements per Gaussian
-            mask = mask & (tl.load(vis_ptr + offs // row, mask=mask, other=0) != 0)
+            mask = mask & (tl.load(vis_ptr + _row_of(block, offs, row, BLOCK), mask=mask, other=0) != 0)
         if MASKED:  # the same, for the tensors with row > 0 only (lazy_rows)
             if row > 0:
-                mask = mask & (tl.load(vis_ptr + offs // row, mask=mask, other=0) != 0)
+                mask = mask & (tl.load(vis_ptr + _row_of(block, offs, row, BLOCK), mask=mask, other=0) != 0)
         g = tl.load(g_ptr + offs, mask=mask, other=0.0)
         adam_in_place(p_ptr, m_ptr, v_ptr, offs, mask, g, step_size, inv_bc2_sqrt, beta1, beta2, eps)
 

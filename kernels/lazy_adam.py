@@ -130,9 +130,10 @@ if triton is not None:
 
     @triton.jit
     def catch_up(p_ptr, m_ptr, v_ptr, idx, need, t0, k, s1, s2, b1k, b2k, lr, tab_ptr, T1, beta1, beta2, eps):
-        """Elements ``idx`` (``need``) of a parameter and its moments: k zero-gradient Adam steps
-        after count t0 (per lane), in closed form where it applies, else one step at a time with
-        kernels/adam.py's float32 update (lr: the parameter's learning rate, float64)."""
+        """Elements ``idx`` (``need``) of a parameter and of its moments from ``p_ptr``, ``m_ptr``,
+        ``v_ptr``: k zero-gradient Adam steps after count t0 (per element, or broadcast), in
+        closed form where it applies, else one step at a time with kernels/adam.py's float32
+        update (lr: the learning rate, float64, per element or broadcast)."""
         p = tl.load(p_ptr + idx, mask=need, other=0.0)
         m = tl.load(m_ptr + idx, mask=need, other=0.0)
         v = tl.load(v_ptr + idx, mask=need, other=0.0)
@@ -145,7 +146,7 @@ if triton is not None:
         m_new = m * b1k
         v_new = vk
         slow = need & (closed == 0)
-        steps = tl.max(tl.where(slow, k, 0), 0)
+        steps = tl.max(tl.max(tl.where(slow, k, 0), 1), 0)
         for s in range(0, steps):  # rare: the dense update, step by step
             on = slow & (s < k)
             u = tl.where(on, t0 + 1 + s, 1)
@@ -166,25 +167,34 @@ if triton is not None:
 
     @triton.jit
     def catch_up_rows(
-        sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, offs, need, t, KR,
-        tab_ptr, T1, lr_ptr, beta1, beta2, eps,
+        sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start, need, t, KR,
+        tab_ptr, T1, lr_ptr, beta1, beta2, eps, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        """Catch the sh0 and shN rows ``offs`` (``need``) up from their ``applied`` count to ``t``
-        and record it; lr_ptr: float64 [2], the learning rates of sh0 and shN."""
+        """Catch the sh0 and shN rows start .. start + BLOCK (``need``) up from their ``applied``
+        count to ``t`` and record it; lr_ptr: float64 [2], the learning rates of sh0 and shN.
+        sh0's three coefficients go as one [BLOCK, 4] tile, shN's 3 KR as [BLOCK, 16] tiles
+        (many loads in flight per lane, not one after another), addressed from the block's first
+        row with int32 offsets."""
+        rows = tl.arange(0, BLOCK)
+        offs = start + rows
         t0 = tl.load(applied_ptr + offs, mask=need, other=0)
         k = t - t0
         need = need & (k > 0)
         s1, s2, b1k, b2k = lane_sums(tab_ptr, T1, t0, k, need)
-        lr0 = tl.load(lr_ptr)
-        for j in range(0, 3):
-            catch_up(sh0_ptr, m_sh0_ptr, v_sh0_ptr, offs * 3 + j, need, t0, k, s1, s2, b1k, b2k, lr0, tab_ptr, T1,
-                     beta1, beta2, eps)  # fmt: skip
+        t0, k, need = t0[:, None], k[:, None], need[:, None]
+        s1, s2, b1k, b2k = s1[:, None], s2[:, None], b1k[:, None], b2k[:, None]
+        c4 = tl.arange(0, 4)[None, :]
+        at = start * 3
+        catch_up(sh0_ptr + at, m_sh0_ptr + at, v_sh0_ptr + at, rows[:, None] * 3 + c4, need & (c4 < 3), t0, k, s1, s2,
+                 b1k, b2k, tl.load(lr_ptr), tab_ptr, T1, beta1, beta2, eps)  # fmt: skip
+        width = KR * 3
+        at = start * width
         lr1 = tl.load(lr_ptr + 1)
-        row = KR * 3
-        for j in range(0, row):
-            catch_up(shn_ptr, m_shn_ptr, v_shn_ptr, offs * row + j, need, t0, k, s1, s2, b1k, b2k, lr1, tab_ptr,
-                     T1, beta1, beta2, eps)  # fmt: skip
-        tl.store(applied_ptr + offs, t + tl.zeros_like(t0), mask=need)
+        for c0 in range(0, width, 8):
+            c = c0 + tl.arange(0, 8)[None, :]
+            catch_up(shn_ptr + at, m_shn_ptr + at, v_shn_ptr + at, rows[:, None] * width + c, need & (c < width), t0, k,
+                     s1, s2, b1k, b2k, lr1, tab_ptr, T1, beta1, beta2, eps)  # fmt: skip
+        tl.store(applied_ptr + offs, t + tl.zeros_like(rows), mask=need.reshape([BLOCK]))
 
     @triton.jit(do_not_specialize=["N", "KR", "t"])
     def _flush_kernel(
@@ -192,14 +202,15 @@ if triton is not None:
         N, KR, t, T1, beta1, beta2, eps, BLOCK: tl.constexpr, ROWS: tl.constexpr,
     ):  # fmt: skip
         """Rows behind count ``t`` caught up (ROWS: only those whose byte in rows_ptr is set)."""
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        start = tl.program_id(0).to(tl.int64) * BLOCK
+        offs = start + tl.arange(0, BLOCK)
         live = offs < N
         if ROWS:
             live = live & (tl.load(rows_ptr + offs, mask=live, other=0) != 0)
         stale = live & (tl.load(applied_ptr + offs, mask=live, other=t) < t)
         if tl.max(stale.to(tl.int32), 0) > 0:
-            catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, offs, stale, t,
-                          KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps)  # fmt: skip
+            catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start, stale, t,
+                          KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps, BLOCK)  # fmt: skip
 
 
 def kernel_specs() -> dict:

@@ -429,9 +429,8 @@ if triton is not None:
     def _forward_kernel(
         means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
         radii_ptr, means2d_ptr, depths_ptr, conics_ptr, opac_out_ptr, colors_ptr, bits_ptr,
-        m_sh0_ptr, v_sh0_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, count_ptr, tab_ptr, lr_ptr, T1, beta1, beta2, eps,
         N, C, KR, W, H, near, far, eps2d,
-        DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr, SLACK: tl.constexpr, LAZY: tl.constexpr = False,
+        DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr, SLACK: tl.constexpr,
     ):  # fmt: skip
         thr: tl.constexpr = THRESHOLD
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -509,14 +508,14 @@ if triton is not None:
                 tl.store(opac_out_ptr + rec, op, mask=live)
             bits = bits | (valid.to(tl.int32) << cam)
         tl.store(bits_ptr + offs, bits, mask=live)
-        seen = bits != 0
-        if LAZY:  # the seen rows' deferred SH Adam steps (kernels/lazy_adam.py), before their colours
-            t = tl.load(count_ptr)
-            stale = seen & (tl.load(applied_ptr + offs, mask=seen, other=0) < t)
-            if tl.max(stale.to(tl.int32), 0) > 0:
-                catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, offs, stale,
-                              t, KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps)  # fmt: skip
-                tl.debug_barrier()  # the caught-up rows before any lane reads them
+        _write_colors(sh0_ptr, shn_ptr, campos_ptr, colors_ptr, offs, bits != 0, live, bits, mx, my, mz, N, C, KR, DEG)
+
+    @triton.jit
+    def _write_colors(sh0_ptr, shn_ptr, campos_ptr, colors_ptr, offs, seen, store, bits, mx, my, mz, N, C, KR,
+                      DEG: tl.constexpr):  # fmt: skip
+        """The colours of the lanes ``store`` (SH coefficients read for ``seen`` ones) for every
+        camera: the expansion where bit c of ``bits`` is set, else 0, plus 0.5, clamped at 0; one
+        colour channel at a time (16 coefficients live, not 48)."""
         for ch in tl.static_range(3):
             k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15 = _load_coeffs(
                 sh0_ptr, shn_ptr, offs, KR, ch, seen, DEG
@@ -527,7 +526,33 @@ if triton is not None:
                     x, y, z, _inv, _full = _unit_dir(mx, my, mz, campos_ptr, cam)
                 col = _sh_color(x, y, z, k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15, DEG)
                 col = tl.where(((bits >> cam) & 1) != 0, col, 0.0) + 0.5
-                tl.store(colors_ptr + (cam * N.to(tl.int64) + offs) * 3 + ch, tl.maximum(col, 0.0), mask=live)
+                tl.store(colors_ptr + (cam * N.to(tl.int64) + offs) * 3 + ch, tl.maximum(col, 0.0), mask=store)
+
+    @unspecialized_jit(["N", "KR"], ("campos_ptr",))
+    def _lazy_colors_kernel(
+        means_ptr, sh0_ptr, shn_ptr, campos_ptr, colors_ptr, bits_ptr,
+        m_sh0_ptr, v_sh0_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, count_ptr, tab_ptr, lr_ptr, T1, beta1, beta2, eps,
+        N, C, KR, DEG: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        """After the forward (--lazy_sh_adam, kernels/lazy_adam.py): the seen Gaussians whose SH
+        rows wait for deferred Adam steps are caught up to the count, and their colours written
+        again from the caught-up coefficients."""
+        start = tl.program_id(0).to(tl.int64) * BLOCK
+        offs = start + tl.arange(0, BLOCK)
+        live = offs < N
+        bits = tl.load(bits_ptr + offs, mask=live, other=0)
+        t = tl.load(count_ptr)
+        seen = bits != 0
+        stale = seen & (tl.load(applied_ptr + offs, mask=seen, other=0) < t)
+        if tl.max(stale.to(tl.int32), 0) > 0:
+            catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start, stale, t,
+                          KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps, BLOCK)  # fmt: skip
+            tl.debug_barrier()  # the caught-up rows before any lane reads them
+            mx = tl.load(means_ptr + offs * 3, mask=stale, other=0.0)
+            my = tl.load(means_ptr + offs * 3 + 1, mask=stale, other=0.0)
+            mz = tl.load(means_ptr + offs * 3 + 2, mask=stale, other=0.0)
+            _write_colors(sh0_ptr, shn_ptr, campos_ptr, colors_ptr, offs, stale, stale, bits, mx, my, mz, N, C, KR,
+                          DEG)  # fmt: skip
 
     @triton.jit
     def _cols4(a, b, c, d):
@@ -885,17 +910,17 @@ def kernel_specs() -> dict:
     fwd_ints = {"radii_ptr": "*i32", "bits_ptr": "*i32"}
     floats = {n: "fp32" for n in ("near", "far", "eps2d")}
     bwd_flags = dict(HAS_MEANS2D=True, HAS_DEPTHS=False, HAS_CONICS=True, HAS_OPAC=True, HAS_COLORS=True)
-    fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK, LAZY=False)
+    fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK)
     bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, **bwd_flags)
     return {
         "projection_forward": (_forward_kernel, dict(fwd, AA=False), fwd_ints, floats, NUM_WARPS),
         "projection_forward_aa": (_forward_kernel, dict(fwd, AA=True), fwd_ints, floats, NUM_WARPS),
-        # --lazy_sh_adam: the seen rows' deferred SH Adam steps caught up first
-        "projection_forward_lazy": (
-            _forward_kernel,
-            dict(fwd, AA=False, LAZY=True),
-            dict(fwd_ints, applied_ptr="*i32", count_ptr="*i32", tab_ptr="*fp64", lr_ptr="*fp64"),
-            dict(floats, beta1="fp32", beta2="fp32", eps="fp32"),
+        # --lazy_sh_adam: the seen rows' deferred SH Adam steps caught up, their colours again
+        "projection_lazy_colors": (
+            _lazy_colors_kernel,
+            dict(DEG=3, BLOCK=BLOCK),
+            dict(bits_ptr="*i32", applied_ptr="*i32", count_ptr="*i32", tab_ptr="*fp64", lr_ptr="*fp64"),
+            dict(beta1="fp32", beta2="fp32", eps="fp32"),
             NUM_WARPS,
         ),
         "projection_backward": (_backward_kernel, dict(bwd, AA=False), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
@@ -987,20 +1012,21 @@ def forward_into(
     N, C = means.shape[0], viewmats.shape[0]
     if N == 0:
         return
-    if lazy is not None:
-        if lazy.applied.shape != (N,):
-            raise ValueError(f"project_and_shade_fused: lazy.applied must be ({N},), got {tuple(lazy.applied.shape)}")
-        extra = (*lazy.moments, lazy.applied, lazy.count, lazy.tables, lazy.lr, lazy.tables.shape[1])
-        extra += (lazy.beta1, lazy.beta2, lazy.eps)
-    else:
-        extra = (means,) * 4 + (out["bits"],) * 2 + (means,) * 2 + (1, 0.0, 0.0, 0.0)  # unused
-    _forward_kernel[(triton.cdiv(N, BLOCK),)](
+    if lazy is not None and lazy.applied.shape != (N,):
+        raise ValueError(f"project_and_shade_fused: lazy.applied must be ({N},), got {tuple(lazy.applied.shape)}")
+    grid = (triton.cdiv(N, BLOCK),)
+    _forward_kernel[grid](
         *(params[k] for k in PARAM_KEYS), viewmats, Ks, campos,
-        *(out[k] for k in OUTPUT_KEYS), out["bits"], *extra,
+        *(out[k] for k in OUTPUT_KEYS), out["bits"],
         N, C, params["shN"].shape[1], setup.width, setup.height, float(setup.near), float(setup.far), EPS2D,
-        DEG=setup.sh_degree, AA=setup.antialiased, BLOCK=BLOCK, SLACK=CULL_SLACK, LAZY=lazy is not None,
-        num_warps=NUM_WARPS,
+        DEG=setup.sh_degree, AA=setup.antialiased, BLOCK=BLOCK, SLACK=CULL_SLACK, num_warps=NUM_WARPS,
     )  # fmt: skip
+    if lazy is not None:
+        _lazy_colors_kernel[grid](
+            params["means"], params["sh0"], params["shN"], campos, out["colors"], out["bits"], *lazy.moments,
+            lazy.applied, lazy.count, lazy.tables, lazy.lr, lazy.tables.shape[1], lazy.beta1, lazy.beta2, lazy.eps,
+            N, C, params["shN"].shape[1], DEG=setup.sh_degree, BLOCK=BLOCK, num_warps=NUM_WARPS,
+        )  # fmt: skip
 
 
 def backward_into(

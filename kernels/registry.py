@@ -43,7 +43,7 @@ def kernel_specs() -> dict:
         # fused projection + SH of the dense pass and its per-Gaussian backward (SH degree 3)
         "projection_forward": proj["projection_forward"],
         # --lazy_sh_adam: the forward catching the seen SH rows up first, and the flush of every row
-        "projection_forward_lazy": proj["projection_forward_lazy"],
+        "projection_lazy_colors": proj["projection_lazy_colors"],
         "lazy_sh_flush": la.kernel_specs()["lazy_sh_flush"],
         "projection_backward": proj["projection_backward"],
         "projection_backward_adam": proj["projection_backward_adam"],

@@ -443,7 +443,7 @@ def _city_trainer(tmp_path, mode, extra=()):
 
     cfg = parse_args(
         ["default", "--synthetic_layout", "city", "--synthetic_num_gaussians", "60000", "--synthetic_num_cameras", "24",
-         "--synthetic_image_size", "320", "--synthetic_image_height", "180", "--max_steps", "300",
+         "--synthetic_image_size", "320", "--synthetic_image_height", "180", "--max_steps", "300", "--sh_degree_interval", "10",
          "--result_dir", str(tmp_path / mode), "--lazy_sh_adam", mode, *extra]
     )  # fmt: skip
     return Trainer(cfg, DistContext(device=torch.device("cuda")), build_scene(cfg))

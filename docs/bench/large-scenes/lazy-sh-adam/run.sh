@@ -1,7 +1,8 @@
 # The SH Adam deferred for unseen Gaussians (--lazy_sh_adam, kernels/lazy_adam.py) beside the dense
 # one (--lazy_sh_adam off, the step before it), one H200, one device call: the GPU tests first
 # (gpu_tests_*.log), then one bench invocation per scene with gsplat-dist, the default step (the
-# deferred SH Adam where it applies) and the dense SH Adam side by side, warm-up steps discarded.
+# deferred SH Adam where it applies) and the dense SH Adam side by side, warm-up steps discarded;
+# then juicebox f4 (images_4/) trained with and without it, two seeds each, one after the other.
 # Each bench-<scene>/: bench.json (with the profile summary), bench.md, console.log.
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go.
 R=${R:-$OUT/r}; mkdir -p $R; t0=$(date +%s)
@@ -9,7 +10,7 @@ stamp() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $R/timeline.txt; }
 nvidia-smi > $R/gpu.txt 2>&1; git log -1 --format='%H %s' >> $R/gpu.txt 2>/dev/null
 python3 -m pytest -q -s -m gpu tests/test_lazy_adam.py tests/test_adam.py > $R/gpu_tests_lazy.log 2>&1
 stamp "lazy tests rc=$? $(tail -1 $R/gpu_tests_lazy.log)"
-python3 -m pytest -q -m gpu tests/test_projection_kernel.py tests/test_gpu.py -k "steady_state or adam or graphed or densifies" > $R/gpu_tests_step.log 2>&1
+python3 -m pytest -q -m gpu tests/test_projection_kernel.py tests/test_gpu.py -k "steady_state or adam or graphed or gpu_matches or replay" > $R/gpu_tests_step.log 2>&1
 stamp "step tests rc=$? $(tail -1 $R/gpu_tests_step.log)"
 V="--steps 12 --warmup 4 --phase_steps 3 --profile_steps 3 --world_sizes 1"
 DENSE=(--variant "ours-dense-fused-dense-sh=--raster fused --lazy_sh_adam off")
@@ -19,4 +20,16 @@ for scene in city-20m 20m; do
   splat-train bench "${layout[@]}" --synthetic_gaussians 20000000 --resolution 1920x1080 \
     --variants gsplat-dist ours-dense-fused "${DENSE[@]}" $V --out $R/bench-$scene > $R/bench-$scene/console.log 2>&1
   stamp "bench-$scene rc=$? $(grep -h 'ms/iter' $R/bench-$scene/console.log | tr '\n' ';')"
+done
+# juicebox f4, 7,000 steps, the default step (the deferred SH Adam) and --lazy_sh_adam off, alternating
+J=${J:-../shared/data/juicebox}
+FLAGS="--data_dir $J --data_factor 4 --max_steps 7000 --eval_steps 7000 --ply_steps 99999 --num_traj_frames 0 --no_save_ply"
+splat-train default $FLAGS --max_steps 300 --eval_steps 99999 --seed 7 --result_dir /tmp/jw > $R/warm.log 2>&1
+for seed in 42 43; do
+  for mode in auto off; do
+    mkdir -p $R/juicebox-$mode-$seed
+    splat-train default $FLAGS --seed $seed --lazy_sh_adam $mode --result_dir /tmp/j$mode$seed > $R/juicebox-$mode-$seed/train.log 2>&1
+    cp -r /tmp/j$mode$seed/stats $R/juicebox-$mode-$seed/
+    stamp "juicebox $mode $seed rc=$? $(grep -h 'train loop:\|PSNR' $R/juicebox-$mode-$seed/train.log | tr '\n' ';' | cut -c1-300)"
+  done
 done
