@@ -30,6 +30,10 @@ Kernels (one program per BLOCK Gaussians, one Gaussian per lane; C, the cameras,
     Gaussian's stride would touch a different 32-byte sector per lane (shN's stride is 180 bytes),
     and writes, unlike reads, do not merge in L1.
 
+With ``lazy`` (--lazy_sh_adam, kernels/lazy_adam.py) a second forward kernel follows: the
+Gaussians seen whose SH rows wait for deferred Adam steps are caught up (their sh0, shN and moments
+written in place) and their colours written again from the caught-up coefficients.
+
 Culling before projecting (conservative: a Gaussian the full projection gives radii > 0 in a
 camera always passes): near/far is the projection's own test; the image test bounds the radius
 from the scales alone. With w = J_row Rv (the pinhole Jacobian row, clamped as persp_proj clamps

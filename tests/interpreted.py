@@ -16,3 +16,16 @@ def run_interpreted(script: str, *args: str, timeout: int = 600) -> subprocess.C
     )
     assert proc.returncode == 0, proc.stderr[-5000:]
     return proc
+
+
+def interpreted_results(script: str, tmp_path_factory, name: str, available: bool):
+    """What ``python script kernel OUT`` saved to OUT under the interpreter (torch.load), for a
+    module-scoped fixture; skips where Triton is not installed (``available`` False)."""
+    import pytest
+    import torch
+
+    if not available:
+        pytest.skip("Triton is not installed")
+    out = tmp_path_factory.mktemp(name) / "out.pt"
+    run_interpreted(script, "kernel", str(out))
+    return torch.load(out)

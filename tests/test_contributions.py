@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from interpreted import run_interpreted
+from interpreted import interpreted_results
 from test_fused_raster import make_list_scene, make_scene
 
 from splat_train.kernels import contributions, reference
@@ -67,11 +67,7 @@ def check(case, got):
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
-    if not contributions.available():
-        pytest.skip("Triton is not installed")
-    tmp = tmp_path_factory.mktemp("contributions")
-    run_interpreted(__file__, "kernel", str(tmp / "out.pt"))
-    return torch.load(tmp / "out.pt")
+    return interpreted_results(__file__, tmp_path_factory, "contributions", contributions.available())
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from interpreted import run_interpreted
+from interpreted import interpreted_results
 
 from splat_train.kernels import adam, lazy_adam, projection
 from splat_train.kernels.reference import adam_zero_grad_steps
@@ -226,11 +226,7 @@ def check_projection(res):
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
-    if not lazy_adam.available():
-        pytest.skip("Triton is not installed")
-    tmp = tmp_path_factory.mktemp("lazy")
-    run_interpreted(__file__, "kernel", str(tmp / "out.pt"))
-    return torch.load(tmp / "out.pt")
+    return interpreted_results(__file__, tmp_path_factory, "lazy", lazy_adam.available())
 
 
 def test_tables_give_the_sums_of_the_dense_updates():
