@@ -121,6 +121,7 @@ class Trainer:
                 int(params["means"].shape[0]),
                 torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None,
             ),
+            num_gaussians=int(params["means"].shape[0]),
         )
         self._say_plan()
         self.batches = Batches(

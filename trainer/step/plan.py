@@ -271,11 +271,22 @@ def adam_mode(cfg: Config, projection: str, tight: bool = False) -> tuple[bool, 
     return False, f"--fused_adam auto: {why_not}"
 
 
-def lazy_adam_mode(cfg: Config, projection: str, fused_adam: bool, selective: bool) -> tuple[bool, str]:
+# --lazy_sh_adam auto: on from this many Gaussians in the rank's shard at the start, where the step
+# is bound by the device's memory traffic; below it the deferral's host work and launches cost more
+# than the SH traffic it saves (juicebox f4: 1.84-2.24 against 1.56-1.61 ms/step; city 20 M: 16.88
+# against 19.50 ms/iter; docs/large-scenes.md)
+LAZY_MIN_GAUSSIANS = 2_000_000
+
+
+def lazy_adam_mode(
+    cfg: Config, projection: str, fused_adam: bool, selective: bool, num_gaussians: int = 0
+) -> tuple[bool, str]:
     """(whether the SH coefficients' Adam is deferred for unseen Gaussians, why) from
     --lazy_sh_adam: it needs the Triton projection (``projection``: its forward catches the rows
     up) and kernels/adam.py's separate launch (not ``fused_adam``, not the ``selective`` update of
-    --visible_adam / --sparse_grad). Raises ValueError for --lazy_sh_adam on where it cannot run."""
+    --visible_adam / --sparse_grad); auto takes it where the shard starts with at least
+    :data:`LAZY_MIN_GAUSSIANS` (``num_gaussians``). Raises ValueError for --lazy_sh_adam on where
+    it cannot run."""
     from ...kernels import lazy_adam
 
     why_not = None
@@ -289,8 +300,12 @@ def lazy_adam_mode(cfg: Config, projection: str, fused_adam: bool, selective: bo
         why_not = "Triton is not installed"
     if cfg.step.lazy_sh_adam == "off":
         return False, "--lazy_sh_adam off"
+    if why_not is None and cfg.step.lazy_sh_adam == "on":
+        return True, "--lazy_sh_adam on"
     if why_not is None:
-        return True, f"--lazy_sh_adam {cfg.step.lazy_sh_adam}"
+        if num_gaussians >= LAZY_MIN_GAUSSIANS:
+            return True, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians in the shard"
+        return False, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians, under {LAZY_MIN_GAUSSIANS:,}"
     if cfg.step.lazy_sh_adam == "on":
         raise ValueError(f"--lazy_sh_adam on cannot run this step ({why_not}); use --lazy_sh_adam auto or off")
     return False, f"--lazy_sh_adam auto: {why_not}"
@@ -335,12 +350,14 @@ def plan_step(
     kernel_ready: Callable[[], bool] = lambda: True,
     loopback: bool = False,
     tight: bool = False,
+    num_gaussians: int = 0,
 ) -> StepPlan:
     """The :class:`StepPlan` of a run of ``cfg`` on ``device_type`` ("cuda" | "cpu") with
     ``world_size`` processes; ``masked``: the training views have loss masks; ``aux``: the
     auxiliary modules it trains; ``kernel_ready``: whether every rank can run the native kernel
     (asked only for a fused step on a GPU); ``loopback``: one process on the distributed path
-    (launch.loopback_group); ``tight``: device memory is tight for the model (:func:`memory_tight`).
+    (launch.loopback_group); ``tight``: device memory is tight for the model (:func:`memory_tight`);
+    ``num_gaussians``: the rank's shard at the start.
     Raises ValueError as :func:`raster_mode`, :func:`adam_mode` and :func:`lazy_adam_mode`."""
     raster, raster_why = raster_mode(cfg, device_type, masked, kernel_ready)
     graphs, graphs_why = graphs_mode(cfg, device_type, world_size, raster, aux, loopback)
@@ -348,7 +365,7 @@ def plan_step(
     projection, projection_why = projection_mode(cfg, device_type, world_size, aux)
     fused_adam, fused_adam_why = adam_mode(cfg, projection, tight)
     selective = cfg.step.visible_adam or cfg.step.sparse_grad
-    lazy, lazy_why = lazy_adam_mode(cfg, projection, fused_adam, selective)
+    lazy, lazy_why = lazy_adam_mode(cfg, projection, fused_adam, selective, num_gaussians)
     return StepPlan(
         raster=raster,
         raster_why=raster_why,

@@ -4,6 +4,13 @@
 # deferred SH Adam where it applies) and the dense SH Adam side by side, warm-up steps discarded;
 # then juicebox f4 (images_4/) trained with and without it, two seeds each, one after the other.
 # Each bench-<scene>/: bench.json (with the profile summary), bench.md, console.log.
+# Two device calls on one H100 each (not an H200: the H200 did not come), both with
+# --lazy_sh_adam auto meaning on for every run here:
+# - this folder (gpu.txt, timeline.txt, gpu_tests_lazy.log, bench-*): at a8595b3's kernels (the
+#   catch-up one coefficient at a time, in a kernel after the forward), STEP_TESTS=0 JUICEBOX=0;
+# - tiles/ and juicebox-f4/: one call earlier, at 3dabcfd (the catch-up in [BLOCK, 8] tiles of
+#   coefficients, 235 registers), with the step tests and the juicebox runs (train.log without the
+#   progress bar, stats/).
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go;
 # STEP_TESTS=0 / JUICEBOX=0 leave those parts out.
 R=${R:-$OUT/r}; mkdir -p $R; t0=$(date +%s)
