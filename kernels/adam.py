@@ -273,6 +273,10 @@ def adam_step(
     if visible is not None and lazy_rows is not None:
         raise ValueError("adam_step: visible (SelectiveAdam) and lazy_rows (deferred Adam) exclude each other")
     entries = _entries(optimizers, selective=visible is not None)
+    if lazy_rows is not None:
+        named = {e[7] for e in entries}
+        if not set(lazy_names) <= named:  # a deferred tensor stepped densely would take its steps twice
+            raise ValueError(f"adam_step: lazy_rows names {lazy_names}, the parameter groups {sorted(map(str, named))}")
     by_hyper: dict[tuple, list] = {}
     for e in entries:
         by_hyper.setdefault(e[6], []).append(e)

@@ -282,8 +282,11 @@ class LazyShAdam:
         return counts[0]
 
     def _check_count(self, t: int) -> None:
+        """Tables that reach count ``t`` (a checkpoint from a longer run, a run past --max_steps):
+        made again, twice as long, where they do not (the next capture takes the new storage)."""
         if t > self.max_count:
-            raise ValueError(f"--lazy_sh_adam: Adam count {t} is past the tables' {self.max_count} (--max_steps)")
+            self.max_count = max(t, 2 * self.max_count)
+            self.tables = torch.from_numpy(make_tables(self.beta1, self.beta2, self.max_count)).to(self.device)
 
     def reset(self, optimizers, num: int) -> None:
         """Every row stepped through the current count (after a :meth:`flush`, a surgery that

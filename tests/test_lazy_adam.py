@@ -311,13 +311,42 @@ def test_projection_forward_catches_up_the_rows_it_sees_under_the_interpreter(in
     check_projection(interpreted["projection"])
 
 
-def test_rows_past_the_tables_are_refused():
+def test_counts_past_the_tables_extend_them():
+    """A checkpoint from a run longer than --max_steps: the tables are made again to reach its
+    count (no refusal), every row at that count."""
     problem = make_problem(6, N=20, KR=1)
     params, opts, lazy = state_of(problem)
     for k in lazy_adam.SH_KEYS:
-        opts[k].state[params[k]]["step"] = torch.tensor(float(MAX_COUNT + 1))
-    with pytest.raises(ValueError, match="past the tables"):
-        lazy.flush(params, opts)
+        opts[k].state[params[k]]["step"] = torch.tensor(float(MAX_COUNT + 5))
+    lazy.reset(opts, 20)
+    assert lazy.max_count >= MAX_COUNT + 5 and lazy.tables.shape == (lazy_adam.TABLE_ROWS, lazy.max_count + 1)
+    want = lazy_adam.make_tables(*BETAS, lazy.max_count)
+    assert np.array_equal(lazy.tables.numpy(), want)
+    assert bool((lazy.applied == MAX_COUNT + 5).all()) and int(lazy.count) == MAX_COUNT + 5
+
+
+def test_deferred_rows_need_the_sh_groups_by_name():
+    """kernels/adam.py finds sh0 / shN by their groups' names: without them the deferred rows would
+    step densely too (and be caught up again), so the launch refuses."""
+    p = torch.nn.Parameter(torch.zeros(4, 1, 3))
+    p.grad = torch.ones(4, 1, 3)
+    opt = torch.optim.Adam([p], lr=0.1)  # no "name"
+    with pytest.raises(ValueError, match="lazy_rows names"):
+        adam.adam_step([opt], lazy_rows=torch.ones(4, dtype=torch.bool))
+
+
+def test_seen_rows_come_from_the_projection_not_the_padding_filter():
+    """A shifted tile grid's RenderInfo.radii leave out the projections that reach only the padding;
+    the rows the deferred Adam steps are those the projection (and its catch-up) saw."""
+    from splat_train.trainer.render import RenderInfo, seen_gaussians
+
+    projected = torch.tensor([[[3, 2], [0, 0], [1, 0]], [[0, 0], [0, 0], [0, 0]]], dtype=torch.int32)
+    filtered = projected.clone()
+    filtered[0, 0] = 0
+    info = RenderInfo(means2d=torch.zeros(2, 3, 2), radii=filtered, packed=False, n_cameras=2, widths=[], heights=[])
+    assert seen_gaussians(info).tolist() == [False, False, True]
+    info.projected_radii = projected
+    assert seen_gaussians(info).tolist() == [True, False, True]
 
 
 def test_adam_mask_and_selective_exclude_each_other():

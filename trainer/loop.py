@@ -275,7 +275,8 @@ class Trainer:
             scheduler.step()
         self.scheduler.step()
         timer.begin("densification")
-        refines = step % cfg.schedule.refine_every == 0  # where the strategies may grow, prune or relocate
+        # where the strategies may grow, prune or relocate (neither does from refine_stop_iter on)
+        refines = step % cfg.schedule.refine_every == 0 and step < cfg.schedule.refine_stop_iter
         if refines:
             self.shard.sync()  # their surgery copies and cuts the SH rows and moments
         densify.post_backward(self.shard, cfg, step, info)

@@ -192,6 +192,8 @@ class RenderInfo:
     ``layout``, ``width`` / ``height`` (this rank's image size), ``num_local_cameras``,
     ``raster_means2d`` (the relay's output, kept alive until backward). ``records``, ``tiles`` and
     ``layout`` are None for gsplat's own distributed pass (``--pipeline gsplat-dist``).
+    ``projected_radii``: the projection's radii where ``radii`` left out the projections that
+    reach only the padding of a shifted tile grid (None where they are the same).
     """
 
     means2d: torch.Tensor
@@ -212,6 +214,7 @@ class RenderInfo:
     records: Optional[Records] = None
     layout: Optional[ExchangeLayout] = None
     tiles: Optional[TileLists] = None
+    projected_radii: Optional[torch.Tensor] = None  # the projection's own radii where ``radii`` is filtered
     raster_means2d: Optional[torch.Tensor] = None
 
 
@@ -515,6 +518,7 @@ def render(
     info = RenderInfo(
         means2d=means2d,
         radii=radii,
+        projected_radii=None if radii is proj["radii"] else proj["radii"],
         packed=packed,
         n_cameras=C_all,
         gaussian_ids=proj["gaussian_ids"] if packed else None,
@@ -602,7 +606,8 @@ def seen_gaussians(info: RenderInfo) -> torch.Tensor:
     (--lazy_sh_adam's rows; kernels/lazy_adam.py). Raises ValueError for a packed pass."""
     if info.packed:
         raise ValueError("seen_gaussians: a dense pass's radii")
-    return (info.radii > 0).any(dim=-1).any(dim=0)
+    radii = info.projected_radii if info.projected_radii is not None else info.radii
+    return (radii > 0).any(dim=-1).any(dim=0)
 
 
 def check_camera_model(scene, camera_model: str) -> Optional[str]:
