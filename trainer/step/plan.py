@@ -258,17 +258,25 @@ def adam_mode(cfg: Config, projection: str, tight: bool = False) -> tuple[bool, 
         why_not = "--opacity_reg (a gradient on the opacities outside the projection)"
     elif cfg.step.scale_reg > 0:
         why_not = "--scale_reg (a gradient on the scales outside the projection)"
-    if cfg.step.fused_adam == "off":
-        return False, "--fused_adam off"
-    if why_not is None and cfg.step.fused_adam == "on":
-        return True, "--fused_adam on"
+    auto = (
+        (True, "--fused_adam auto: the gradients' memory is needed (a large model for the device)")
+        if tight
+        else (False, "--fused_adam auto: the model fits with the gradients, where the separate launch is faster")
+    )
+    return switch("--fused_adam", cfg.step.fused_adam, why_not, auto)
+
+
+def switch(flag: str, setting: str, why_not: Optional[str], auto: tuple[bool, str]) -> tuple[bool, str]:
+    """(on, why) of an auto|on|off ``flag`` at ``setting`` for a step it cannot take where
+    ``why_not`` says why (None: it can): off is off; on is on, or a ValueError naming the flag and
+    the reason; auto is ``auto`` where the step can take it, else off with the reason."""
+    if setting == "off":
+        return False, f"{flag} off"
     if why_not is None:
-        if tight:
-            return True, "--fused_adam auto: the gradients' memory is needed (a large model for the device)"
-        return False, "--fused_adam auto: the model fits with the gradients, where the separate launch is faster"
-    if cfg.step.fused_adam == "on":
-        raise ValueError(f"--fused_adam on cannot run this step ({why_not}); use --fused_adam auto or off")
-    return False, f"--fused_adam auto: {why_not}"
+        return (True, f"{flag} on") if setting == "on" else auto
+    if setting == "on":
+        raise ValueError(f"{flag} on cannot run this step ({why_not}); use {flag} auto or off")
+    return False, f"{flag} auto: {why_not}"
 
 
 # --lazy_sh_adam auto: on from this many Gaussians in the rank's shard at the start, where the step
@@ -298,17 +306,12 @@ def lazy_adam_mode(
         why_not = "--visible_adam / --sparse_grad (gsplat's SelectiveAdam)"
     elif not lazy_adam.available():
         why_not = "Triton is not installed"
-    if cfg.step.lazy_sh_adam == "off":
-        return False, "--lazy_sh_adam off"
-    if why_not is None and cfg.step.lazy_sh_adam == "on":
-        return True, "--lazy_sh_adam on"
-    if why_not is None:
-        if num_gaussians >= LAZY_MIN_GAUSSIANS:
-            return True, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians in the shard"
-        return False, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians, under {LAZY_MIN_GAUSSIANS:,}"
-    if cfg.step.lazy_sh_adam == "on":
-        raise ValueError(f"--lazy_sh_adam on cannot run this step ({why_not}); use --lazy_sh_adam auto or off")
-    return False, f"--lazy_sh_adam auto: {why_not}"
+    auto = (
+        (True, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians in the shard")
+        if num_gaussians >= LAZY_MIN_GAUSSIANS
+        else (False, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians, under {LAZY_MIN_GAUSSIANS:,}")
+    )
+    return switch("--lazy_sh_adam", cfg.step.lazy_sh_adam, why_not, auto)
 
 
 def check_pipeline(cfg: Config, device_type: str, world_size: int, sampler, loopback: bool = False) -> None:
