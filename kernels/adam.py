@@ -21,18 +21,22 @@ SelectiveAdam (gsplat/optimizers/selective_adam.py, csrc/AdamCUDA.cu; Taming 3DG
 p = p - lr m / (sqrt(v) + eps), no bias correction and no step count, as gsplat's kernel.
 Reference: :func:`splat_train.kernels.reference.selective_adam_update`.
 
-Deferred variant (``lazy_rows``: bool [N], ``--lazy_sh_adam``, kernels/lazy_adam.py): the tensors
-named in kernels/lazy_adam.SH_KEYS update only the rows of ``lazy_rows`` (the Gaussians some camera
-saw, whose earlier zero-gradient steps the projection caught up), with the plain Adam update above;
-the others' zero-gradient steps wait. The other tensors step densely in the same launch.
+Deferred variant (``lazy_rows``: a :class:`SeenRows`, ``--lazy_sh_adam``): the tensors
+named in kernels/lazy_adam.SH_KEYS update only the rows it lists (the Gaussians some camera saw,
+whose earlier zero-gradient steps the projection caught up), with the plain Adam update above; the
+others' zero-gradient steps wait. The list's length stays on the device: a fixed number of programs
+per deferred tensor strides over the listed rows. The other tensors step densely in the same launch.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
+
+from . import constants
 
 try:
     import triton
@@ -89,20 +93,55 @@ if triton is not None:
         eps,
         vis_ptr,
         row,
+        cnt_ptr,
+        nprog,
         BLOCK: tl.constexpr,
         SELECTIVE: tl.constexpr,
         MASKED: tl.constexpr,
     ):
+        if MASKED:
+            if row > 0:  # a deferred tensor: the listed rows only (lazy_rows)
+                _update_listed(p_ptr, g_ptr, m_ptr, v_ptr, block, step_size, inv_bc2_sqrt, beta1, beta2, eps, vis_ptr,
+                               row, cnt_ptr, nprog, BLOCK)  # fmt: skip
+            else:
+                _update_block(p_ptr, g_ptr, m_ptr, v_ptr, n, block, step_size, inv_bc2_sqrt, beta1, beta2, eps,
+                              vis_ptr, row, BLOCK, False)  # fmt: skip
+        else:
+            _update_block(p_ptr, g_ptr, m_ptr, v_ptr, n, block, step_size, inv_bc2_sqrt, beta1, beta2, eps, vis_ptr,
+                          row, BLOCK, SELECTIVE)  # fmt: skip
+
+    @triton.jit
+    def _update_block(
+        p_ptr, g_ptr, m_ptr, v_ptr, n, block, step_size, inv_bc2_sqrt, beta1, beta2, eps, vis_ptr, row,
+        BLOCK: tl.constexpr, SELECTIVE: tl.constexpr,
+    ):  # fmt: skip
+        """Block ``block`` of a tensor of ``n`` elements (SELECTIVE: of the rows marked in vis_ptr)."""
         # 64-bit offsets: shN alone passes 2^31 elements at about 48 M Gaussians on one rank
         offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         if SELECTIVE:  # only the rows (Gaussians) marked visible; row = elements per Gaussian
             mask = mask & (tl.load(vis_ptr + _row_of(block, offs, row, BLOCK), mask=mask, other=0) != 0)
-        if MASKED:  # the same, for the tensors with row > 0 only (lazy_rows)
-            if row > 0:
-                mask = mask & (tl.load(vis_ptr + _row_of(block, offs, row, BLOCK), mask=mask, other=0) != 0)
         g = tl.load(g_ptr + offs, mask=mask, other=0.0)
         adam_in_place(p_ptr, m_ptr, v_ptr, offs, mask, g, step_size, inv_bc2_sqrt, beta1, beta2, eps)
+
+    @triton.jit
+    def _update_listed(
+        p_ptr, g_ptr, m_ptr, v_ptr, first, step_size, inv_bc2_sqrt, beta1, beta2, eps, rows_ptr, row, cnt_ptr,
+        nprog, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        """The rows listed in rows_ptr[:cnt] (``row`` elements each), as one run of cnt x row
+        elements that the tensor's ``nprog`` programs stride over from block ``first``: the count
+        is known on the device only, and the programs touch the listed rows alone."""
+        total = tl.load(cnt_ptr).to(tl.int64) * row
+        for b in range(first, tl.cdiv(total, BLOCK).to(tl.int32), nprog):
+            blk = tl.full([], 0, tl.int64) + b  # the loop's index a tensor under the interpreter too
+            e = blk * BLOCK + tl.arange(0, BLOCK)
+            mask = e < total
+            k = _row_of(blk, e, row, BLOCK)  # the k-th listed row
+            r = tl.load(rows_ptr + k, mask=mask, other=0).to(tl.int64)
+            offs = r * row + (e - k * row)
+            g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+            adam_in_place(p_ptr, m_ptr, v_ptr, offs, mask, g, step_size, inv_bc2_sqrt, beta1, beta2, eps)
 
     _SIZES = ["n0", "n1", "n2", "n3", "n4", "n5", "e1", "e2", "e3", "e4", "e5"]
 
@@ -166,6 +205,7 @@ if triton is not None:
         r3,
         r4,
         r5,
+        cnt,
         BLOCK: tl.constexpr,
         SELECTIVE: tl.constexpr,
         MASKED: tl.constexpr = False,
@@ -173,20 +213,59 @@ if triton is not None:
         """Program pid updates block pid - e_i of tensor i, where e_i (e_0 = 0) is the first
         program of tensor i; s_i = lr_i / (1 - beta1^t_i), c_i = 1 / sqrt(1 - beta2^t_i)
         (selective: s_i = lr_i, c_i = 1); r_i: elements per Gaussian of tensor i (selective; with
-        MASKED, 0 for a tensor that steps densely)."""
+        MASKED, 0 for a tensor that steps densely, whose programs then take one block each; a
+        deferred tensor's programs stride over the rows listed in vis[:cnt])."""
         pid = tl.program_id(0)
         if pid < e1:
-            _update(p0, g0, m0, v0, n0, pid, s0, c0, beta1, beta2, eps, vis, r0, BLOCK, SELECTIVE, MASKED)
+            _update(p0, g0, m0, v0, n0, pid, s0, c0, beta1, beta2, eps, vis, r0, cnt, e1, BLOCK, SELECTIVE, MASKED)
         elif pid < e2:
-            _update(p1, g1, m1, v1, n1, pid - e1, s1, c1, beta1, beta2, eps, vis, r1, BLOCK, SELECTIVE, MASKED)
+            _update(p1, g1, m1, v1, n1, pid - e1, s1, c1, beta1, beta2, eps, vis, r1, cnt, e2 - e1, BLOCK, SELECTIVE,
+                    MASKED)  # fmt: skip
         elif pid < e3:
-            _update(p2, g2, m2, v2, n2, pid - e2, s2, c2, beta1, beta2, eps, vis, r2, BLOCK, SELECTIVE, MASKED)
+            _update(p2, g2, m2, v2, n2, pid - e2, s2, c2, beta1, beta2, eps, vis, r2, cnt, e3 - e2, BLOCK, SELECTIVE,
+                    MASKED)  # fmt: skip
         elif pid < e4:
-            _update(p3, g3, m3, v3, n3, pid - e3, s3, c3, beta1, beta2, eps, vis, r3, BLOCK, SELECTIVE, MASKED)
+            _update(p3, g3, m3, v3, n3, pid - e3, s3, c3, beta1, beta2, eps, vis, r3, cnt, e4 - e3, BLOCK, SELECTIVE,
+                    MASKED)  # fmt: skip
         elif pid < e5:
-            _update(p4, g4, m4, v4, n4, pid - e4, s4, c4, beta1, beta2, eps, vis, r4, BLOCK, SELECTIVE, MASKED)
+            _update(p4, g4, m4, v4, n4, pid - e4, s4, c4, beta1, beta2, eps, vis, r4, cnt, e5 - e4, BLOCK, SELECTIVE,
+                    MASKED)  # fmt: skip
         else:
-            _update(p5, g5, m5, v5, n5, pid - e5, s5, c5, beta1, beta2, eps, vis, r5, BLOCK, SELECTIVE, MASKED)
+            _update(p5, g5, m5, v5, n5, pid - e5, s5, c5, beta1, beta2, eps, vis, r5, cnt, tl.num_programs(0) - e5,
+                    BLOCK, SELECTIVE, MASKED)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SeenRows:
+    """Rows as a list on the device (the deferred variant's: the Gaussians a step's projection
+    saw, listed by kernels/lazy_adam.list_seen): ``rows`` (int32 [capacity]) holds their indices
+    in its first ``count`` (int32 [1]) entries, in any order. Kernels read the count on the
+    device, so a step needs no host synchronization to learn it."""
+
+    rows: torch.Tensor
+    count: torch.Tensor
+
+    @staticmethod
+    def empty(capacity: int, device) -> "SeenRows":
+        """Room for ``capacity`` rows, none listed."""
+        return SeenRows(
+            torch.zeros(max(capacity, 1), dtype=torch.int32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device),
+        )
+
+    @staticmethod
+    def from_mask(mask: torch.Tensor) -> "SeenRows":
+        """The rows of ``mask`` (bool [N]), ascending (synchronizes: tests and references)."""
+        seen = SeenRows.empty(mask.shape[0], mask.device)
+        idx = mask.nonzero().flatten()
+        seen.rows[: idx.numel()] = idx.to(torch.int32)
+        seen.count.fill_(idx.numel())
+        return seen
+
+    def mask(self, n: int) -> torch.Tensor:
+        """bool [n]: the listed rows (synchronizes)."""
+        out = torch.zeros(n, dtype=torch.bool, device=self.rows.device)
+        return out.index_fill_(0, self.rows[: int(self.count)].long(), True)
 
 
 def supported(optimizer: torch.optim.Optimizer) -> bool:
@@ -259,7 +338,7 @@ def _entries(optimizers: Iterable[torch.optim.Adam], selective: bool = False) ->
 def adam_step(
     optimizers: Iterable[torch.optim.Adam],
     visible: torch.Tensor | None = None,
-    lazy_rows: torch.Tensor | None = None,
+    lazy_rows: SeenRows | None = None,
     lazy_names: tuple = ("sh0", "shN"),
 ) -> None:
     """One Adam step of every parameter (with a gradient) of ``optimizers``, in
@@ -267,8 +346,9 @@ def adam_step(
     :func:`supported` and their tensors live on one CUDA/ROCm device (or the CPU under
     TRITON_INTERPRET=1). Gradients are left in place (zero or drop them after).
     ``visible`` (bool [N], N the first dimension of every parameter): the selective update of
-    the module docstring. ``lazy_rows`` (bool [N]): the deferred update of the module docstring
-    for the parameters whose group is named in ``lazy_names`` (kernels/lazy_adam.SH_KEYS).
+    the module docstring. ``lazy_rows`` (:class:`SeenRows`, room for N rows): the deferred
+    update of the module docstring for the parameters whose group is named in ``lazy_names``
+    (kernels/lazy_adam.SH_KEYS).
     Raises ValueError when both are given."""
     if visible is not None and lazy_rows is not None:
         raise ValueError("adam_step: visible (SelectiveAdam) and lazy_rows (deferred Adam) exclude each other")
@@ -291,10 +371,16 @@ def _launch(
     beta2: float,
     eps: float,
     visible: torch.Tensor | None = None,
-    lazy_rows: torch.Tensor | None = None,
+    lazy_rows: SeenRows | None = None,
     lazy_names: tuple = (),
 ) -> None:
-    blocks = [triton.cdiv(e[0].numel(), BLOCK) for e in entries]
+    masked = lazy_rows is not None and any(e[7] in lazy_names for e in entries)
+    listed = [masked and e[7] in lazy_names for e in entries]
+    # a deferred tensor: programs that stride over its listed rows (at most constants.LISTED_PROGRAMS)
+    blocks = [
+        min(triton.cdiv(e[0].numel(), BLOCK), constants.LISTED_PROGRAMS) if on else triton.cdiv(e[0].numel(), BLOCK)
+        for e, on in zip(entries, listed)
+    ]
     starts = [sum(blocks[:i]) for i in range(1, MAX_TENSORS)]  # e1..e5
     total = sum(blocks)
     if total == 0:
@@ -303,7 +389,7 @@ def _launch(
     slots = entries + [pad] * (MAX_TENSORS - len(entries))
     tensors = [t for e in slots for t in e[:4]]
     sizes = [e[0].numel() for e in slots]
-    masked = lazy_rows is not None and any(e[7] in lazy_names for e in entries)
+    cnt = entries[0][0]  # unused pointer, but with lazy_rows
     if visible is not None:
         assert all(e[0].shape[0] == visible.shape[0] for e in entries), "visible must have one entry per Gaussian"
         rows = [max(e[0][:1].numel(), 1) for e in slots]
@@ -311,9 +397,10 @@ def _launch(
     elif masked:
         assert lazy_rows is not None
         lazy = [e[7] in lazy_names for e in slots]
-        assert all(e[0].shape[0] == lazy_rows.shape[0] for e, on in zip(slots, lazy) if on), "one row per Gaussian"
+        room = lazy_rows.rows.numel()
+        assert all(e[0].shape[0] <= room for e, on in zip(slots, lazy) if on), "room for every row"
         rows = [max(e[0][:1].numel(), 1) if on else 0 for e, on in zip(slots, lazy)]
-        vis = lazy_rows.to(torch.uint8).contiguous()
+        vis, cnt = lazy_rows.rows, lazy_rows.count
     else:
         rows, vis = [1] * MAX_TENSORS, entries[0][0]  # unused pointer
     _adam_kernel[(total,)](
@@ -327,6 +414,7 @@ def _launch(
         eps,
         vis,
         *rows,
+        cnt,
         BLOCK=BLOCK,
         SELECTIVE=visible is not None,
         MASKED=masked,

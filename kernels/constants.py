@@ -19,6 +19,11 @@ RECORD_LANES = sum(n for _, n in RECORD_FIELDS)  # 12 lanes, 48 bytes
 # What the rasterizer reads of a record: means2d, conic, opacity, colour (9 float32).
 RASTER_RECORD_BYTES = 9 * 4
 
+# Programs of the kernels that stride over a list of rows whose length only the device knows (the
+# Gaussians a step's projection saw, --lazy_sh_adam: kernels/lazy_adam.py, adam.py, projection.py):
+# a fixed grid, which CUDA graphs replay, of about two waves of 4-warp programs on an H100 / H200
+LISTED_PROGRAMS = 4096
+
 SSIM_WINDOW = 11  # Gaussian window side, pixels
 SSIM_SIGMA = 1.5  # window standard deviation, pixels
 SSIM_C1 = 0.01**2  # (K1 L)^2, L = 1 (Wang et al. 2004, eq. 7)

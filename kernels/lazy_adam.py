@@ -8,10 +8,12 @@ coefficients are read only where the Gaussian is seen (its colour) and outside t
 evaluation, export, densification), so their zero-gradient steps can wait:
 
 - each Gaussian keeps the count through which its SH rows were stepped (``applied``, int32 [N]);
-- the projection's forward (kernels/projection.py, ``LAZY``) catches the rows of every Gaussian it
-  sees up to the current count (``count``, int32 [1] on the device, so a graph replay reads each
-  step's) before it evaluates the colour;
-- the step's Adam (kernels/adam.py, ``lazy_rows``) updates the SH rows of the Gaussians seen only;
+- the projection's forward (kernels/projection.py, ``lazy``) lists the Gaussians it sees
+  (:class:`SeenRows`, compacted on the device) and catches their rows up to the current count
+  (``count``, int32 [1] on the device, so a graph replay reads each step's), then writes their
+  colours again;
+- the step's Adam (kernels/adam.py, ``lazy_rows``) updates the SH rows of the listed Gaussians
+  only, and :meth:`LazyShAdam.stepped` records their new count;
 - :meth:`LazyShAdam.flush` catches every row up before anything else reads or moves them.
 
 At city scale a camera sees a few percent of the Gaussians, and the dense Adam's 48 x 28 bytes of
@@ -50,6 +52,9 @@ from typing import Mapping, Optional
 import numpy as np
 import torch
 
+from . import constants
+from .adam import SeenRows, state_of
+
 try:  # the CPU-only torch wheel may ship without Triton
     import triton
     import triton.language as tl
@@ -59,6 +64,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 SH_KEYS = ("sh0", "shN")
 """The parameters whose Adam the module defers (their rows are read only for seen Gaussians)."""
 BLOCK = 128  # Gaussians per program of the flush kernel
+SEEN_BLOCK = 1024  # Gaussians per program of the seen rows' compaction and their stamp
 EPS_RATIO = 2.0**-12  # the closed form holds where eps <= this times sqrt(v_k)
 TAIL_STEPS = 2000  # terms beyond the tables' last count in the recursion's start (rho^2000 < 1e-90)
 TABLE_ROWS = 8  # H1, H2, rho1^k, rho2^k, b1^k, b2^k, 1 - b1^u (float64 b1), 1 / sqrt(1 - b2^u)
@@ -167,31 +173,51 @@ if triton is not None:
 
     @triton.jit
     def catch_up_rows(
-        sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start, need, t, KR,
-        tab_ptr, T1, lr_ptr, beta1, beta2, eps, BLOCK: tl.constexpr,
+        sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, base, rows, need, t, KR,
+        tab_ptr, T1, lr_ptr, beta1, beta2, eps,
     ):  # fmt: skip
-        """Catch the sh0 and shN rows start .. start + BLOCK (``need``) up from their ``applied``
-        count to ``t`` and record it; lr_ptr: float64 [2], the learning rates of sh0 and shN. One
-        coefficient at a time per lane, addressed from the block's first row with int32 offsets
-        ([BLOCK, 8] tiles of coefficients held 235 registers and ran 2.6x slower on an H100)."""
-        rows = tl.arange(0, BLOCK)
-        offs = start + rows
-        t0 = tl.load(applied_ptr + offs, mask=need, other=0)
+        """Catch the sh0 and shN rows base + rows (``need``) up from their ``applied`` count to ``t``
+        and record it; lr_ptr: float64 [2], the learning rates of sh0 and shN. One coefficient at a
+        time per lane ([BLOCK, 8] tiles of coefficients held 235 registers and ran 2.6x slower on an
+        H100), addressed from row ``base`` (a scalar) by ``rows``: int32 offsets from a block's
+        first row (the flush), or int64 row indices with base 0 (the seen rows, gathered)."""
+        t0 = tl.load(applied_ptr + base + rows, mask=need, other=0)
         k = t - t0
         need = need & (k > 0)
         s1, s2, b1k, b2k = lane_sums(tab_ptr, T1, t0, k, need)
-        at = start * 3
+        at = base * 3
         lr0 = tl.load(lr_ptr)
         for j in range(0, 3):
             catch_up(sh0_ptr + at, m_sh0_ptr + at, v_sh0_ptr + at, rows * 3 + j, need, t0, k, s1, s2, b1k, b2k, lr0,
                      tab_ptr, T1, beta1, beta2, eps)  # fmt: skip
         width = KR * 3
-        at = start * width
+        at = base * width
         lr1 = tl.load(lr_ptr + 1)
         for j in range(0, width):
             catch_up(shn_ptr + at, m_shn_ptr + at, v_shn_ptr + at, rows * width + j, need, t0, k, s1, s2, b1k, b2k,
                      lr1, tab_ptr, T1, beta1, beta2, eps)  # fmt: skip
-        tl.store(applied_ptr + offs, t + tl.zeros_like(t0), mask=need)
+        tl.store(applied_ptr + base + rows, t + tl.zeros_like(t0), mask=need)
+
+    @triton.jit(do_not_specialize=["N"])
+    def _seen_rows_kernel(bits_ptr, rows_ptr, count_ptr, N, BLOCK: tl.constexpr):
+        """Appends the indices of the Gaussians with a visibility bit set (``bits``, int32 [N], the
+        projection forward's) to ``rows`` at ``count`` (int32 [1], zeroed before): one atomic add
+        per block, so the blocks' runs land in any order."""
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        live = offs < N
+        seen = (tl.load(bits_ptr + offs, mask=live, other=0) != 0).to(tl.int32)
+        at = tl.atomic_add(count_ptr, tl.sum(seen, 0))
+        tl.store(rows_ptr + at + tl.cumsum(seen, 0) - seen, offs.to(tl.int32), mask=seen != 0)
+
+    @triton.jit(do_not_specialize=["t"])
+    def _stamp_kernel(rows_ptr, seen_ptr, applied_ptr, t, BLOCK: tl.constexpr):
+        """``applied`` = t for the seen rows (``rows`` [:seen]); a fixed grid striding over them."""
+        n = tl.load(seen_ptr)
+        for b in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+            k = b * BLOCK + tl.arange(0, BLOCK)
+            live = k < n
+            r = tl.load(rows_ptr + k, mask=live, other=0)
+            tl.store(applied_ptr + r, t + tl.zeros_like(r), mask=live)
 
     @triton.jit(do_not_specialize=["N", "KR", "t"])
     def _flush_kernel(
@@ -206,8 +232,8 @@ if triton is not None:
             live = live & (tl.load(rows_ptr + offs, mask=live, other=0) != 0)
         stale = live & (tl.load(applied_ptr + offs, mask=live, other=t) < t)
         if tl.max(stale.to(tl.int32), 0) > 0:
-            catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start, stale, t,
-                          KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps, BLOCK)  # fmt: skip
+            catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start,
+                          tl.arange(0, BLOCK), stale, t, KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps)  # fmt: skip
 
 
 def kernel_specs() -> dict:
@@ -215,15 +241,33 @@ def kernel_specs() -> dict:
     ptrs = {"applied_ptr": "*i32", "tab_ptr": "*fp64", "lr_ptr": "*fp64"}
     floats = {"beta1": "fp32", "beta2": "fp32", "eps": "fp32"}
     ptrs["rows_ptr"] = "*u8"
-    return {"lazy_sh_flush": (_flush_kernel, dict(BLOCK=BLOCK, ROWS=False), ptrs, floats, 4)}
+    ints = {"bits_ptr": "*i32", "rows_ptr": "*i32", "count_ptr": "*i32", "seen_ptr": "*i32", "applied_ptr": "*i32"}
+    return {
+        "lazy_sh_flush": (_flush_kernel, dict(BLOCK=BLOCK, ROWS=False), ptrs, floats, 4),
+        "lazy_seen_rows": (_seen_rows_kernel, dict(BLOCK=SEEN_BLOCK), ints, {}, 4),
+        "lazy_stamp": (_stamp_kernel, dict(BLOCK=SEEN_BLOCK), ints, {}, 4),
+    }
+
+
+def list_seen(bits: torch.Tensor, seen: SeenRows) -> None:
+    """List in ``seen`` the Gaussians with a visibility bit set (``bits``: int32 [N], the
+    projection forward's; ``seen`` with room for N rows), on the device: no synchronization.
+    Raises ValueError where ``seen`` has too little room."""
+    n = bits.shape[0]
+    if seen.rows.numel() < n:
+        raise ValueError(f"list_seen: room for {seen.rows.numel()} rows, {n} Gaussians")
+    seen.count.zero_()
+    if n:
+        _seen_rows_kernel[(triton.cdiv(n, SEEN_BLOCK),)](bits, seen.rows, seen.count, n, BLOCK=SEEN_BLOCK)
 
 
 @dataclass(frozen=True)
 class LazyRows:
     """What the projection's forward needs to catch the rows it sees up (kernels/projection.py,
     ``lazy``): ``applied`` int32 [N], ``count`` int32 [1], ``tables`` float64 [TABLE_ROWS, T + 1],
-    ``lr`` float64 [2] (sh0's, shN's), ``moments`` (exp_avg, exp_avg_sq of sh0, then of shN), and
-    beta1, beta2, eps as float32 values."""
+    ``lr`` float64 [2] (sh0's, shN's), ``moments`` (exp_avg, exp_avg_sq of sh0, then of shN),
+    beta1, beta2, eps as float32 values, and ``seen`` (capacity N), where the forward lists the
+    Gaussians it saw for the step's Adam."""
 
     applied: torch.Tensor
     count: torch.Tensor
@@ -233,10 +277,12 @@ class LazyRows:
     beta1: float
     beta2: float
     eps: float
+    seen: SeenRows
 
     def key(self) -> tuple:
-        """The storage a captured forward reads."""
-        return tuple(t.data_ptr() for t in (self.applied, self.count, self.tables, self.lr, *self.moments))
+        """The storage a captured forward reads and writes."""
+        tensors = (self.applied, self.count, self.tables, self.lr, *self.moments, self.seen.rows, self.seen.count)
+        return tuple(t.data_ptr() for t in tensors)
 
 
 class LazyShAdam:
@@ -262,6 +308,7 @@ class LazyShAdam:
         self.lr = torch.tensor(self.lrs, dtype=torch.float64, device=self.device)
         self.count = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.applied = torch.zeros(0, dtype=torch.int32, device=self.device)
+        self.seen = SeenRows.empty(0, self.device)
         self.reset(optimizers, num)
 
     @staticmethod
@@ -295,13 +342,12 @@ class LazyShAdam:
         self._check_count(t)
         if self.applied.numel() != num:
             self.applied = torch.empty(num, dtype=torch.int32, device=self.device)
+            self.seen = SeenRows.empty(num, self.device)
         self.applied.fill_(t)
         self.count.fill_(t)
 
     def moments(self, optimizers, key: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(exp_avg, exp_avg_sq) of parameter ``key``, made as torch makes them where missing."""
-        from .adam import state_of
-
         ((p,),) = (self._group(optimizers, key)["params"],)
         state = state_of(optimizers[key], p)
         return state["exp_avg"], state["exp_avg_sq"]
@@ -313,7 +359,7 @@ class LazyShAdam:
     def rows(self, optimizers) -> LazyRows:
         """The projection forward's view of this state (its tensors, not copies)."""
         moments = tuple(m for k in SH_KEYS for m in self.moments(optimizers, k))
-        return LazyRows(self.applied, self.count, self.tables, self.lr, moments, *self.scalars())
+        return LazyRows(self.applied, self.count, self.tables, self.lr, moments, *self.scalars(), seen=self.seen)
 
     def check_lrs(self, params, optimizers) -> None:
         """Where an SH learning rate changed since the last step, catch every row up at the old
@@ -348,11 +394,14 @@ class LazyShAdam:
         )  # fmt: skip
         self.count.fill_(t)
 
-    def stepped(self, optimizers, rows: Optional[torch.Tensor]) -> None:
-        """After the step's Adam: the rows ``rows`` (bool [N], the Gaussians seen, which the Adam
-        updated) are at the new count, which ``count`` takes."""
+    def stepped(self, optimizers, seen: Optional[SeenRows]) -> None:
+        """After the step's Adam: the rows it updated (``seen``, the projection's list; None: every
+        row, a step whose SH Adam ran densely) are at the new count, which ``count`` takes."""
         t = self.host_count(optimizers)
         self._check_count(t)
-        if rows is not None:
-            self.applied.masked_fill_(rows, t)
+        if seen is None:
+            self.applied.fill_(t)
+        elif self.applied.numel():
+            grid = (min(triton.cdiv(self.applied.numel(), SEEN_BLOCK), constants.LISTED_PROGRAMS),)
+            _stamp_kernel[grid](seen.rows, seen.count, self.applied, t, BLOCK=SEEN_BLOCK, num_warps=4)
         self.count.fill_(t)

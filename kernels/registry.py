@@ -27,6 +27,7 @@ def kernel_specs() -> dict:
         beta2="fp32",
         eps="fp32",
         vis="*u8",
+        cnt="*fp32",  # unused but with MASKED
     )
     ssim = fs.kernel_specs()
     proj = pj.kernel_specs()
@@ -36,15 +37,22 @@ def kernel_specs() -> dict:
         # --visible_adam: gsplat's SelectiveAdam update, visible Gaussians only
         "adam_selective": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=True, MASKED=False), {}, adam_args, 4),
         # --lazy_sh_adam: sh0 / shN step their seen rows only, the rest densely
-        "adam_lazy": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=False, MASKED=True), {}, adam_args, 4),
+        "adam_lazy": (
+            adam._adam_kernel,
+            dict(BLOCK=adam.BLOCK, SELECTIVE=False, MASKED=True),
+            {},
+            dict(adam_args, vis="*i32", cnt="*i32"),
+            4,
+        ),
         "densify_dense": (ds._dense_kernel, dict(BLOCK=ds.BLOCK), {"radii_ptr": "*i32"}, {}, 4),
         "densify_packed": (ds._packed_kernel, dict(BLOCK=ds.BLOCK), {"ids_ptr": "*i64", "cams_ptr": "*i64"}, {}, 4),
         "loss_combine": ssim["loss_combine"],
         # fused projection + SH of the dense pass and its per-Gaussian backward (SH degree 3)
         "projection_forward": proj["projection_forward"],
-        # --lazy_sh_adam: the forward catching the seen SH rows up first, and the flush of every row
+        # --lazy_sh_adam: the forward catching the seen SH rows up; the flush of every row, the seen rows'
+        # list and their count stamped after the step's Adam
         "projection_lazy_colors": proj["projection_lazy_colors"],
-        "lazy_sh_flush": la.kernel_specs()["lazy_sh_flush"],
+        **la.kernel_specs(),
         "projection_backward": proj["projection_backward"],
         "projection_backward_adam": proj["projection_backward_adam"],
         "projection_backward_adam_selective": proj["projection_backward_adam_selective"],

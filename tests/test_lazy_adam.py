@@ -6,6 +6,7 @@ kernels.reference.adam_zero_grad_steps and against kernels/adam.py's dense updat
 The kernels run under ``TRITON_INTERPRET=1`` in a child process (``python tests/test_lazy_adam.py
 kernel IN OUT``); on a GPU (``-m gpu``) the same checks run directly, at a size that fills it."""
 
+import contextlib
 import math
 import sys
 
@@ -15,7 +16,7 @@ import torch
 
 from interpreted import interpreted_results
 
-from splat_train.kernels import adam, lazy_adam, projection
+from splat_train.kernels import adam, constants, lazy_adam, projection
 from splat_train.kernels.reference import adam_zero_grad_steps
 
 # float32-representable betas and eps (batch size 2's): the kernels' float32 decays and the float64
@@ -24,6 +25,17 @@ BETAS = (lazy_adam.float32(0.9**2), lazy_adam.float32(0.999**2))
 EPS = lazy_adam.float32(1e-15 / math.sqrt(2))
 LRS = (2.5e-3, 2.5e-3 / 20)  # sh0, shN
 COUNT, MAX_COUNT = 900, 1000
+
+
+@contextlib.contextmanager
+def listed_programs(programs: int):
+    """constants.LISTED_PROGRAMS set to ``programs`` (0: left as it is) inside the block."""
+    default = constants.LISTED_PROGRAMS
+    constants.LISTED_PROGRAMS = programs or default
+    try:
+        yield
+    finally:
+        constants.LISTED_PROGRAMS = default
 
 
 def optimizers_for(sh0: torch.Tensor, shn: torch.Tensor, count: int, seed: int):
@@ -123,44 +135,78 @@ def check_caught_up(got, want, problem, rows=None):
     assert torch.equal(got["applied"], want_applied)
 
 
-def run_sequence(seed: int, device, N: int = 300, steps: int = 12):
+def run_sequence(seed: int, device, N: int = 300, steps: int = 12, programs: int = 0):
     """``steps`` Adam steps of sh0 / shN with random visibility (about 30% of the rows a step) and
     gradients on the visible rows only, densely (kernels/adam.py on every row) and deferred (the
-    visible rows caught up, kernels/adam.py's lazy_rows, LazyShAdam.stepped), the deferred one
-    flushed at the end; returns both runs' parameters and moments."""
+    visible rows listed by lazy_adam.list_seen from random visibility bits and caught up,
+    kernels/adam.py's lazy_rows, LazyShAdam.stepped; step 5 as a step that caught every row up and
+    stepped them all), the deferred one flushed at the end; returns both runs' parameters and
+    moments. ``programs``: the listed rows' grid (constants.LISTED_PROGRAMS) for this run."""
     gen = torch.Generator().manual_seed(seed)
     sh0, shn = torch.randn(N, 1, 3, generator=gen), torch.randn(N, 15, 3, generator=gen)
     visible = [torch.rand(N, generator=gen) < 0.3 for _ in range(steps)]
+    bits = [vis.int() * torch.randint(1, 1 << 20, (N,), generator=gen, dtype=torch.int32) for vis in visible]
     grads = [[torch.randn(p.shape, generator=gen) * 1e-3 * vis[:, None, None] for p in (sh0, shn)] for vis in visible]
     runs = {}
-    for mode in ("dense", "lazy"):
-        opts = {}
-        for key, p, lr in (("sh0", sh0, LRS[0]), ("shN", shn, LRS[1])):
-            leaf = torch.nn.Parameter(p.clone().to(device))
-            opts[key] = torch.optim.Adam([{"params": [leaf], "lr": lr, "name": key}], betas=BETAS, eps=EPS)
-        params = {k: opts[k].param_groups[0]["params"][0] for k in lazy_adam.SH_KEYS}
-        lazy = lazy_adam.LazyShAdam(opts, N, 100, device) if mode == "lazy" else None
-        for vis, step_grads in zip(visible, grads):
-            vis = vis.to(device)
-            for k, g in zip(lazy_adam.SH_KEYS, step_grads):
-                params[k].grad = g.to(device)
-            if lazy is None:
-                adam.adam_step(list(opts.values()))
-            else:
-                lazy.flush(params, opts, vis)  # what the projection's forward does for the rows it sees
-                adam.adam_step(list(opts.values()), lazy_rows=vis)
-                lazy.stepped(opts, vis)
-        if lazy is not None:
-            lazy.flush(params, opts)
-        runs[mode] = {
-            k: dict(
-                param=params[k].detach().cpu(),
-                exp_avg=opts[k].state[params[k]]["exp_avg"].cpu(),
-                exp_avg_sq=opts[k].state[params[k]]["exp_avg_sq"].cpu(),
-            )
-            for k in lazy_adam.SH_KEYS
-        }
+    with listed_programs(programs):
+        for mode in ("dense", "lazy"):
+            opts = {}
+            for key, p, lr in (("sh0", sh0, LRS[0]), ("shN", shn, LRS[1])):
+                leaf = torch.nn.Parameter(p.clone().to(device))
+                opts[key] = torch.optim.Adam([{"params": [leaf], "lr": lr, "name": key}], betas=BETAS, eps=EPS)
+            params = {k: opts[k].param_groups[0]["params"][0] for k in lazy_adam.SH_KEYS}
+            lazy = lazy_adam.LazyShAdam(opts, N, 100, device) if mode == "lazy" else None
+            for step, (vis, step_bits, step_grads) in enumerate(zip(visible, bits, grads)):
+                vis = vis.to(device)
+                for k, g in zip(lazy_adam.SH_KEYS, step_grads):
+                    params[k].grad = g.to(device)
+                if lazy is None:
+                    adam.adam_step(list(opts.values()))
+                elif step == 5:  # the trainer's step through another projection: every row caught up first
+                    lazy.flush(params, opts)
+                    adam.adam_step(list(opts.values()))
+                    lazy.stepped(opts, None)
+                else:
+                    lazy_adam.list_seen(step_bits.to(device), lazy.seen)  # the projection's list
+                    lazy.flush(params, opts, vis)  # what the projection's forward does for the rows it sees
+                    adam.adam_step(list(opts.values()), lazy_rows=lazy.seen)
+                    lazy.stepped(opts, lazy.seen)
+            if lazy is not None:
+                lazy.flush(params, opts)
+            runs[mode] = {
+                k: dict(
+                    param=params[k].detach().cpu(),
+                    exp_avg=opts[k].state[params[k]]["exp_avg"].cpu(),
+                    exp_avg_sq=opts[k].state[params[k]]["exp_avg_sq"].cpu(),
+                )
+                for k in lazy_adam.SH_KEYS
+            }
     return runs
+
+
+def run_list_seen(seed: int, device="cpu", N: int = 3000):
+    """lazy_adam.list_seen on random visibility bits (about 40% set) over three compaction blocks,
+    then LazyShAdam.stepped's stamp of the listed rows with a grid of 2 programs."""
+    gen = torch.Generator().manual_seed(seed)
+    bits = (torch.rand(N, generator=gen) < 0.4).int() * torch.randint(1, 1 << 30, (N,), generator=gen)
+    seen = lazy_adam.SeenRows.empty(N, device)
+    seen.rows.fill_(-1)
+    lazy_adam.list_seen(bits.int().to(device), seen)
+    opts = optimizers_for(torch.zeros(N, 1, 3), torch.zeros(N, 15, 3), COUNT, seed)
+    lazy = lazy_adam.LazyShAdam(opts, N, MAX_COUNT, device)
+    lazy.applied.fill_(7)
+    with listed_programs(2):
+        lazy.stepped(opts, seen)
+    return dict(bits=bits, rows=seen.rows.cpu(), count=int(seen.count), applied=lazy.applied.cpu())
+
+
+def check_list_seen(res):
+    want = (res["bits"] != 0).nonzero().flatten()
+    count, rows = res["count"], res["rows"]
+    assert count == want.numel() and 0 < count < len(rows)
+    assert torch.equal(rows[:count].long().sort().values, want)  # each seen row once, in any order
+    assert bool((rows[count:] == -1).all())  # nothing written past the count
+    assert torch.equal(res["applied"], torch.where(res["bits"] != 0, COUNT, 7).int())
 
 
 def check_sequence(runs):
@@ -171,10 +217,11 @@ def check_sequence(runs):
             assert float((dense - lazy).abs().max()) <= 1e-6 * float(scale), (k, name)
 
 
-def run_projection(seed: int, device="cpu"):
+def run_projection(seed: int, device="cpu", programs: int = 0):
     """The projection forward with ``lazy``: a scene of test_projection_kernel's with the SH rows of
     every Gaussian behind by 1-300 counts, then the same forward without lazy on the SH rows the
-    reference caught up (the seen ones)."""
+    reference caught up (the seen ones). ``programs``: the catch-up's grid (constants.LISTED_PROGRAMS;
+    1: one program strides over every listed row)."""
     from test_projection_kernel import FAR, NEAR, make_scene
 
     scene = make_scene(seed, 250, 2, 16)
@@ -191,8 +238,9 @@ def run_projection(seed: int, device="cpu"):
     lazy = lazy_adam.LazyShAdam(opts, N, MAX_COUNT, device)
     lazy.applied.copy_(problem["applied"])
     raw = dict(params, sh0=sh_params["sh0"].data, shN=sh_params["shN"].data)
-    out = projection.project_and_shade_fused(raw, *cams, scene["width"], scene["height"], 3, NEAR, FAR,
-                                             lazy=lazy.rows(opts))  # fmt: skip
+    with listed_programs(programs):
+        out = projection.project_and_shade_fused(raw, *cams, scene["width"], scene["height"], 3, NEAR, FAR,
+                                                 lazy=lazy.rows(opts))  # fmt: skip
     seen = (out["radii"] > 0).any(-1).any(0).cpu()
     after = dict(
         sh0=raw["sh0"].cpu(),
@@ -206,6 +254,7 @@ def run_projection(seed: int, device="cpu"):
     return dict(
         problem=problem,
         seen=seen,
+        listed=lazy.seen.mask(N).cpu(),
         after=after,
         colors=out["colors"].cpu(),
         plain_colors=plain["colors"].cpu(),
@@ -216,6 +265,7 @@ def run_projection(seed: int, device="cpu"):
 def check_projection(res):
     seen, problem, after = res["seen"], res["problem"], res["after"]
     assert seen.any() and not seen.all()
+    assert torch.equal(res["listed"], seen)  # the forward listed the Gaussians with a radius in some camera
     got = dict(applied=after["applied"], count=COUNT)
     names = ("exp_avg", "exp_avg_sq")
     for i, k in enumerate(lazy_adam.SH_KEYS):
@@ -307,7 +357,30 @@ def test_deferred_steps_equal_the_dense_adam_under_the_interpreter(interpreted):
     check_sequence(interpreted["sequence"])
 
 
+def test_deferred_steps_with_programs_striding_over_the_list_under_the_interpreter(interpreted):
+    """Two programs per deferred tensor: each takes several blocks of the listed rows."""
+    check_sequence(interpreted["sequence_strided"])
+
+
+def test_list_of_seen_rows_and_their_stamp_under_the_interpreter(interpreted):
+    check_list_seen(interpreted["list_seen"])
+
+
+def test_check_list_seen_rejects_a_lost_row():
+    """check_list_seen on made-up output: a row missing, listed twice, or not stamped fails it."""
+    bits = torch.tensor([0, 5, 0, 9], dtype=torch.int32)
+    good = dict(bits=bits, rows=torch.tensor([3, 1, -1, -1], dtype=torch.int32), count=2,
+                applied=torch.tensor([7, COUNT, 7, COUNT], dtype=torch.int32))  # fmt: skip
+    check_list_seen(good)
+    for bad in (dict(count=1), dict(rows=torch.tensor([3, 3, -1, -1], dtype=torch.int32)),
+                dict(applied=torch.tensor([7, COUNT, 7, 7], dtype=torch.int32))):  # fmt: skip
+        with pytest.raises(AssertionError):
+            check_list_seen(dict(good, **bad))
+
+
 def test_projection_forward_catches_up_the_rows_it_sees_under_the_interpreter(interpreted):
+    """With one program striding over the listed rows (the interpreter runs a grid's programs one
+    after another: the GPU test runs the default grid too)."""
     check_projection(interpreted["projection"])
 
 
@@ -332,21 +405,7 @@ def test_deferred_rows_need_the_sh_groups_by_name():
     p.grad = torch.ones(4, 1, 3)
     opt = torch.optim.Adam([p], lr=0.1)  # no "name"
     with pytest.raises(ValueError, match="lazy_rows names"):
-        adam.adam_step([opt], lazy_rows=torch.ones(4, dtype=torch.bool))
-
-
-def test_seen_rows_come_from_the_projection_not_the_padding_filter():
-    """A shifted tile grid's RenderInfo.radii leave out the projections that reach only the padding;
-    the rows the deferred Adam steps are those the projection (and its catch-up) saw."""
-    from splat_train.trainer.render import RenderInfo, seen_gaussians
-
-    projected = torch.tensor([[[3, 2], [0, 0], [1, 0]], [[0, 0], [0, 0], [0, 0]]], dtype=torch.int32)
-    filtered = projected.clone()
-    filtered[0, 0] = 0
-    info = RenderInfo(means2d=torch.zeros(2, 3, 2), radii=filtered, packed=False, n_cameras=2, widths=[], heights=[])
-    assert seen_gaussians(info).tolist() == [False, False, True]
-    info.projected_radii = projected
-    assert seen_gaussians(info).tolist() == [True, False, True]
+        adam.adam_step([opt], lazy_rows=lazy_adam.SeenRows.from_mask(torch.ones(4, dtype=torch.bool)))
 
 
 def test_adam_mask_and_selective_exclude_each_other():
@@ -355,7 +414,7 @@ def test_adam_mask_and_selective_exclude_each_other():
     opt = torch.optim.Adam([{"params": [p], "lr": 0.1, "name": "sh0"}])
     rows = torch.ones(4, dtype=torch.bool)
     with pytest.raises(ValueError, match="exclude each other"):
-        adam.adam_step([opt], visible=rows, lazy_rows=rows)
+        adam.adam_step([opt], visible=rows, lazy_rows=lazy_adam.SeenRows.from_mask(rows))
 
 
 @pytest.mark.gpu
@@ -379,7 +438,10 @@ def test_gpu_kernels_match_the_reference():
         )
     check_caught_up(got, reference(problem), problem)
     check_sequence(run_sequence(12, "cuda", N=200_000, steps=20))
+    check_sequence(run_sequence(14, "cuda", N=200_000, steps=6, programs=3))
+    check_list_seen(run_list_seen(15, "cuda", N=1_000_000))
     check_projection(run_projection(13, "cuda"))
+    check_projection(run_projection(16, "cuda", programs=1))
 
 
 class RecordingLazy:
@@ -542,7 +604,9 @@ if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
             problem_k0=problem_k0,
             flush_k0=run_flush(problem_k0),
             sequence=run_sequence(2, "cpu"),
-            projection=run_projection(3),
+            sequence_strided=run_sequence(4, "cpu", N=120, steps=7, programs=2),
+            list_seen=run_list_seen(5),
+            projection=run_projection(3, programs=1),
         ),
         sys.argv[2],
     )

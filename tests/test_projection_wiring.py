@@ -95,8 +95,10 @@ CITY = ("--synthetic_layout", "city", "--synthetic_num_gaussians", "3000", "--sy
 def check_lazy_sh_adam() -> None:
     """--lazy_sh_adam through the trainer's step (kernels/adam.py's launch taken under the
     interpreter): the SH rows of the Gaussians the step's camera does not see wait, the step
-    line says so, and after six steps the caught-up parameters and moments (state_dict) equal
-    those of the dense SH Adam to float32 rounding (relative norms), the losses too."""
+    line says so; step 3 goes through the gsplat projection (every row caught up first, the SH
+    Adam dense, no row waiting after it, whatever the last forward listed); after six steps the
+    caught-up parameters and moments (state_dict) equal those of the dense SH Adam to float32
+    rounding (relative norms), the losses too."""
     import dataclasses as dc
 
     from splat_train.trainer import model
@@ -117,10 +119,17 @@ def check_lazy_sh_adam() -> None:
             lazy_sync=t.shard.sync if lazy else None,
         )  # fmt: skip
         losses, waited = [], 0
+        triton_plan = t.forward_backward.plan
         for step in range(6):
+            other = step == 3  # a step the Triton projection's forward does not take
+            t.forward_backward.plan = dc.replace(triton_plan, projection="gsplat") if other else triton_plan
             losses.append(float(t.train_step(step)["loss"]))
             if lazy:
-                waited = max(waited, int((t.shard.lazy.applied < t.shard.lazy.count).sum()))
+                behind = int((t.shard.lazy.applied < t.shard.lazy.count).sum())
+                assert t.forward_backward.lazy_listed == (not other)
+                if other:
+                    assert behind == 0, f"{behind} rows behind after a dense SH step"
+                waited = max(waited, behind)
         state = t.shard.state_dict()
         moments = {k: o.state_dict()["state"][0] for k, o in t.optimizers.items()}
         runs.append((losses, state["params"], moments, waited))

@@ -32,7 +32,6 @@ from .render import (
     ops_for,
     resolve_backend,
     rigid_inverse,
-    seen_gaussians,
     visible_gaussians,
 )
 from .report import Reporter
@@ -264,7 +263,8 @@ class Trainer:
         # the Gaussians' Adams (one launch on a GPU, or already taken by the projection's backward);
         # --visible_adam / --sparse_grad: visible ones only; --lazy_sh_adam: the seen SH rows only
         if backward_adam is None or not backward_adam.commit(self.optimizers):
-            seen = seen_gaussians(info) if lazy is not None else None
+            # the rows the projection listed; None where every row was caught up for another projection
+            seen = lazy.seen if lazy is not None and self.forward_backward.lazy_listed else None
             optimizer_step(self.optimizers, visible_gaussians(info) if self.plan.selective_adam else None, seen)
             if lazy is not None:
                 lazy.stepped(self.optimizers, seen)

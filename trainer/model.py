@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Optional, Union, cast
+from typing import TYPE_CHECKING, Mapping, Optional, Union, cast
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ from scipy.spatial import cKDTree
 from .config import Config
 from .data import Scene
 from .data.images import no_points_error
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..kernels.adam import SeenRows
 
 SH_C0 = 0.28209479177387814
 """Degree-0 real spherical harmonic, 1 / (2 sqrt(pi)) (3DGS utils/sh_utils.py)."""
@@ -271,14 +274,14 @@ def _adam_impl(device: torch.device) -> dict:
 def optimizer_step(
     optimizers: dict[str, torch.optim.Optimizer],
     visible: Optional[torch.Tensor] = None,
-    lazy_rows: Optional[torch.Tensor] = None,
+    lazy_rows: Optional[SeenRows] = None,
 ) -> None:
     """One step of every optimizer, then their gradients dropped (set to None). The Gaussians'
     Adams on a GPU run in one launch (kernels/adam.py); anything else through its own step().
     ``visible`` (bool [N]; --visible_adam): gsplat's SelectiveAdam update instead, only the visible
     Gaussians' rows (kernels/adam.py on a GPU, kernels.reference.selective_adam_update elsewhere).
-    ``lazy_rows`` (bool [N]; --lazy_sh_adam): sh0 and shN step only these rows (kernels/adam.py
-    only: RuntimeError where it does not run)."""
+    ``lazy_rows`` (kernels/adam.SeenRows; --lazy_sh_adam): sh0 and shN step only the rows it
+    lists (kernels/adam.py only: RuntimeError where it does not run)."""
     opts = list(optimizers.values())
     from ..kernels import adam
 

@@ -192,8 +192,6 @@ class RenderInfo:
     ``layout``, ``width`` / ``height`` (this rank's image size), ``num_local_cameras``,
     ``raster_means2d`` (the relay's output, kept alive until backward). ``records``, ``tiles`` and
     ``layout`` are None for gsplat's own distributed pass (``--pipeline gsplat-dist``).
-    ``projected_radii``: the projection's radii where ``radii`` left out the projections that
-    reach only the padding of a shifted tile grid (None where they are the same).
     """
 
     means2d: torch.Tensor
@@ -214,7 +212,6 @@ class RenderInfo:
     records: Optional[Records] = None
     layout: Optional[ExchangeLayout] = None
     tiles: Optional[TileLists] = None
-    projected_radii: Optional[torch.Tensor] = None  # the projection's own radii where ``radii`` is filtered
     raster_means2d: Optional[torch.Tensor] = None
 
 
@@ -518,7 +515,6 @@ def render(
     info = RenderInfo(
         means2d=means2d,
         radii=radii,
-        projected_radii=None if radii is proj["radii"] else proj["radii"],
         packed=packed,
         n_cameras=C_all,
         gaussian_ids=proj["gaussian_ids"] if packed else None,
@@ -597,17 +593,6 @@ def visible_gaussians(info: RenderInfo) -> torch.Tensor:
     assert info.gaussian_ids is not None and info.layout is not None
     visible = torch.zeros(info.layout.N_local, dtype=torch.bool, device=radii.device)
     return visible.index_fill_(0, info.gaussian_ids, True)
-
-
-def seen_gaussians(info: RenderInfo) -> torch.Tensor:
-    """bool [N_local]: the local Gaussians with a nonzero radius on either axis in some camera of a
-    dense pass: the rows whose deferred SH Adam steps the Triton projection's forward caught up
-    (its visibility bits, kernels/projection.py) and the only ones whose SH gradient can be nonzero
-    (--lazy_sh_adam's rows; kernels/lazy_adam.py). Raises ValueError for a packed pass."""
-    if info.packed:
-        raise ValueError("seen_gaussians: a dense pass's radii")
-    radii = info.projected_radii if info.projected_radii is not None else info.radii
-    return (radii > 0).any(dim=-1).any(dim=0)
 
 
 def check_camera_model(scene, camera_model: str) -> Optional[str]:

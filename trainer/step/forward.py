@@ -33,7 +33,9 @@ class ForwardBackward:
     the parameters (prepared by the caller before each step) and leaves them no ``.grad``;
     ``lazy_rows`` (--lazy_sh_adam): () -> the kernels.lazy_adam.LazyRows the Triton projection's
     forward catches the SH rows it sees up with, and ``lazy_sync``: () -> None, which catches every
-    row up before a step that takes another projection. ``graphed_head``
+    row up before a step that takes another projection; after each call ``lazy_listed`` says
+    whether the step's forward listed the Gaussians it saw (LazyRows.seen: the SH rows the step's
+    Adam takes) or every row was caught up instead (the SH Adam then steps them all). ``graphed_head``
     and ``graphed_step`` (None where the plan has none; tests may set their own) are public."""
 
     def __init__(
@@ -54,6 +56,7 @@ class ForwardBackward:
         self.plan = plan
         self.backward_adam = backward_adam
         self.lazy_rows, self.lazy_sync = lazy_rows, lazy_sync
+        self.lazy_listed = False
         self.eager = EagerStep(plan, cfg, setup, loss, aux, depth_targets, scene_scale, tb_wanted)
         self.graphed_head: Optional[GraphedHead] = (
             GraphedHead(
@@ -86,6 +89,7 @@ class ForwardBackward:
 
     def __call__(self, batch: StepBatch, params, sh_degree: int, timer) -> StepOutputs:
         one_size = batch.one_size()
+        self.lazy_listed = self.lazy_rows is not None  # the Triton projection's forward lists them
         if self.graphed_step is not None and batch.keep is None and one_size:
             layout = batch.layout
             assert layout is not None and layout.viewmats is not None  # a whole-step plan: cameras not learned
@@ -115,6 +119,7 @@ class ForwardBackward:
             head = eager_head(params, s.near, s.far, **s.options, adam=adam, lazy=lazy)
         if head is None and self.lazy_sync is not None:  # another projection reads every SH row
             self.lazy_sync()
+            self.lazy_listed = False
         return self.eager(batch, params, sh_degree, timer, head=head)
 
     def release(self) -> None:
