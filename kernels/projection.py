@@ -734,6 +734,7 @@ if triton is not None:
         DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr,
         HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
         HAS_COLORS: tl.constexpr, ADAM: tl.constexpr = False, SELECTIVE: tl.constexpr = False,
+        SEEN_SH: tl.constexpr = False,
     ):  # fmt: skip
         start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
         rows = tl.arange(0, BLOCK)
@@ -743,6 +744,7 @@ if triton is not None:
             _store_shn_tail(v_shn_ptr + start * (KR * 3), rows, live, KR)
         bits = tl.load(bits_ptr + offs, mask=live, other=0)
         act = live & (bits != 0)
+        sh_live = act if SEEN_SH else live  # --lazy_sh_adam: the SH gradient rows of unseen Gaussians unwritten
         mx = tl.load(means_ptr + offs * 3, mask=act, other=0.0)
         my = tl.load(means_ptr + offs * 3 + 1, mask=act, other=0.0)
         mz = tl.load(means_ptr + offs * 3 + 2, mask=act, other=0.0)
@@ -894,19 +896,19 @@ if triton is not None:
             c2, lo2, hi2, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
                                                             v_colors_ptr, N, C, KR, 2, DEG, ADAM)  # fmt: skip
             vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
-            _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, live, act,
+            _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, sh_live, act,
                         _cols4(c0, c1, c2, zero), 3, hyp_ptr, 4, ADAM, SELECTIVE)  # fmt: skip
             _store_shn(v_shn_ptr + start * (KR * 3), m1_shn_ptr + start * (KR * 3), m2_shn_ptr + start * (KR * 3),
-                       rows, live, act, KR, lo0, lo1, lo2, hi0, hi1, hi2, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
+                       rows, sh_live, act, KR, lo0, lo1, lo2, hi0, hi1, hi2, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
         else:
-            _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, live, act,
+            _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, sh_live, act,
                         _cols4(zero, zero, zero, zero), 3, hyp_ptr, 4, ADAM, SELECTIVE)  # fmt: skip
             if ADAM:  # the quarters' layout (_sh_backward's QUARTERS)
                 t0 = tl.zeros([BLOCK, 4, 2], dtype=zero.dtype)
             else:
                 t0 = tl.zeros([BLOCK, 8], dtype=zero.dtype)
             _store_shn(v_shn_ptr + start * (KR * 3), m1_shn_ptr + start * (KR * 3), m2_shn_ptr + start * (KR * 3),
-                       rows, live, act, KR, t0, t0, t0, t0, t0, t0, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
+                       rows, sh_live, act, KR, t0, t0, t0, t0, t0, t0, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
         vmx, vmy, vmz = tl.where(act, vmx, 0.0), tl.where(act, vmy, 0.0), tl.where(act, vmz, 0.0)
         _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
                     _cols4(vmx, vmy, vmz, zero), 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
@@ -1048,13 +1050,27 @@ def forward_into(
 
 
 def backward_into(
-    params, viewmats, Ks, campos, bits: Tensor, setup: Setup, grads: dict, out: dict, adam: "Optional[AdamStep]" = None
+    params,
+    viewmats,
+    Ks,
+    campos,
+    bits: Tensor,
+    setup: Setup,
+    grads: dict,
+    out: dict,
+    adam: "Optional[AdamStep]" = None,
+    seen_sh: bool = False,
 ) -> None:
     """Launch the backward kernel: ``grads`` maps the differentiable outputs of
     :data:`OUTPUT_KEYS` to their contiguous gradients (missing or None: zero); every element of
-    ``out`` (the raw parameters' gradients, keys :data:`PARAM_KEYS`) is written. With ``adam``
-    (:class:`AdamStep`) no gradient is written: each parameter of ``params`` takes its Adam step in
-    place, its moments ``adam.moments[k]`` updated with it (``out`` is not read)."""
+    ``out`` (the raw parameters' gradients, keys :data:`PARAM_KEYS`) is written, but with
+    ``seen_sh`` (--lazy_sh_adam, whose Adam reads the SH gradients of the seen Gaussians only) the
+    sh0 / shN rows of Gaussians with no bit in ``bits``, whose gradient is zero, are left as they
+    were. With ``adam`` (:class:`AdamStep`) no gradient is written: each parameter of ``params``
+    takes its Adam step in place, its moments ``adam.moments[k]`` updated with it (``out`` is not
+    read). Raises ValueError for ``adam`` with ``seen_sh``."""
+    if adam is not None and seen_sh:
+        raise ValueError("backward_into: seen_sh leaves gradient rows unwritten; Adam in the backward writes none")
     means = params["means"]
     N, C = means.shape[0], viewmats.shape[0]
     if N == 0:
@@ -1077,7 +1093,7 @@ def backward_into(
         DEG=setup.sh_degree, AA=setup.antialiased, BLOCK=BLOCK,
         HAS_MEANS2D=given[0] is not None, HAS_DEPTHS=given[1] is not None, HAS_CONICS=given[2] is not None,
         HAS_OPAC=given[3] is not None, HAS_COLORS=given[4] is not None,
-        ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, num_warps=NUM_WARPS,
+        ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, SEEN_SH=seen_sh, num_warps=NUM_WARPS,
     )  # fmt: skip
 
 
@@ -1147,7 +1163,7 @@ class _ProjectShade(torch.autograd.Function):
         params = dict(means=means, quats=quats, scales=scales, opacities=opacities, sh0=sh0, shN=shN)
         out = empty_outputs(means.shape[0], viewmats.shape[0], means.device)
         forward_into(params, viewmats, Ks, campos, setup, out, lazy)
-        ctx.setup, ctx.adam = setup, adam
+        ctx.setup, ctx.adam, ctx.lazy = setup, adam, lazy is not None
         ctx.save_for_backward(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos, out["bits"])
         ctx.mark_non_differentiable(out["radii"])
         ctx.set_materialize_grads(False)
@@ -1163,7 +1179,8 @@ class _ProjectShade(torch.autograd.Function):
             backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, {}, ctx.adam)
             return (None,) * 12
         out = {k: torch.empty_like(params[k]) for k in PARAM_KEYS}
-        backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out)
+        # --lazy_sh_adam: the unseen Gaussians' SH gradient rows, which its Adam does not read, stay unwritten
+        backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out, seen_sh=ctx.lazy)
         wanted = ctx.needs_input_grad[3:9]
         return (None, None, None, *(out[k] if w else None for k, w in zip(PARAM_KEYS, wanted)), None, None, None)
 
@@ -1197,8 +1214,11 @@ def project_and_shade_fused(
     synchronization: capturable in a CUDA graph. ``adam`` (:class:`AdamStep`): the backward
     takes the parameters' Adam step in place instead and leaves them no gradient (the
     parameters must be the tensors given, contiguous: they are written). ``lazy``
-    (kernels/lazy_adam.LazyRows, --lazy_sh_adam): the forward first catches up the deferred SH Adam
-    steps of the Gaussians it sees (sh0, shN and their moments written in place: contiguous ones).
+    (kernels/lazy_adam.LazyRows, --lazy_sh_adam): the forward lists the Gaussians it sees in
+    ``lazy.seen`` and catches up their deferred SH Adam steps (sh0, shN and their moments written
+    in place: contiguous ones); the backward then leaves the sh0 / shN gradient rows of the
+    Gaussians not seen unwritten (their gradient is zero; the deferred Adam reads the listed rows
+    only).
 
     Raises NotImplementedError for what :func:`unsupported` names (camera models other than
     pinhole, cameras requiring a gradient, SH degree > 3, ...) and ValueError for shapes that

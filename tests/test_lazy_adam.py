@@ -274,6 +274,45 @@ def check_projection(res):
     assert torch.allclose(res["colors"], res["plain_colors"], rtol=1e-5, atol=1e-6)
 
 
+def run_backward(seed: int, device="cpu"):
+    """The projection's backward into NaN-filled gradient buffers, plain and with ``seen_sh``
+    (--lazy_sh_adam's), on a scene of test_projection_kernel's (one program's worth of
+    Gaussians), with random gradients of every output."""
+    from test_projection_kernel import FAR, NEAR, make_scene
+
+    scene = make_scene(seed, 100, 2, 16)
+    params = {k: v.to(device).contiguous() for k, v in scene["params"].items()}
+    cams = [scene[k].to(device) for k in ("viewmats", "Ks", "campos")]
+    setup = projection.Setup(scene["width"], scene["height"], 3, NEAR, FAR, False)
+    out = projection.empty_outputs(100, 2, device)
+    projection.forward_into(params, *cams, setup, out)
+    gen = torch.Generator().manual_seed(seed)
+    grads = {
+        k: torch.randn(out[k].shape, generator=gen).to(device) for k in ("means2d", "conics", "opacities", "colors")
+    }
+    res = dict(bits=out["bits"].cpu())
+    for name, seen_sh in (("plain", False), ("seen_sh", True)):
+        got = {k: torch.full_like(params[k], float("nan")) for k in projection.PARAM_KEYS}
+        projection.backward_into(params, *cams, out["bits"], setup, grads, got, seen_sh=seen_sh)
+        res[name] = {k: v.cpu() for k, v in got.items()}
+    return res
+
+
+def check_backward(res):
+    """Plain: every row written. seen_sh: the rows of the Gaussians seen as the plain backward's,
+    bit for bit; the sh0 / shN rows of the others unwritten (still NaN), their geometry zero."""
+    seen = res["bits"] != 0
+    assert seen.any() and not seen.all()
+    for k, plain in res["plain"].items():
+        got = res["seen_sh"][k]
+        assert not plain.isnan().any(), k
+        assert torch.equal(got[seen], plain[seen]), k
+        if k in lazy_adam.SH_KEYS:
+            assert got[~seen].isnan().all(), k
+        else:
+            assert torch.equal(got[~seen], torch.zeros_like(got[~seen])), k
+
+
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
     return interpreted_results(__file__, tmp_path_factory, "lazy", lazy_adam.available())
@@ -378,6 +417,15 @@ def test_check_list_seen_rejects_a_lost_row():
             check_list_seen(dict(good, **bad))
 
 
+def test_backward_leaves_the_unseen_sh_rows_unwritten_under_the_interpreter(interpreted):
+    check_backward(interpreted["backward"])
+
+
+def test_backward_refuses_to_leave_rows_unwritten_where_it_takes_adam():
+    with pytest.raises(ValueError, match="seen_sh"):
+        projection.backward_into({"means": torch.zeros(1, 3)}, None, None, None, None, None, {}, {}, object(), True)
+
+
 def test_projection_forward_catches_up_the_rows_it_sees_under_the_interpreter(interpreted):
     """With one program striding over the listed rows (the interpreter runs a grid's programs one
     after another: the GPU test runs the default grid too)."""
@@ -442,6 +490,7 @@ def test_gpu_kernels_match_the_reference():
     check_list_seen(run_list_seen(15, "cuda", N=1_000_000))
     check_projection(run_projection(13, "cuda"))
     check_projection(run_projection(16, "cuda", programs=1))
+    check_backward(run_backward(17, "cuda"))
 
 
 class RecordingLazy:
@@ -607,6 +656,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
             sequence_strided=run_sequence(4, "cpu", N=120, steps=7, programs=2),
             list_seen=run_list_seen(5),
             projection=run_projection(3, programs=1),
+            backward=run_backward(7),
         ),
         sys.argv[2],
     )
