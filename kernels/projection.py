@@ -930,14 +930,10 @@ def kernel_specs() -> dict:
             _lazy_colors_kernel,
             dict(DEG=3, BLOCK=BLOCK),
             dict(
-                bits_ptr="*i32",
-                rows_ptr="*i32",
-                seen_ptr="*i32",
-                applied_ptr="*i32",
-                count_ptr="*i32",
+                {n: "*i32" for n in ("bits_ptr", "rows_ptr", "seen_ptr", "applied_ptr", "count_ptr")},
                 tab_ptr="*fp64",
                 lr_ptr="*fp64",
-            ),  # fmt: skip
+            ),
             dict(beta1="fp32", beta2="fp32", eps="fp32"),
             NUM_WARPS,
         ),
