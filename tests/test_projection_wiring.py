@@ -98,15 +98,27 @@ def check_lazy_sh_adam() -> None:
     line says so; step 3 goes through the gsplat projection (every row caught up first, the SH
     Adam dense, no row waiting after it, whatever the last forward listed); after six steps the
     caught-up parameters and moments (state_dict) equal those of the dense SH Adam to float32
-    rounding (relative norms), the losses too."""
+    rounding (relative norms), the losses too. The SH gradient rows the backward leaves unwritten
+    are NaN here (on a GPU they hold anything): nothing may read them."""
     import dataclasses as dc
 
+    from splat_train.kernels import projection
     from splat_train.trainer import model
     from splat_train.trainer.step import ForwardBackward
 
     from test_gsplat_flags import trainer
 
     model._uses_adam_kernel = lambda device: True  # the Triton Adam on CPU tensors, interpreted
+    real_backward, poisoned = projection.backward_into, []
+
+    def backward_into(params, viewmats, Ks, campos, bits, setup, grads, out, adam=None, seen_sh=False):
+        if seen_sh:
+            for k in ("sh0", "shN"):
+                out[k].fill_(float("nan"))
+            poisoned.append(k)
+        return real_backward(params, viewmats, Ks, campos, bits, setup, grads, out, adam, seen_sh)
+
+    projection.backward_into = backward_into
     runs = []
     for lazy in (False, True):
         t = trainer(*CITY, "--max_steps", "6", "--sh_degree_interval", "1")
@@ -133,6 +145,8 @@ def check_lazy_sh_adam() -> None:
         state = t.shard.state_dict()
         moments = {k: o.state_dict()["state"][0] for k, o in t.optimizers.items()}
         runs.append((losses, state["params"], moments, waited))
+    projection.backward_into = real_backward
+    assert poisoned, "the deferred run's backward wrote every SH row: the NaN rows test nothing"
     (dense_losses, dense, dense_m, _), (lazy_losses, got, got_m, waited) = runs
     assert "deferred" in dc.replace(t.plan).describe()
     assert waited > 0, "no SH row waited: the test exercises nothing"

@@ -211,8 +211,12 @@ def head_function(
     viewmats, Ks, campos) -> the tensors of :data:`OUTPUT_KEYS`, dense [C_all, N, ...].
     ``projection`` (StepPlan.projection): "triton", kernels/projection.py's fused kernels (one
     image size; ``adam``, a kernels.projection.AdamStep: their backward steps the parameters;
-    ``lazy``, a kernels.lazy_adam.LazyRows: their forward catches the seen SH rows up);
-    "gsplat", model.activated + render.project_and_shade with ``ops``."""
+    ``lazy``, a kernels.lazy_adam.LazyRows: their forward lists the Gaussians it sees and
+    catches their SH rows up); "gsplat", model.activated + render.project_and_shade with ``ops``.
+    Raises ValueError for ``lazy`` with the gsplat projection (the step's Adam would read a list
+    no forward wrote)."""
+    if lazy is not None and projection != "triton":
+        raise ValueError("head_function: lazy (--lazy_sh_adam) needs the Triton projection, which lists the rows seen")
 
     def head(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos):
         raw = dict(means=means, quats=quats, scales=scales, opacities=opacities, sh0=sh0, shN=shN)
