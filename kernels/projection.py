@@ -1062,7 +1062,7 @@ def backward_into(
     ``out`` (the raw parameters' gradients, keys :data:`PARAM_KEYS`) is written, but with
     ``seen_sh`` (--lazy_sh_adam, whose Adam reads the SH gradients of the seen Gaussians only) the
     sh0 / shN rows of Gaussians with no bit in ``bits``, whose gradient is zero, are left as they
-    were. With ``adam`` (:class:`AdamStep`) no gradient is written: each parameter of ``params``
+    were (stored bases beyond 16 excepted: written as zeros). With ``adam`` (:class:`AdamStep`) no gradient is written: each parameter of ``params``
     takes its Adam step in place, its moments ``adam.moments[k]`` updated with it (``out`` is not
     read). Raises ValueError for ``adam`` with ``seen_sh``."""
     if adam is not None and seen_sh:
