@@ -7,6 +7,7 @@ The kernels run under ``TRITON_INTERPRET=1`` in a child process (``python tests/
 kernel IN OUT``); on a GPU (``-m gpu``) the same checks run directly, at a size that fills it."""
 
 import contextlib
+import dataclasses
 import math
 import sys
 
@@ -586,6 +587,49 @@ def test_plan_defers_the_sh_adam_where_it_applies():
     )
     with pytest.raises(ValueError, match="--lazy_sh_adam on cannot run"):
         lazy_adam_mode(from_argv(["default", "--lazy_sh_adam", "on"]), "gsplat", False, False)
+
+
+def test_plan_leaves_auto_to_start_once_the_shard_is_large(monkeypatch):
+    """auto under the threshold: off now, to start once the shard holds LAZY_MIN_GAUSSIANS
+    (densification, a resumed checkpoint); not where the step cannot take it or the flag says."""
+    from splat_train.kernels import projection
+    from splat_train.trainer.config import from_argv
+    from splat_train.trainer.step.plan import plan_step
+
+    monkeypatch.setattr(projection, "available", lambda: True)
+    monkeypatch.setattr(lazy_adam, "available", lambda: True)
+
+    def planned(*flags, n=1000, device="cuda"):
+        p = plan_step(from_argv(["default", *flags]), device, 1, masked=False, num_gaussians=n)
+        return p.lazy_sh_adam, p.lazy_sh_adam_later
+
+    assert planned() == (False, True)
+    assert planned(n=3_000_000) == (True, False)
+    assert planned("--lazy_sh_adam", "off") == (False, False)
+    assert planned("--lazy_sh_adam", "on") == (True, False)
+    assert planned("--fused_adam", "on") == (False, False)
+    assert planned("--visible_adam") == (False, False)
+    assert planned(device="cpu") == (False, False)  # the gsplat projection
+
+
+def test_a_resumed_checkpoint_large_enough_starts_the_deferral(monkeypatch, capsys):
+    """Trainer.load_state_dict with auto left for later (a shard that started small) and the
+    checkpoint at the threshold: the deferral starts, the plan and the console say so."""
+    from splat_train.trainer import loop
+
+    from test_gsplat_flags import trainer
+
+    t = trainer("--max_steps", "3")
+    state = dict(t.state_dict(), step=0)  # as save_checkpoint writes it
+    t.plan = dataclasses.replace(t.plan, lazy_sh_adam_later=True)
+    monkeypatch.setattr(loop, "LAZY_MIN_GAUSSIANS", t.shard.num + 1)
+    t.load_state_dict(state)
+    assert t.shard.lazy is None and not t.plan.lazy_sh_adam  # one short of the threshold
+    monkeypatch.setattr(loop, "LAZY_MIN_GAUSSIANS", t.shard.num)
+    t.load_state_dict(state)
+    assert t.plan.lazy_sh_adam and not t.plan.lazy_sh_adam_later and t.shard.lazy is not None
+    assert t.forward_backward.lazy_rows is not None and t.forward_backward.lazy_sync is not None
+    assert f"{t.shard.num:,} Gaussians in the shard after step 0" in capsys.readouterr().out
 
 
 def test_cpu_run_says_the_sh_adam_steps_densely(tmp_path, capsys):

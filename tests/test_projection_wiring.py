@@ -94,8 +94,9 @@ CITY = ("--synthetic_layout", "city", "--synthetic_num_gaussians", "3000", "--sy
 
 def check_lazy_sh_adam() -> None:
     """--lazy_sh_adam through the trainer's step (kernels/adam.py's launch taken under the
-    interpreter): the SH rows of the Gaussians the step's camera does not see wait, the step
-    line says so; step 3 goes through the gsplat projection (every row caught up first, the SH
+    interpreter), started by auto after step 1 as where densification brings the shard to
+    plan.LAZY_MIN_GAUSSIANS: the SH rows of the Gaussians the step's camera does not see wait, the
+    step line says so; step 3 goes through the gsplat projection (every row caught up first, the SH
     Adam dense, no row waiting after it, whatever the last forward listed); after six steps the
     caught-up parameters and moments (state_dict) equal those of the dense SH Adam to float32
     rounding (relative norms), the losses too. The SH gradient rows the backward leaves unwritten
@@ -119,24 +120,26 @@ def check_lazy_sh_adam() -> None:
         return real_backward(params, viewmats, Ks, campos, bits, setup, grads, out, adam, seen_sh)
 
     projection.backward_into = backward_into
+    from splat_train.trainer import loop
+
     runs = []
     for lazy in (False, True):
         t = trainer(*CITY, "--max_steps", "6", "--sh_degree_interval", "1")
-        t.plan = dc.replace(t.plan, projection="triton", lazy_sh_adam=lazy, lazy_sh_adam_why="test")
-        if lazy:
-            t.shard.defer_sh_adam(6)
-        t.forward_backward = ForwardBackward(
-            t.plan, t.cfg, t.forward_backward.eager.setup, t.loss, t.aux,
-            lazy_rows=(lambda t=t: t.shard.lazy.rows(t.optimizers)) if lazy else None,
-            lazy_sync=t.shard.sync if lazy else None,
-        )  # fmt: skip
+        t.plan = dc.replace(t.plan, projection="triton", lazy_sh_adam=False, lazy_sh_adam_later=lazy)
+        t.forward_backward = ForwardBackward(t.plan, t.cfg, t.forward_backward.eager.setup, t.loss, t.aux)
         losses, waited = [], 0
         triton_plan = t.forward_backward.plan
         for step in range(6):
             other = step == 3  # a step the Triton projection's forward does not take
             t.forward_backward.plan = dc.replace(triton_plan, projection="gsplat") if other else triton_plan
             losses.append(float(t.train_step(step)["loss"]))
-            if lazy:
+            if step == 1:
+                assert not t.defer_sh_adam_if_large(2)  # the shard is under the threshold
+                threshold, loop.LAZY_MIN_GAUSSIANS = loop.LAZY_MIN_GAUSSIANS, t.shard.num
+                assert t.defer_sh_adam_if_large(2) == lazy
+                loop.LAZY_MIN_GAUSSIANS = threshold
+                assert t.plan.lazy_sh_adam == lazy and (t.shard.lazy is not None) == lazy
+            if lazy and step > 1:
                 behind = int((t.shard.lazy.applied < t.shard.lazy.count).sum())
                 assert t.forward_backward.lazy_listed == (not other)
                 if other:

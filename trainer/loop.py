@@ -7,6 +7,7 @@ partial gradient to its Gaussian's owner) -> Adam on the local shard -> densify 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ from .shard import GaussianShard
 from .step import Batches, ForwardBackward, plan_step
 from .step.plan import memory_tight
 from .step.backward_adam import BackwardAdam
-from .step.plan import check_pipeline, native_kernel_everywhere
+from .step.plan import LAZY_MIN_GAUSSIANS, check_pipeline, native_kernel_everywhere
 from .step.eager import unwrapped
 from .viewer import start_training_viewer
 
@@ -152,11 +153,9 @@ class Trainer:
             ),
             warn=self.report.warn,
             backward_adam=BackwardAdam(self.device, self.plan.selective_adam) if self.plan.fused_adam else None,
-            lazy_rows=(lambda: self.shard.lazy.rows(self.optimizers)) if self.plan.lazy_sh_adam else None,
-            lazy_sync=self.shard.sync if self.plan.lazy_sh_adam else None,
         )
         if self.plan.lazy_sh_adam:
-            self.shard.defer_sh_adam(cfg.schedule.max_steps)
+            self._defer_sh_adam()
         self.step = 0  # completed steps
         self._stats_step = 0  # step of the previous train stats file
         self.outputs_seconds = 0.0  # seconds of checkpoints, evaluations and outputs between steps (_steps)
@@ -167,6 +166,26 @@ class Trainer:
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
         self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
+
+    def _defer_sh_adam(self) -> None:
+        """The SH Adam of the Gaussians a step does not see waits from the next step on
+        (--lazy_sh_adam; kernels/lazy_adam.py)."""
+        self.shard.defer_sh_adam(self.cfg.schedule.max_steps)
+        self.forward_backward.defer_sh_adam(lambda: self.shard.lazy.rows(self.optimizers), self.shard.sync)
+
+    def defer_sh_adam_if_large(self, step: int) -> bool:
+        """--lazy_sh_adam auto where the shard started under plan.LAZY_MIN_GAUSSIANS: once it holds
+        that many (densification, a resumed checkpoint; checked after ``step`` steps), the SH Adam
+        of unseen Gaussians is deferred from the next step on, and the console says so. Returns
+        whether it started now. Each rank decides for its own shard (the deferral is local)."""
+        n = self.shard.num
+        if not self.plan.lazy_sh_adam_later or n < LAZY_MIN_GAUSSIANS:
+            return False
+        why = f"--lazy_sh_adam auto: {n:,} Gaussians in the shard after step {step}"
+        self.plan = dataclasses.replace(self.plan, lazy_sh_adam=True, lazy_sh_adam_why=why, lazy_sh_adam_later=False)
+        self._defer_sh_adam()
+        self.report.print(f"the SH Adam of unseen Gaussians deferred from here on ({why})")
+        return True
 
     def _say_plan(self) -> None:
         """The plan's console line, and the warnings of flags it does not follow."""
@@ -221,6 +240,7 @@ class Trainer:
                     self.aux_schedulers[k].load_state_dict(state["aux_schedulers"][k])
         self.step = self._stats_step = int(state["step"])
         self.shard_sizes_changed()
+        self.defer_sh_adam_if_large(self.step)
         if restore_rng and "rng" in state:
             checkpoint.set_rng_state(state["rng"], self.device)
 
@@ -282,6 +302,7 @@ class Trainer:
         densify.post_backward(self.shard, cfg, step, info)
         if refines:
             self.shard.rows_changed()
+            self.defer_sh_adam_if_large(step + 1)
         self.last_phases = timer.end_step()
         # tensors stay on the device: converting them here would synchronize every step
         return dict(

@@ -87,6 +87,14 @@ class ForwardBackward:
             else None
         )
 
+    def defer_sh_adam(self, lazy_rows: Callable, lazy_sync: Callable[[], None]) -> None:
+        """From the next step on, the Triton projection's forward lists the Gaussians it sees and
+        catches their SH rows up (``lazy_rows``, ``lazy_sync`` as the constructor's): the SH Adam
+        of the others waits. The graphed head captures again (its key holds the rows' storage)."""
+        self.lazy_rows, self.lazy_sync = lazy_rows, lazy_sync
+        if self.graphed_head is not None:
+            self.graphed_head.lazy_rows = lazy_rows
+
     def __call__(self, batch: StepBatch, params, sh_degree: int, timer) -> StepOutputs:
         one_size = batch.one_size()
         self.lazy_listed = self.lazy_rows is not None  # the Triton projection's forward lists them

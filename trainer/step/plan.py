@@ -56,6 +56,8 @@ class StepPlan:
     fused_adam_why: str = ""
     lazy_sh_adam: bool = False  # the SH Adam of unseen Gaussians deferred (kernels/lazy_adam.py)
     lazy_sh_adam_why: str = ""
+    # --lazy_sh_adam auto left off only for the shard's size: deferred once it holds LAZY_MIN_GAUSSIANS
+    lazy_sh_adam_later: bool = False
 
     @property
     def fused(self) -> bool:
@@ -279,10 +281,11 @@ def switch(flag: str, setting: str, why_not: Optional[str], auto: tuple[bool, st
     return False, f"{flag} auto: {why_not}"
 
 
-# --lazy_sh_adam auto: on from this many Gaussians in the rank's shard at the start, where the step
-# is bound by the device's memory traffic; below it the deferral's host work and launches cost more
-# than the SH traffic it saves (juicebox f4: 1.84-2.24 against 1.56-1.61 ms/step; city 20 M: 16.88
-# against 19.50 ms/iter; docs/large-scenes.md)
+# --lazy_sh_adam auto: on from this many Gaussians in the rank's shard (at the start, or once
+# densification or a resumed checkpoint brings it there), where the step is bound by the device's
+# memory traffic; below it the deferral's host work and launches cost more than the SH traffic it
+# saves (juicebox f4: 1.84-2.24 against 1.56-1.61 ms/step; city 20 M: 16.88 against 19.50 ms/iter;
+# docs/large-scenes.md)
 LAZY_MIN_GAUSSIANS = 2_000_000
 
 
@@ -292,9 +295,20 @@ def lazy_adam_mode(
     """(whether the SH coefficients' Adam is deferred for unseen Gaussians, why) from
     --lazy_sh_adam: it needs the Triton projection (``projection``: its forward catches the rows
     up) and kernels/adam.py's separate launch (not ``fused_adam``, not the ``selective`` update of
-    --visible_adam / --sparse_grad); auto takes it where the shard starts with at least
+    --visible_adam / --sparse_grad); auto takes it where the shard holds at least
     :data:`LAZY_MIN_GAUSSIANS` (``num_gaussians``). Raises ValueError for --lazy_sh_adam on where
     it cannot run."""
+    why_not = lazy_adam_blocker(projection, fused_adam, selective)
+    auto = (
+        (True, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians in the shard")
+        if num_gaussians >= LAZY_MIN_GAUSSIANS
+        else (False, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians, under {LAZY_MIN_GAUSSIANS:,}")
+    )
+    return switch("--lazy_sh_adam", cfg.step.lazy_sh_adam, why_not, auto)
+
+
+def lazy_adam_blocker(projection: str, fused_adam: bool, selective: bool) -> Optional[str]:
+    """Why the step cannot defer the SH Adam (:func:`lazy_adam_mode`'s arguments), or None."""
     from ...kernels import lazy_adam
 
     why_not = None
@@ -306,12 +320,7 @@ def lazy_adam_mode(
         why_not = "--visible_adam / --sparse_grad (gsplat's SelectiveAdam)"
     elif not lazy_adam.available():
         why_not = "Triton is not installed"
-    auto = (
-        (True, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians in the shard")
-        if num_gaussians >= LAZY_MIN_GAUSSIANS
-        else (False, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians, under {LAZY_MIN_GAUSSIANS:,}")
-    )
-    return switch("--lazy_sh_adam", cfg.step.lazy_sh_adam, why_not, auto)
+    return why_not
 
 
 def check_pipeline(cfg: Config, device_type: str, world_size: int, sampler, loopback: bool = False) -> None:
@@ -369,6 +378,9 @@ def plan_step(
     fused_adam, fused_adam_why = adam_mode(cfg, projection, tight)
     selective = cfg.step.visible_adam or cfg.step.sparse_grad
     lazy, lazy_why = lazy_adam_mode(cfg, projection, fused_adam, selective, num_gaussians)
+    later = (
+        not lazy and cfg.step.lazy_sh_adam == "auto" and lazy_adam_blocker(projection, fused_adam, selective) is None
+    )
     return StepPlan(
         raster=raster,
         raster_why=raster_why,
@@ -386,4 +398,5 @@ def plan_step(
         fused_adam_why=fused_adam_why,
         lazy_sh_adam=lazy,
         lazy_sh_adam_why=lazy_why,
+        lazy_sh_adam_later=later,
     )
