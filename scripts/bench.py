@@ -29,7 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Optional
 from pathlib import Path
 
 import numpy as np
@@ -142,6 +142,7 @@ def _worker(
         phases = {}
         for name in timed[0]["phases"]:
             phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in timed)
+        traffic = _stage_traffic(trainer, phases, start + steps + phase_steps - 1)
 
         def per_iter(key):
             total: dict = {}
@@ -182,10 +183,43 @@ def _worker(
             record_exchange_captures=fb.graphed_step.exchange_captures if fb.graphed_step is not None else None,
             ssim_backend=(trainer.loss.backend if trainer.loss.backend != "auto" else _ssim_backend(ctx.device)),
             profile=profile,
+            traffic=traffic,
         )
         Path(out_file).write_text(json.dumps(result, indent=2))
     finally:  # a step's captured collectives go before the process group (launch.loopback_group)
         trainer.forward_backward.release()
+
+
+def _stage_traffic(trainer, phases: dict, step: int) -> Optional[dict]:
+    """The per-Gaussian stages of the timed steps against their bytes model
+    (profiling.stage_traffic, at the last timed step's visible counts and SH degree ``step``'s;
+    for the Triton projection's steps only, else None): {"copy_gbps": the device's copy bandwidth
+    (profiling.copy_bandwidth), "visible", "visible_records", "stages": {phase: {"bytes", "ms"
+    (the phase's median), "gbps" (achieved), "floor_ms" (the bytes at the copy bandwidth)}}}."""
+    from splat_train.trainer.profiling import copy_bandwidth, stage_traffic
+
+    if trainer.plan.projection != "triton" or trainer.last_visibility is None:
+        return None
+    visible, records = (int(v) for v in trainer.last_visibility)
+    params, plan = trainer.params, trainer.plan
+    model = stage_traffic(
+        int(params["means"].shape[0]),
+        trainer.cfg.step.batch_size * trainer.ctx.world_size,  # each rank projects for every camera of the step
+        int(params["shN"].shape[1]) + 1,
+        trainer.sh_degree_at(step),
+        visible,
+        records,
+        lazy=plan.lazy_sh_adam,
+        fused_adam=plan.fused_adam,
+    )
+    gbps = copy_bandwidth(trainer.device) / 1e9
+    stages = {}
+    for name, nbytes in model.items():
+        ms = phases.get(name)
+        if nbytes is None or not ms:
+            continue
+        stages[name] = dict(bytes=nbytes, ms=ms, gbps=nbytes / ms / 1e6, floor_ms=nbytes / gbps / 1e6)
+    return dict(copy_gbps=gbps, visible=visible, visible_records=records, stages=stages)
 
 
 def _profile_steps(trainer, first: int, count: int, out_file: str) -> dict:
@@ -532,7 +566,36 @@ def markdown(report: dict) -> str:
         if "ranks" in e and e["ranks"][0].get("cuda_graph_captures")
     ]
     lines += ["", "CUDA graphs (--cuda_graphs; rank 0, whole run): " + ("; ".join(graphed) or "none")]
+    lines += _traffic_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def _traffic_lines(report: dict) -> list[str]:
+    """bench.md's table of the per-Gaussian stages against their bytes model (rank 0 of each
+    variant that ran the Triton projection; none where no variant did)."""
+    rows = []
+    for e in report["variants"]:
+        traffic = e.get("ranks", [{}])[0].get("traffic")
+        if not traffic:
+            continue
+        for name, st in traffic["stages"].items():
+            rows.append(
+                f"| {e['variant']} (W={e['world_size']}) | {name} | {st['bytes'] / 1e9:.3f} | {st['ms']:.3f} "
+                f"| {st['gbps']:.0f} | {st['floor_ms']:.3f} | {st['ms'] / st['floor_ms']:.2f}x |"
+            )
+    if not rows:
+        return []
+    first = next(e["ranks"][0]["traffic"] for e in report["variants"] if e.get("ranks", [{}])[0].get("traffic"))
+    return [
+        "",
+        f"Per-Gaussian stages against their bytes model (rank 0; trainer/profiling.stage_traffic, each byte "
+        f"once; floor: the bytes at the device's copy bandwidth, {first['copy_gbps']:.0f} GB/s; "
+        f"{first['visible']:,} Gaussians visible, {first['visible_records']:,} visible records):",
+        "",
+        "| variant | stage | model GB | ms (median) | GB/s | floor ms | x floor |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def _step_cell(ranks) -> str:

@@ -33,6 +33,7 @@ from .render import (
     ops_for,
     resolve_backend,
     rigid_inverse,
+    visibility_counts,
     visible_gaussians,
 )
 from .report import Reporter
@@ -165,6 +166,7 @@ class Trainer:
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
+        self.last_visibility: Optional[tuple] = None  # render.visibility_counts of the last timed step
         self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
 
     def _defer_sh_adam(self) -> None:
@@ -279,6 +281,8 @@ class Trainer:
             lazy.check_lrs(self.params, self.optimizers)
         out = self.forward_backward(batch, self.params, self.sh_degree_at(step), timer)
         info = out.info
+        if timer.enabled and not timer.deferred:  # the bench's timed steps: the bytes model's visible counts
+            self.last_visibility = visibility_counts(info)
         timer.begin("optimizer")
         # the Gaussians' Adams (one launch on a GPU, or already taken by the projection's backward);
         # --visible_adam / --sparse_grad: visible ones only; --lazy_sh_adam: the seen SH rows only

@@ -165,6 +165,71 @@ def memory_model(sh_degree: int, world_size: int, device: torch.device) -> dict:
     )
 
 
+def stage_traffic(
+    n: int,
+    cameras: int,
+    num_bases: int,
+    sh_degree: int,
+    visible: int,
+    visible_records: int,
+    lazy: bool = False,
+    fused_adam: bool = False,
+) -> dict:
+    """Bytes model of the per-Gaussian stages of one step on kernels/projection.py's and
+    kernels/adam.py's kernels, as the bench's phases name them: {"projection", "backward_projection",
+    "optimizer"} -> bytes between DRAM and the chip (each once; None where the model does not
+    cover the step). ``n`` Gaussians, ``cameras`` in the pass, ``num_bases`` stored SH bases,
+    ``visible`` Gaussians with a radius in some camera and ``visible_records`` such (camera,
+    Gaussian) pairs (render.visibility_counts); ``lazy`` (--lazy_sh_adam), ``fused_adam``
+    (--fused_adam) as the step plan's.
+
+    projection and backward_projection: kernels.projection.traffic. With ``lazy`` the forward also
+    reads the visibility bits (4 B a Gaussian) to list the visible ones (4 B each), and catches
+    their SH rows up (parameter and both moments read and written, 24 B a coefficient, and the
+    4-byte applied count read and written, taking every listed row as waiting: the city's cameras
+    change every step), reads their means and writes their colours again (12 B, and 12 B a
+    camera); the backward writes no SH gradient rows of the others. optimizer: 28 B per float (parameter and both moments read and written,
+    the gradient read); with ``lazy`` the SH floats of the listed Gaussians only (and their list
+    and count, 8 B each). With ``fused_adam`` the backward takes Adam: neither the backward nor
+    the optimizer is modelled (None)."""
+    from ..kernels.projection import traffic
+
+    t = traffic(n, cameras, num_bases, sh_degree, visible, visible_records)
+    sh_floats, geometry_floats = 3 * num_bases, 3 + 3 + 4 + 1
+    forward, backward = t.forward, t.backward
+    optimizer = 28 * (geometry_floats + sh_floats) * n
+    if lazy:
+        forward += 4 * n + visible * (4 + 24 * sh_floats + 8 + 12 + 12 * cameras)
+        backward -= 4 * sh_floats * (n - visible)
+        optimizer = 28 * geometry_floats * n + (28 * sh_floats + 8) * visible
+    return dict(
+        projection=forward,
+        backward_projection=None if fused_adam else backward,
+        optimizer=None if fused_adam else optimizer,
+    )
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """The device's memory bandwidth as a copy of ``nbytes`` reaches it (bytes read + written, per
+    second; the median of ``repeats`` after one untimed copy): the floor the bench measures the
+    per-Gaussian stages against. On the CPU, 1/16 of ``nbytes``."""
+    if device.type != "cuda":
+        nbytes //= 16
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / sorted(times)[repeats // 2]
+
+
 def profile_calls(fn, calls: int, device: torch.device, most: int = 6) -> dict:
     """Runs ``fn`` ``calls`` times under ``torch.profiler`` and says where the time went, per call.
 

@@ -582,6 +582,19 @@ class RenderSetup:
         )
 
 
+def visibility_counts(info: RenderInfo) -> tuple[torch.Tensor, torch.Tensor]:
+    """(local Gaussians with a nonzero radius in some camera of the pass, such (camera, Gaussian)
+    records), int64 scalars on the device (no synchronization): what the bytes model of the
+    per-Gaussian stages (profiling.stage_traffic) takes for visible ones."""
+    if info.packed:
+        assert info.gaussian_ids is not None and info.layout is not None
+        seen = torch.zeros(info.layout.N_local, dtype=torch.bool, device=info.radii.device)
+        seen.index_fill_(0, info.gaussian_ids, True)
+        return seen.sum(), torch.tensor(info.gaussian_ids.numel(), device=seen.device)
+    records = (info.radii > 0).any(dim=-1)
+    return records.any(dim=0).sum(), records.sum()
+
+
 def visible_gaussians(info: RenderInfo) -> torch.Tensor:
     """bool [N_local]: the local Gaussians that some camera of the pass sees (radii > 0 on both
     axes in a dense projection, or a packed record), gsplat simple_trainer's visibility mask for

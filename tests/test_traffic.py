@@ -1,0 +1,90 @@
+"""The bench's bytes model of the per-Gaussian stages (trainer/profiling.stage_traffic), the copy
+bandwidth it is measured against, the visible counts the trainer keeps for it in timed steps, and
+bench.md's table of them."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from splat_train.scripts import bench
+from splat_train.trainer.profiling import copy_bandwidth, stage_traffic
+
+# 10 Gaussians, one camera, 16 stored bases at degree 3, 4 of them visible
+CASE = (10, 1, 16, 3, 4, 4)
+
+
+def test_dense_stages_follow_the_projection_model_and_28_bytes_a_float():
+    """Forward: 28 B of geometry each + 208 B (quaternion, 16 coefficients) each visible + a 52 B
+    record and mask each; backward: 4 B mask + 236 B each visible + 36 B a visible record read,
+    236 B written each; Adam: 59 floats x 28 B."""
+    got = stage_traffic(*CASE)
+    assert got == dict(
+        projection=10 * 28 + 4 * 208 + 10 * 52,
+        backward_projection=10 * 4 + 4 * 236 + 4 * 36 + 10 * 236,
+        optimizer=28 * 59 * 10,
+    )
+
+
+def test_deferred_sh_adam_moves_the_listed_rows_only():
+    """--lazy_sh_adam: the list and the catch-up of the visible rows on top of the forward, no SH
+    gradient rows of the 6 unseen in the backward, the geometry dense and the SH of the 4 listed
+    (with their list and count) in Adam."""
+    dense, lazy = stage_traffic(*CASE), stage_traffic(*CASE, lazy=True)
+    assert lazy["projection"] == dense["projection"] + 10 * 4 + 4 * (4 + 24 * 48 + 8 + 12 + 12)
+    assert lazy["backward_projection"] == dense["backward_projection"] - 6 * 48 * 4
+    assert lazy["optimizer"] == 28 * 11 * 10 + (28 * 48 + 8) * 4
+    fused = stage_traffic(*CASE, fused_adam=True)
+    assert fused["backward_projection"] is None and fused["optimizer"] is None
+    assert fused["projection"] == dense["projection"]
+
+
+def test_copy_bandwidth_is_a_positive_rate():
+    assert copy_bandwidth(torch.device("cpu"), nbytes=1 << 24, repeats=3) > 1e6  # over 1 MB/s
+
+
+def _fake_trainer(**plan):
+    params = dict(means=torch.zeros(10, 3), shN=torch.zeros(10, 15, 3))
+    return SimpleNamespace(
+        plan=SimpleNamespace(**dict(dict(projection="triton", lazy_sh_adam=False, fused_adam=False), **plan)),
+        last_visibility=(torch.tensor(4), torch.tensor(4)),
+        params=params,
+        cfg=SimpleNamespace(step=SimpleNamespace(batch_size=1)),
+        ctx=SimpleNamespace(world_size=1),
+        sh_degree_at=lambda step: 3,
+        device=torch.device("cpu"),
+    )
+
+
+def test_bench_sets_each_stage_against_its_floor(monkeypatch):
+    import splat_train.trainer.profiling as profiling
+
+    monkeypatch.setattr(profiling, "copy_bandwidth", lambda device: 2e9)
+    phases = dict(projection=0.5, backward_projection=1.0, optimizer=2.0, rasterization=3.0)
+    got = bench._stage_traffic(_fake_trainer(), phases, step=20)
+    want = stage_traffic(*CASE)
+    assert got["copy_gbps"] == 2.0 and (got["visible"], got["visible_records"]) == (4, 4)
+    assert set(got["stages"]) == {"projection", "backward_projection", "optimizer"}
+    for name, st in got["stages"].items():
+        assert st["bytes"] == want[name] and st["ms"] == phases[name]
+        assert st["gbps"] == pytest.approx(want[name] / phases[name] / 1e6)
+        assert st["floor_ms"] == pytest.approx(want[name] / 2.0 / 1e6)
+    assert bench._stage_traffic(_fake_trainer(projection="gsplat"), phases, step=20) is None
+    report = dict(variants=[dict(variant="v", world_size=1, ranks=[dict(traffic=got)])])
+    lines = bench._traffic_lines(report)
+    assert "2 GB/s" in lines[1] and len([ln for ln in lines if ln.startswith("| v (W=1) |")]) == 3
+    assert bench._traffic_lines(dict(variants=[dict(variant="v", world_size=1, ranks=[dict(traffic=None)])])) == []
+
+
+def test_timed_steps_keep_the_visible_counts():
+    """The per-phase timer on (the bench's timed steps): the step keeps (visible Gaussians, visible
+    records); off, or deferred (a --profile window), it keeps none."""
+    from test_gsplat_flags import trainer
+
+    t = trainer("--max_steps", "3")
+    t.train_step(0)
+    assert t.last_visibility is None
+    t.timer.switch(True)
+    t.train_step(1)
+    visible, records = (int(v) for v in t.last_visibility)
+    assert 0 < visible <= t.shard.num and visible <= records
