@@ -194,8 +194,9 @@ def _stage_traffic(trainer, phases: dict, step: int) -> Optional[dict]:
     """The per-Gaussian stages of the timed steps against their bytes model
     (profiling.stage_traffic, at the last timed step's visible counts and SH degree ``step``'s;
     for the Triton projection's steps only, else None): {"copy_gbps": the device's copy bandwidth
-    (profiling.copy_bandwidth), "visible", "visible_records", "stages": {phase: {"bytes", "ms"
-    (the phase's median), "gbps" (achieved), "floor_ms" (the bytes at the copy bandwidth)}}}."""
+    (profiling.copy_bandwidth; None where its buffers do not fit), "visible", "visible_records",
+    "stages": {phase: {"bytes", "ms" (the phase's median), "gbps" (achieved), "floor_ms" (the
+    bytes at the copy bandwidth, or None)}}}."""
     from splat_train.trainer.profiling import copy_bandwidth, stage_traffic
 
     if trainer.plan.projection != "triton" or trainer.last_visibility is None:
@@ -212,13 +213,17 @@ def _stage_traffic(trainer, phases: dict, step: int) -> Optional[dict]:
         lazy=plan.lazy_sh_adam,
         fused_adam=plan.fused_adam,
     )
-    gbps = copy_bandwidth(trainer.device) / 1e9
+    try:
+        gbps: Optional[float] = copy_bandwidth(trainer.device) / 1e9
+    except torch.OutOfMemoryError:  # a model that fills the device: the stages without their floor
+        gbps = None
     stages = {}
     for name, nbytes in model.items():
         ms = phases.get(name)
         if nbytes is None or not ms:
             continue
-        stages[name] = dict(bytes=nbytes, ms=ms, gbps=nbytes / ms / 1e6, floor_ms=nbytes / gbps / 1e6)
+        floor = nbytes / gbps / 1e6 if gbps else None
+        stages[name] = dict(bytes=nbytes, ms=ms, gbps=nbytes / ms / 1e6, floor_ms=floor)
     return dict(copy_gbps=gbps, visible=visible, visible_records=records, stages=stages)
 
 
@@ -579,17 +584,19 @@ def _traffic_lines(report: dict) -> list[str]:
         if not traffic:
             continue
         for name, st in traffic["stages"].items():
+            floor = (f"{st['floor_ms']:.3f}", f"{st['ms'] / st['floor_ms']:.2f}x") if st["floor_ms"] else ("-", "-")
             rows.append(
                 f"| {e['variant']} (W={e['world_size']}) | {name} | {st['bytes'] / 1e9:.3f} | {st['ms']:.3f} "
-                f"| {st['gbps']:.0f} | {st['floor_ms']:.3f} | {st['ms'] / st['floor_ms']:.2f}x |"
+                f"| {st['gbps']:.0f} | {floor[0]} | {floor[1]} |"
             )
     if not rows:
         return []
     first = next(e["ranks"][0]["traffic"] for e in report["variants"] if e.get("ranks", [{}])[0].get("traffic"))
+    copy = f"{first['copy_gbps']:.0f} GB/s" if first["copy_gbps"] else "not measured (no room for its buffers)"
     return [
         "",
         f"Per-Gaussian stages against their bytes model (rank 0; trainer/profiling.stage_traffic, each byte "
-        f"once; floor: the bytes at the device's copy bandwidth, {first['copy_gbps']:.0f} GB/s; "
+        f"once; floor: the bytes at the device's copy bandwidth, {copy}; "
         f"{first['visible']:,} Gaussians visible, {first['visible_records']:,} visible records):",
         "",
         "| variant | stage | model GB | ms (median) | GB/s | floor ms | x floor |",

@@ -76,6 +76,19 @@ def test_bench_sets_each_stage_against_its_floor(monkeypatch):
     assert bench._traffic_lines(dict(variants=[dict(variant="v", world_size=1, ranks=[dict(traffic=None)])])) == []
 
 
+def test_a_device_without_room_for_the_copy_gives_stages_without_floor(monkeypatch):
+    import splat_train.trainer.profiling as profiling
+
+    def full(device):
+        raise torch.OutOfMemoryError("no room")
+
+    monkeypatch.setattr(profiling, "copy_bandwidth", full)
+    got = bench._stage_traffic(_fake_trainer(), dict(projection=0.5), step=20)
+    assert got["copy_gbps"] is None and got["stages"]["projection"]["floor_ms"] is None
+    lines = bench._traffic_lines(dict(variants=[dict(variant="v", world_size=1, ranks=[dict(traffic=got)])]))
+    assert "not measured" in lines[1] and lines[-1].endswith("| - | - |")
+
+
 def test_timed_steps_keep_the_visible_counts():
     """The per-phase timer on (the bench's timed steps): the step keeps (visible Gaussians, visible
     records); off, or deferred (a --profile window), it keeps none."""

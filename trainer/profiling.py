@@ -209,10 +209,11 @@ def stage_traffic(
     )
 
 
-def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
-    """The device's memory bandwidth as a copy of ``nbytes`` reaches it (bytes read + written, per
-    second; the median of ``repeats`` after one untimed copy): the floor the bench measures the
-    per-Gaussian stages against. On the CPU, 1/16 of ``nbytes``."""
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28, repeats: int = 5) -> float:
+    """The device's memory bandwidth as a copy of ``nbytes`` (five times an H100's or H200's L2
+    cache) reaches it (bytes read + written, per second; the median of ``repeats`` after one
+    untimed copy): the floor the bench measures the per-Gaussian stages against. On the CPU, 1/16
+    of ``nbytes``. Raises torch.OutOfMemoryError where the two buffers do not fit."""
     if device.type != "cuda":
         nbytes //= 16
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
