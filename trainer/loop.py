@@ -281,8 +281,6 @@ class Trainer:
             lazy.check_lrs(self.params, self.optimizers)
         out = self.forward_backward(batch, self.params, self.sh_degree_at(step), timer)
         info = out.info
-        if timer.enabled and not timer.deferred:  # the bench's timed steps: the bytes model's visible counts
-            self.last_visibility = visibility_counts(info)
         timer.begin("optimizer")
         # the Gaussians' Adams (one launch on a GPU, or already taken by the projection's backward);
         # --visible_adam / --sparse_grad: visible ones only; --lazy_sh_adam: the seen SH rows only
@@ -308,6 +306,8 @@ class Trainer:
             self.shard.rows_changed()
             self.defer_sh_adam_if_large(step + 1)
         self.last_phases = timer.end_step()
+        if timer.enabled and not timer.deferred:  # the bench's timed steps: the bytes model's visible counts
+            self.last_visibility = visibility_counts(info)  # after the phases: in none of them
         # tensors stay on the device: converting them here would synchronize every step
         return dict(
             loss=out.loss.detach(),
