@@ -132,17 +132,21 @@ def _worker(
             _sync(ctx.device)
             timed.append(dict(ms=(time.perf_counter() - t1) * 1000.0, phases=trainer.last_phases))
             ctx.stats.reset()
+        trainer.record_visibility = True  # one more step, untimed: the bytes model's visible counts
+        trainer.train_step(start + steps + phase_steps)
+        trainer.record_visibility = False
+        _sync(ctx.device)
         steady = window
         peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
         trainer.timer.switch(False)
-        end = start + steps + phase_steps
+        end = start + steps + phase_steps + 1
         profile = _profile_steps(trainer, end, profile_steps, out_file) if profile_steps else None
         end += profile_steps
         metrics = trainer.evaluation.run(trainer.shard, end) if len(trainer.testset) else None
         phases = {}
         for name in timed[0]["phases"]:
             phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in timed)
-        traffic = _stage_traffic(trainer, phases, start + steps + phase_steps - 1)
+        traffic = _stage_traffic(trainer, phases, start + steps + phase_steps)
 
         def per_iter(key):
             total: dict = {}
@@ -192,7 +196,8 @@ def _worker(
 
 def _stage_traffic(trainer, phases: dict, step: int) -> Optional[dict]:
     """The per-Gaussian stages of the timed steps against their bytes model
-    (profiling.stage_traffic, at the last timed step's visible counts and SH degree ``step``'s;
+    (profiling.stage_traffic, at the visible counts of step ``step``, the one after them, and its
+    SH degree;
     for the Triton projection's steps only, else None): {"copy_gbps": the device's copy bandwidth
     (profiling.copy_bandwidth; None where its buffers do not fit), "visible", "visible_records",
     "stages": {phase: {"bytes", "ms" (the phase's median), "gbps" (achieved), "floor_ms" (the
@@ -386,7 +391,7 @@ def variant_flags(args, start: int, extra: str, result_dir: str) -> list[str]:
     from the initial model (start 0) gsplat's strategy still accumulates its gradient statistics,
     as in the first steps of a run; from a checkpoint (start > 0) the strategy is past its stop
     step, as in the late steps of a run. Variant flags come last and win."""
-    end = start + args.steps + args.phase_steps + args.profile_steps
+    end = start + args.steps + args.phase_steps + 1 + args.profile_steps  # 1: the visible counts' step
     flags = [
         "--device",
         args.device,

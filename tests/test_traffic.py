@@ -89,15 +89,15 @@ def test_a_device_without_room_for_the_copy_gives_stages_without_floor(monkeypat
     assert "not measured" in lines[1] and lines[-1].endswith("| - | - |")
 
 
-def test_timed_steps_keep_the_visible_counts():
-    """The per-phase timer on (the bench's timed steps): the step keeps (visible Gaussians, visible
-    records); off, or deferred (a --profile window), it keeps none."""
+def test_a_step_asked_keeps_the_visible_counts():
+    """Trainer.record_visibility (the bench's step after the timed ones): the step keeps (visible
+    Gaussians, visible records); other steps keep none."""
     from test_gsplat_flags import trainer
 
     t = trainer("--max_steps", "3")
     t.train_step(0)
     assert t.last_visibility is None
-    t.timer.switch(True)
+    t.record_visibility = True
     t.train_step(1)
     visible, records = (int(v) for v in t.last_visibility)
     assert 0 < visible <= t.shard.num and visible <= records

@@ -166,7 +166,9 @@ class Trainer:
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
-        self.last_visibility: Optional[tuple] = None  # render.visibility_counts of the last timed step
+        # the bench sets it for one step: that step keeps render.visibility_counts (device scalars)
+        self.record_visibility = False
+        self.last_visibility: Optional[tuple] = None
         self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
 
     def _defer_sh_adam(self) -> None:
@@ -306,8 +308,8 @@ class Trainer:
             self.shard.rows_changed()
             self.defer_sh_adam_if_large(step + 1)
         self.last_phases = timer.end_step()
-        if timer.enabled and not timer.deferred:  # the bench's timed steps: the bytes model's visible counts
-            self.last_visibility = visibility_counts(info)  # after the phases: in none of them
+        if self.record_visibility:  # the bytes model's visible counts, after the phases: in none of them
+            self.last_visibility = visibility_counts(info)
         # tensors stay on the device: converting them here would synchronize every step
         return dict(
             loss=out.loss.detach(),
