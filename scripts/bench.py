@@ -132,7 +132,8 @@ def _worker(
             _sync(ctx.device)
             timed.append(dict(ms=(time.perf_counter() - t1) * 1000.0, phases=trainer.last_phases))
             ctx.stats.reset()
-        trainer.record_visibility = True  # one more step, untimed: the bytes model's visible counts
+        # one more step, untimed: the visible counts of the Triton projection's bytes model (_stage_traffic)
+        trainer.record_visibility = trainer.plan.projection == "triton"
         trainer.train_step(start + steps + phase_steps)
         trainer.record_visibility = False
         _sync(ctx.device)
