@@ -86,6 +86,7 @@ def _worker(
     from splat_train.trainer.config import from_argv
     from splat_train.trainer.loop import Trainer
     from splat_train.trainer.profiling import memory_model
+    from splat_train.trainer.render import visibility_counts
 
     t_start = time.perf_counter()
     cfg = from_argv(["default", *flags])
@@ -124,6 +125,9 @@ def _worker(
         ms_per_iter = (time.perf_counter() - t0) * 1000.0 / (steps - warmup)
         window = rows[warmup:]
         trainer.timer.switch(True)
+        # the Triton projection's steps keep their RenderInfo: the visible counts of the bytes model
+        # (_stage_traffic), reduced after each step's timing
+        trainer.record_info = trainer.plan.projection == "triton"
         timed: list[dict[str, Any]] = []
         for step in range(start + steps, start + steps + phase_steps):
             _sync(ctx.device)
@@ -131,23 +135,22 @@ def _worker(
             trainer.train_step(step)
             _sync(ctx.device)
             timed.append(dict(ms=(time.perf_counter() - t1) * 1000.0, phases=trainer.last_phases))
+            if trainer.last_info is not None:
+                timed[-1]["visible"] = tuple(int(v) for v in visibility_counts(trainer.last_info))
+                trainer.last_info = None
             ctx.stats.reset()
-        # one more step, untimed: the visible counts of the Triton projection's bytes model (_stage_traffic)
-        trainer.record_visibility = trainer.plan.projection == "triton"
-        trainer.train_step(start + steps + phase_steps)
-        trainer.record_visibility = False
-        _sync(ctx.device)
+        trainer.record_info = False
         steady = window
         peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
         trainer.timer.switch(False)
-        end = start + steps + phase_steps + 1
+        end = start + steps + phase_steps
         profile = _profile_steps(trainer, end, profile_steps, out_file) if profile_steps else None
         end += profile_steps
         metrics = trainer.evaluation.run(trainer.shard, end) if len(trainer.testset) else None
         phases = {}
         for name in timed[0]["phases"]:
             phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in timed)
-        traffic = _stage_traffic(trainer, phases, start + steps + phase_steps)
+        traffic = _stage_traffic(trainer, timed, start + steps)
 
         def per_iter(key):
             total: dict = {}
@@ -195,42 +198,54 @@ def _worker(
         trainer.forward_backward.release()
 
 
-def _stage_traffic(trainer, phases: dict, step: int) -> Optional[dict]:
+def _stage_traffic(trainer, timed: list[dict], step: int) -> Optional[dict]:
     """The per-Gaussian stages of the timed steps against their bytes model
-    (profiling.stage_traffic, at the visible counts of step ``step``, the one after them, and its
-    SH degree;
-    for the Triton projection's steps only, else None): {"copy_gbps": the device's copy bandwidth
-    (profiling.copy_bandwidth; None where its buffers do not fit), "visible", "visible_records",
-    "stages": {phase: {"bytes", "ms" (the phase's median), "gbps" (achieved), "floor_ms" (the
-    bytes at the copy bandwidth, or None)}}}."""
+    (profiling.stage_traffic at each timed step's visible counts, ``timed[i]["visible"]``, and the
+    SH degree of ``step``; the Triton projection's steps only, else None): {"copy_gbps": the
+    device's copy bandwidth (profiling.copy_bandwidth; None where its buffers do not fit),
+    "visible", "visible_records" (medians), "stages": {phase: {"bytes", "ms", "gbps" (each the
+    median over the steps: a camera of the city sees 0.6-7% of it, so bytes and time vary
+    together), "floor_ms" (the median bytes at the copy bandwidth, or None)}}}."""
     from splat_train.trainer.profiling import copy_bandwidth, stage_traffic
 
-    if trainer.plan.projection != "triton" or trainer.last_visibility is None:
+    counted = [r for r in timed if "visible" in r]
+    if trainer.plan.projection != "triton" or not counted:
         return None
-    visible, records = (int(v) for v in trainer.last_visibility)
     params, plan = trainer.params, trainer.plan
-    model = stage_traffic(
-        int(params["means"].shape[0]),
-        trainer.cfg.step.batch_size * trainer.ctx.world_size,  # each rank projects for every camera of the step
-        int(params["shN"].shape[1]) + 1,
-        trainer.sh_degree_at(step),
-        visible,
-        records,
-        lazy=plan.lazy_sh_adam,
-        fused_adam=plan.fused_adam,
-    )
+    models = [
+        stage_traffic(
+            int(params["means"].shape[0]),
+            trainer.cfg.step.batch_size * trainer.ctx.world_size,  # each rank projects for every camera of the step
+            int(params["shN"].shape[1]) + 1,
+            trainer.sh_degree_at(step),
+            *r["visible"],
+            lazy=plan.lazy_sh_adam,
+            fused_adam=plan.fused_adam,
+        )
+        for r in counted
+    ]
     try:
         gbps: Optional[float] = copy_bandwidth(trainer.device) / 1e9
     except torch.OutOfMemoryError:  # a model that fills the device: the stages without their floor
         gbps = None
     stages = {}
-    for name, nbytes in model.items():
-        ms = phases.get(name)
-        if nbytes is None or not ms:
+    for name, first in models[0].items():
+        pairs = [(m[name], r["phases"].get(name)) for m, r in zip(models, counted)]
+        if first is None or not all(ms for _, ms in pairs):
             continue
-        floor = nbytes / gbps / 1e6 if gbps else None
-        stages[name] = dict(bytes=nbytes, ms=ms, gbps=nbytes / ms / 1e6, floor_ms=floor)
-    return dict(copy_gbps=gbps, visible=visible, visible_records=records, stages=stages)
+        nbytes = statistics.median(b for b, _ in pairs)
+        stages[name] = dict(
+            bytes=nbytes,
+            ms=statistics.median(ms for _, ms in pairs),
+            gbps=statistics.median(b / ms / 1e6 for b, ms in pairs),
+            floor_ms=nbytes / gbps / 1e6 if gbps else None,
+        )
+    return dict(
+        copy_gbps=gbps,
+        visible=statistics.median(r["visible"][0] for r in counted),
+        visible_records=statistics.median(r["visible"][1] for r in counted),
+        stages=stages,
+    )
 
 
 def _profile_steps(trainer, first: int, count: int, out_file: str) -> dict:
@@ -392,7 +407,7 @@ def variant_flags(args, start: int, extra: str, result_dir: str) -> list[str]:
     from the initial model (start 0) gsplat's strategy still accumulates its gradient statistics,
     as in the first steps of a run; from a checkpoint (start > 0) the strategy is past its stop
     step, as in the late steps of a run. Variant flags come last and win."""
-    end = start + args.steps + args.phase_steps + 1 + args.profile_steps  # 1: the visible counts' step
+    end = start + args.steps + args.phase_steps + args.profile_steps
     flags = [
         "--device",
         args.device,
@@ -591,22 +606,21 @@ def _traffic_lines(report: dict) -> list[str]:
             continue
         for name, st in traffic["stages"].items():
             floor = (f"{st['floor_ms']:.3f}", f"{st['ms'] / st['floor_ms']:.2f}x") if st["floor_ms"] else ("-", "-")
+            copy = f"{traffic['copy_gbps']:.0f}" if traffic["copy_gbps"] else "- (no room)"
             rows.append(
-                f"| {e['variant']} (W={e['world_size']}) | {name} | {st['bytes'] / 1e9:.3f} | {st['ms']:.3f} "
-                f"| {st['gbps']:.0f} | {floor[0]} | {floor[1]} |"
+                f"| {e['variant']} (W={e['world_size']}) | {traffic['visible']:,.0f} | {copy} | {name} "
+                f"| {st['bytes'] / 1e9:.3f} | {st['ms']:.3f} | {st['gbps']:.0f} | {floor[0]} | {floor[1]} |"
             )
     if not rows:
         return []
-    first = next(e["ranks"][0]["traffic"] for e in report["variants"] if e.get("ranks", [{}])[0].get("traffic"))
-    copy = f"{first['copy_gbps']:.0f} GB/s" if first["copy_gbps"] else "not measured (no room for its buffers)"
     return [
         "",
-        f"Per-Gaussian stages against their bytes model (rank 0; trainer/profiling.stage_traffic, each byte "
-        f"once; floor: the bytes at the device's copy bandwidth, {copy}; "
-        f"{first['visible']:,} Gaussians visible, {first['visible_records']:,} visible records):",
+        "Per-Gaussian stages against their bytes model (rank 0; trainer/profiling.stage_traffic, each byte "
+        "once, at each timed step's visible Gaussians; medians over the timed steps; floor: the median "
+        "bytes at the device's copy bandwidth):",
         "",
-        "| variant | stage | model GB | ms (median) | GB/s | floor ms | x floor |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | visible Gaussians | copy GB/s | stage | model GB | ms | GB/s | floor ms | x floor |",
+        "|---|---|---|---|---|---|---|---|---|",
         *rows,
     ]
 

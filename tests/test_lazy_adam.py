@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import math
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -475,6 +476,34 @@ def test_a_head_without_the_triton_projection_refuses_the_deferred_rows():
 
     with pytest.raises(ValueError, match="needs the Triton projection"):
         head_function(None, [(8, 8)], 0, 0.01, 100.0, "pinhole", False, "gsplat", None, object())
+
+
+def test_the_first_capture_with_the_deferred_rows_warms_up():
+    """A deferral started mid-run (ForwardBackward.defer_sh_adam) brings kernels the head never
+    launched (the list, the catch-up, the backward leaving rows unwritten): their first capture
+    warms up eagerly first, as a new image size's does; a new parameter storage alone does not."""
+    from splat_train.kernels import reference as ref_ops
+    from splat_train.trainer.render import camera_centres
+    from splat_train.trainer.step.capture import GraphedHead
+
+    from test_graphs import _cams, _raw_params
+
+    flags = []
+
+    class Recording(GraphedHead):
+        def _capture(self, fn, tensors, cams, warm_up=True):
+            flags.append(warm_up)
+            return lambda *inputs: None
+
+    head = Recording(ref_ops, 0.01, 1e10, projection="triton")
+    cams = _cams()
+    args = (cams.viewmats, cams.Ks, camera_centres(cams.viewmats), [(cams.width, cams.height)] * 2, 1)
+    params = _raw_params(n=20)
+    head.prepare(params, *args)
+    head.prepare({k: v.detach().clone() for k, v in params.items()}, *args)  # densified: new storage
+    head.lazy_rows = lambda: SimpleNamespace(key=lambda: (7,))
+    head.prepare(params, *args)
+    assert flags == [True, False, True]
 
 
 def test_adam_mask_and_selective_exclude_each_other():

@@ -47,7 +47,6 @@ def _fake_trainer(**plan):
     params = dict(means=torch.zeros(10, 3), shN=torch.zeros(10, 15, 3))
     return SimpleNamespace(
         plan=SimpleNamespace(**dict(dict(projection="triton", lazy_sh_adam=False, fused_adam=False), **plan)),
-        last_visibility=(torch.tensor(4), torch.tensor(4)),
         params=params,
         cfg=SimpleNamespace(step=SimpleNamespace(batch_size=1)),
         ctx=SimpleNamespace(world_size=1),
@@ -56,23 +55,34 @@ def _fake_trainer(**plan):
     )
 
 
+# two timed steps: 4 and then 8 of the 10 Gaussians visible (one record each), twice the time
+PHASES = [dict(projection=0.5, backward_projection=1.0, optimizer=2.0, rasterization=3.0)]
+PHASES.append({k: 2 * v for k, v in PHASES[0].items()})
+TIMED = [dict(ms=9.0, phases=PHASES[0], visible=(4, 4)), dict(ms=9.0, phases=PHASES[1], visible=(8, 8))]
+
+
 def test_bench_sets_each_stage_against_its_floor(monkeypatch):
+    """Each timed step's bytes at its own visible counts; bytes, ms and GB/s the medians over the
+    steps (two: the means), the floor the median bytes at the copy bandwidth."""
     import splat_train.trainer.profiling as profiling
 
     monkeypatch.setattr(profiling, "copy_bandwidth", lambda device: 2e9)
-    phases = dict(projection=0.5, backward_projection=1.0, optimizer=2.0, rasterization=3.0)
-    got = bench._stage_traffic(_fake_trainer(), phases, step=20)
-    want = stage_traffic(*CASE)
-    assert got["copy_gbps"] == 2.0 and (got["visible"], got["visible_records"]) == (4, 4)
+    got = bench._stage_traffic(_fake_trainer(), TIMED, step=20)
+    models = [stage_traffic(10, 1, 16, 3, v, v) for v in (4, 8)]
+    assert got["copy_gbps"] == 2.0 and (got["visible"], got["visible_records"]) == (6, 6)
     assert set(got["stages"]) == {"projection", "backward_projection", "optimizer"}
     for name, st in got["stages"].items():
-        assert st["bytes"] == want[name] and st["ms"] == phases[name]
-        assert st["gbps"] == pytest.approx(want[name] / phases[name] / 1e6)
-        assert st["floor_ms"] == pytest.approx(want[name] / 2.0 / 1e6)
-    assert bench._stage_traffic(_fake_trainer(projection="gsplat"), phases, step=20) is None
+        nbytes = [m[name] for m in models]
+        ms = [p[name] for p in PHASES]
+        assert st["bytes"] == pytest.approx(sum(nbytes) / 2) and st["ms"] == pytest.approx(sum(ms) / 2)
+        assert st["gbps"] == pytest.approx(sum(b / t / 1e6 for b, t in zip(nbytes, ms)) / 2)
+        assert st["floor_ms"] == pytest.approx(sum(nbytes) / 2 / 2.0 / 1e6)
+    assert bench._stage_traffic(_fake_trainer(projection="gsplat"), TIMED, step=20) is None
+    assert bench._stage_traffic(_fake_trainer(), [dict(ms=1.0, phases=PHASES[0])], step=20) is None
     report = dict(variants=[dict(variant="v", world_size=1, ranks=[dict(traffic=got)])])
     lines = bench._traffic_lines(report)
-    assert "2 GB/s" in lines[1] and len([ln for ln in lines if ln.startswith("| v (W=1) |")]) == 3
+    rows = [ln for ln in lines if ln.startswith("| v (W=1) | 6 | 2 |")]
+    assert len(rows) == 3
     assert bench._traffic_lines(dict(variants=[dict(variant="v", world_size=1, ranks=[dict(traffic=None)])])) == []
 
 
@@ -83,21 +93,26 @@ def test_a_device_without_room_for_the_copy_gives_stages_without_floor(monkeypat
         raise torch.OutOfMemoryError("no room")
 
     monkeypatch.setattr(profiling, "copy_bandwidth", full)
-    got = bench._stage_traffic(_fake_trainer(), dict(projection=0.5), step=20)
+    got = bench._stage_traffic(_fake_trainer(), TIMED, step=20)
     assert got["copy_gbps"] is None and got["stages"]["projection"]["floor_ms"] is None
     lines = bench._traffic_lines(dict(variants=[dict(variant="v", world_size=1, ranks=[dict(traffic=got)])]))
-    assert "not measured" in lines[1] and lines[-1].endswith("| - | - |")
+    assert "(no room)" in lines[-1] and lines[-1].endswith("| - | - |")
 
 
-def test_a_step_asked_keeps_the_visible_counts():
-    """Trainer.record_visibility (the bench's step after the timed ones): the step keeps (visible
-    Gaussians, visible records); other steps keep none."""
+def test_a_step_asked_keeps_its_render_info():
+    """Trainer.record_info (the bench's timed steps): the step keeps its RenderInfo, whose
+    visible counts (render.visibility_counts) the bench reads; other steps keep none."""
+    from splat_train.trainer.render import visibility_counts
+
     from test_gsplat_flags import trainer
 
     t = trainer("--max_steps", "3")
     t.train_step(0)
-    assert t.last_visibility is None
-    t.record_visibility = True
+    assert t.last_info is None
+    t.record_info = True
     t.train_step(1)
-    visible, records = (int(v) for v in t.last_visibility)
+    visible, records = (int(v) for v in visibility_counts(t.last_info))
     assert 0 < visible <= t.shard.num and visible <= records
+    t.record_info = False
+    t.train_step(2)
+    assert t.last_info is None

@@ -33,7 +33,6 @@ from .render import (
     ops_for,
     resolve_backend,
     rigid_inverse,
-    visibility_counts,
     visible_gaussians,
 )
 from .report import Reporter
@@ -166,9 +165,10 @@ class Trainer:
         self.last_stats: dict = {}
         self.timer = PhaseTimer(self.device, enabled=False)  # the benchmark and --profile enable it
         self.last_phases: dict = {}
-        # the bench sets it for one step: that step keeps render.visibility_counts (device scalars)
-        self.record_visibility = False
-        self.last_visibility: Optional[tuple] = None
+        # the bench sets it for its timed steps: each keeps its RenderInfo in last_info (the bench
+        # reads it and lets it go before the next step)
+        self.record_info = False
+        self.last_info: Optional[Any] = None
         self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
 
     def _defer_sh_adam(self) -> None:
@@ -308,8 +308,7 @@ class Trainer:
             self.shard.rows_changed()
             self.defer_sh_adam_if_large(step + 1)
         self.last_phases = timer.end_step()
-        if self.record_visibility:  # the bytes model's visible counts, after the phases: in none of them
-            self.last_visibility = visibility_counts(info)
+        self.last_info = info if self.record_info else None
         # tensors stay on the device: converting them here would synchronize every step
         return dict(
             loss=out.loss.detach(),

@@ -212,7 +212,8 @@ def stage_traffic(
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28, repeats: int = 5) -> float:
     """The device's memory bandwidth as a copy of ``nbytes`` (five times an H100's or H200's L2
     cache) reaches it (bytes read + written, per second; the median of ``repeats`` after one
-    untimed copy): the floor the bench measures the per-Gaussian stages against. On the CPU, 1/16
+    untimed copy; CUDA events on a GPU): the floor the bench measures the per-Gaussian stages
+    against. On the CPU, 1/16
     of ``nbytes``. Raises torch.OutOfMemoryError where the two buffers do not fit."""
     if device.type != "cuda":
         nbytes //= 16
@@ -221,13 +222,17 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28, repeats: int = 5
     dst.copy_(src)
     times = []
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
+        if device.type == "cuda":  # CUDA events: no launch or synchronization in the time
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t0)
     return 2 * src.numel() * 4 / sorted(times)[repeats // 2]
 
 

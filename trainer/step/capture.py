@@ -438,7 +438,8 @@ class GraphedHead:
             else:
                 start = time.perf_counter()
                 try:
-                    warmed = (key[0], key[1], key[3])  # all but the parameters
+                    # all but the parameters; whether Adam or the deferred SH rows run (other kernels' first launches)
+                    warmed = (key[0], key[1], key[3], key[4] is not None, key[5] is not None)
                     self._replay = self._capture(fn, tensors, cams, warm_up=warmed not in self._warmed)
                     self._warmed.add(warmed)
                     self.captures += 1
