@@ -212,18 +212,21 @@ def _stage_traffic(trainer, timed: list[dict], step: int) -> Optional[dict]:
     if trainer.plan.projection != "triton" or not counted:
         return None
     params, plan = trainer.params, trainer.plan
-    models = [
-        stage_traffic(
-            int(params["means"].shape[0]),
-            trainer.cfg.step.batch_size * trainer.ctx.world_size,  # each rank projects for every camera of the step
-            int(params["shN"].shape[1]) + 1,
-            trainer.sh_degree_at(step),
-            *r["visible"],
-            lazy=plan.lazy_sh_adam,
-            fused_adam=plan.fused_adam,
+    models = []
+    for r in counted:
+        visible, records = r["visible"]
+        models.append(
+            stage_traffic(
+                int(params["means"].shape[0]),
+                trainer.cfg.step.batch_size * trainer.ctx.world_size,  # a rank projects for every camera of the step
+                int(params["shN"].shape[1]) + 1,
+                trainer.sh_degree_at(step),
+                visible,
+                records,
+                lazy=plan.lazy_sh_adam,
+                fused_adam=plan.fused_adam,
+            )
         )
-        for r in counted
-    ]
     try:
         gbps: Optional[float] = copy_bandwidth(trainer.device) / 1e9
     except torch.OutOfMemoryError:  # a model that fills the device: the stages without their floor
