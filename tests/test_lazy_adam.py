@@ -543,6 +543,51 @@ def test_gpu_kernels_match_the_reference():
     check_backward(run_backward(17, "cuda"))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
+@pytest.mark.skipif(not lazy_adam.available(), reason="needs Triton")
+def test_gpu_a_deferral_started_mid_run_captures_its_head():
+    """The graphed head of a run whose deferral starts mid-run (auto, once the shard is large):
+    its next capture, the first launch of the list, catch-up and SEEN_SH kernels, succeeds (no
+    capture falls back to the eager head) and lists the Gaussians the head sees."""
+    from splat_train.trainer.step.capture import GraphedHead
+
+    gen = torch.Generator().manual_seed(0)
+    N = 20_000
+    raw = dict(means=torch.randn(N, 3, generator=gen), quats=torch.randn(N, 4, generator=gen),
+               scales=torch.full((N, 3), -3.0), opacities=torch.zeros(N), sh0=torch.randn(N, 1, 3, generator=gen) * 0.1,
+               shN=torch.zeros(N, 15, 3))  # fmt: skip
+    params = {k: torch.nn.Parameter(v.cuda()) for k, v in raw.items()}
+    opts = {k: torch.optim.Adam([{"params": [p], "lr": 1e-3, "name": k}], eps=1e-15) for k, p in params.items()}
+    for p in params.values():  # one step: the moments exist
+        p.grad = torch.zeros_like(p)
+    adam.adam_step(list(opts.values()))
+    viewmats = torch.eye(4, device="cuda")[None].clone()
+    viewmats[0, 2, 3] = 8.0
+    Ks = torch.tensor([[[100.0, 0, 64], [0, 100.0, 48], [0, 0, 1]]], device="cuda")
+    campos = torch.tensor([[0.0, 0, -8.0]], device="cuda")
+    warnings = []
+    head = GraphedHead(None, 0.01, 1e10, projection="triton", warn=warnings.append)
+
+    def step():
+        out = head(params, viewmats, Ks, campos, [(128, 96)], 3)
+        torch.autograd.backward([out["means2d"], out["colors"]], [torch.ones_like(out["means2d"]),
+                                                                  torch.ones_like(out["colors"])])  # fmt: skip
+        for p in params.values():
+            p.grad = None
+        torch.cuda.synchronize()
+        return out
+
+    step(), step()
+    lazy = lazy_adam.LazyShAdam(opts, N, 100, "cuda")
+    head.lazy_rows = lambda: lazy.rows(opts)
+    out = step()
+    out = step()
+    assert head.failures == 0 and head.captures == 2, (head.captures, head.failures, warnings)
+    seen = (out["radii"] > 0).any(-1).any(0)
+    assert 0 < int(lazy.seen.count) < N and torch.equal(lazy.seen.mask(N), seen)
+
+
 class RecordingLazy:
     """Stands in for LazyShAdam in the shard's wiring tests: records flushes and resets."""
 
