@@ -31,9 +31,9 @@ Kernels (one program per BLOCK Gaussians, one Gaussian per lane; C, the cameras,
     and writes, unlike reads, do not merge in L1.
 
 With ``lazy`` (--lazy_sh_adam, kernels/lazy_adam.py) two forward kernels follow: the Gaussians
-seen are listed (compacted on the device, for the catch-up and the step's Adam), and those whose SH
-rows wait for deferred Adam steps are caught up (their sh0, shN and moments written in place) and
-their colours written again from the caught-up coefficients.
+seen are listed (compacted on the device, for the step's Adam), and those whose SH rows wait for
+deferred Adam steps are caught up (their sh0, shN and moments written in place) and their colours
+written again from the caught-up coefficients.
 
 Culling before projecting (conservative: a Gaussian the full projection gives radii > 0 in a
 camera always passes): near/far is the projection's own test; the image test bounds the radius
@@ -74,7 +74,6 @@ from typing import TYPE_CHECKING, Mapping, Optional
 import torch
 from torch import Tensor
 
-from . import constants
 from .reference import ALPHA_THRESHOLD, EXTENT_SIGMAS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -536,31 +535,31 @@ if triton is not None:
 
     @unspecialized_jit(["N", "KR"], ("campos_ptr",))
     def _lazy_colors_kernel(
-        means_ptr, sh0_ptr, shn_ptr, campos_ptr, colors_ptr, bits_ptr, rows_ptr, seen_ptr,
+        means_ptr, sh0_ptr, shn_ptr, campos_ptr, colors_ptr, bits_ptr,
         m_sh0_ptr, v_sh0_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, count_ptr, tab_ptr, lr_ptr, T1, beta1, beta2, eps,
         N, C, KR, DEG: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        """After the forward (--lazy_sh_adam, kernels/lazy_adam.py): of the seen Gaussians (``rows``
-        [:seen], listed by lazy_adam's compaction), those whose SH rows wait for deferred Adam steps
-        are caught up to the count, and their colours written again from the caught-up
-        coefficients. A fixed grid strides over the list, so lanes hold seen Gaussians only."""
-        n = tl.load(seen_ptr)
+        """After the forward (--lazy_sh_adam, kernels/lazy_adam.py): the seen Gaussians whose SH
+        rows wait for deferred Adam steps are caught up to the count, and their colours written
+        again from the caught-up coefficients. One program per block of Gaussians, the waiting ones
+        masked: over the list of seen ones (lanes all busy) it ran 2.5x slower on the city 20 M
+        (docs/large-scenes.md)."""
+        start = tl.program_id(0).to(tl.int64) * BLOCK
+        offs = start + tl.arange(0, BLOCK)
+        live = offs < N
+        bits = tl.load(bits_ptr + offs, mask=live, other=0)
         t = tl.load(count_ptr)
-        for b in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
-            k = b * BLOCK + tl.arange(0, BLOCK)
-            live = k < n
-            offs = tl.load(rows_ptr + k, mask=live, other=0).to(tl.int64)
-            stale = live & (tl.load(applied_ptr + offs, mask=live, other=0) < t)
-            if tl.max(stale.to(tl.int32), 0) > 0:
-                catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, 0, offs,
-                              stale, t, KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps)  # fmt: skip
-                tl.debug_barrier()  # the caught-up rows before any lane reads them
-                bits = tl.load(bits_ptr + offs, mask=stale, other=0)
-                mx = tl.load(means_ptr + offs * 3, mask=stale, other=0.0)
-                my = tl.load(means_ptr + offs * 3 + 1, mask=stale, other=0.0)
-                mz = tl.load(means_ptr + offs * 3 + 2, mask=stale, other=0.0)
-                _write_colors(sh0_ptr, shn_ptr, campos_ptr, colors_ptr, offs, stale, stale, bits, mx, my, mz, N, C,
-                              KR, DEG)  # fmt: skip
+        seen = bits != 0
+        stale = seen & (tl.load(applied_ptr + offs, mask=seen, other=0) < t)
+        if tl.max(stale.to(tl.int32), 0) > 0:
+            catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start,
+                          tl.arange(0, BLOCK), stale, t, KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps)  # fmt: skip
+            tl.debug_barrier()  # the caught-up rows before any lane reads them
+            mx = tl.load(means_ptr + offs * 3, mask=stale, other=0.0)
+            my = tl.load(means_ptr + offs * 3 + 1, mask=stale, other=0.0)
+            mz = tl.load(means_ptr + offs * 3 + 2, mask=stale, other=0.0)
+            _write_colors(sh0_ptr, shn_ptr, campos_ptr, colors_ptr, offs, stale, stale, bits, mx, my, mz, N, C, KR,
+                          DEG)  # fmt: skip
 
     @triton.jit
     def _cols4(a, b, c, d):
@@ -929,11 +928,7 @@ def kernel_specs() -> dict:
         "projection_lazy_colors": (
             _lazy_colors_kernel,
             dict(DEG=3, BLOCK=BLOCK),
-            dict(
-                {n: "*i32" for n in ("bits_ptr", "rows_ptr", "seen_ptr", "applied_ptr", "count_ptr")},
-                tab_ptr="*fp64",
-                lr_ptr="*fp64",
-            ),
+            dict(bits_ptr="*i32", applied_ptr="*i32", count_ptr="*i32", tab_ptr="*fp64", lr_ptr="*fp64"),
             dict(beta1="fp32", beta2="fp32", eps="fp32"),
             NUM_WARPS,
         ),
@@ -1038,10 +1033,10 @@ def forward_into(
     if lazy is not None:
         seen = lazy.seen
         list_seen(out["bits"], seen)
-        _lazy_colors_kernel[(min(triton.cdiv(N, BLOCK), constants.LISTED_PROGRAMS),)](
-            params["means"], params["sh0"], params["shN"], campos, out["colors"], out["bits"], seen.rows, seen.count,
-            *lazy.moments, lazy.applied, lazy.count, lazy.tables, lazy.lr, lazy.tables.shape[1], lazy.beta1,
-            lazy.beta2, lazy.eps, N, C, params["shN"].shape[1], DEG=setup.sh_degree, BLOCK=BLOCK, num_warps=NUM_WARPS,
+        _lazy_colors_kernel[grid](
+            params["means"], params["sh0"], params["shN"], campos, out["colors"], out["bits"], *lazy.moments,
+            lazy.applied, lazy.count, lazy.tables, lazy.lr, lazy.tables.shape[1], lazy.beta1, lazy.beta2, lazy.eps,
+            N, C, params["shN"].shape[1], DEG=setup.sh_degree, BLOCK=BLOCK, num_warps=NUM_WARPS,
         )  # fmt: skip
 
 

@@ -230,11 +230,10 @@ def check_sequence(runs):
             assert float((dense - lazy).abs().max()) <= 1e-6 * float(scale), (k, name)
 
 
-def run_projection(seed: int, device="cpu", programs: int = 0):
+def run_projection(seed: int, device="cpu"):
     """The projection forward with ``lazy``: a scene of test_projection_kernel's with the SH rows of
     every Gaussian behind by 1-300 counts, then the same forward without lazy on the SH rows the
-    reference caught up (the seen ones). ``programs``: the catch-up's grid (constants.LISTED_PROGRAMS;
-    1: one program strides over every listed row)."""
+    reference caught up (the seen ones)."""
     from test_projection_kernel import FAR, NEAR, make_scene
 
     scene = make_scene(seed, 250, 2, 16)
@@ -251,9 +250,8 @@ def run_projection(seed: int, device="cpu", programs: int = 0):
     lazy = lazy_adam.LazyShAdam(opts, N, MAX_COUNT, device)
     lazy.applied.copy_(problem["applied"])
     raw = dict(params, sh0=sh_params["sh0"].data, shN=sh_params["shN"].data)
-    with listed_programs(programs):
-        out = projection.project_and_shade_fused(raw, *cams, scene["width"], scene["height"], 3, NEAR, FAR,
-                                                 lazy=lazy.rows(opts))  # fmt: skip
+    out = projection.project_and_shade_fused(raw, *cams, scene["width"], scene["height"], 3, NEAR, FAR,
+                                             lazy=lazy.rows(opts))  # fmt: skip
     seen = (out["radii"] > 0).any(-1).any(0).cpu()
     after = dict(
         sh0=raw["sh0"].cpu(),
@@ -441,8 +439,6 @@ def test_backward_refuses_to_leave_rows_unwritten_where_it_takes_adam():
 
 
 def test_projection_forward_catches_up_the_rows_it_sees_under_the_interpreter(interpreted):
-    """With one program striding over the listed rows (the interpreter runs a grid's programs one
-    after another: the GPU test runs the default grid too)."""
     check_projection(interpreted["projection"])
 
 
@@ -539,7 +535,6 @@ def test_gpu_kernels_match_the_reference():
     check_sequence(run_sequence(14, "cuda", N=200_000, steps=6, programs=3))
     check_list_seen(run_list_seen(15, "cuda", N=1_000_000))
     check_projection(run_projection(13, "cuda"))
-    check_projection(run_projection(16, "cuda", programs=1))
     check_backward(run_backward(17, "cuda"))
 
 
@@ -793,7 +788,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
             sequence=run_sequence(2, "cpu"),
             sequence_strided=run_sequence(4, "cpu", N=120, steps=7, programs=1, share=0.9),
             list_seen=run_list_seen(5),
-            projection=run_projection(3, programs=1),
+            projection=run_projection(3),
             backward=run_backward(7),
         ),
         sys.argv[2],
