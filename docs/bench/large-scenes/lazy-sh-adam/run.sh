@@ -11,6 +11,9 @@
 # - tiles/ and juicebox-f4/: one call earlier, at 3dabcfd (the catch-up in [BLOCK, 8] tiles of
 #   coefficients, 235 registers), with the step tests and the juicebox runs (train.log without the
 #   progress bar, stats/).
+# - listed/: at aa76b67 (the catch-up, the Adam's SH rows and the stamp striding over the
+#   list of seen Gaussians, the backward leaving unseen SH gradient rows unwritten), one H100,
+#   STEP_TESTS=0 JUICEBOX=0.
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go;
 # STEP_TESTS=0 / JUICEBOX=0 leave those parts out.
 R=${R:-$OUT/r}; mkdir -p $R; t0=$(date +%s)
