@@ -96,6 +96,7 @@ def _worker(
         if ckpt:  # a trained model, re-sharded for this world size; steps continue from its step
             trainer.load_state_dict(checkpoint.load_shard(ckpt, ctx.rank, ctx.world_size), restore_rng=False)
             start = trainer.step
+            trainer.defer_sh_adam_if_large(start)  # as a resumed run: --lazy_sh_adam auto at the model's size
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         rows = []

@@ -682,20 +682,27 @@ def test_plan_leaves_auto_to_start_once_the_shard_is_large(monkeypatch):
 
 
 def test_a_resumed_checkpoint_large_enough_starts_the_deferral(monkeypatch, capsys):
-    """Trainer.load_state_dict with auto left for later (a shard that started small) and the
-    checkpoint at the threshold: the deferral starts, the plan and the console say so."""
-    from splat_train.trainer import loop
+    """--resume (resume.resume_from) with auto left for later (a shard that started small) and the
+    checkpoint at the threshold: the deferral starts, the plan and the console say so; loading
+    alone (--ckpt's evaluation) does not start it."""
+    from pathlib import Path
+
+    from splat_train.trainer import loop, resume
 
     from test_gsplat_flags import trainer
 
     t = trainer("--max_steps", "3")
     state = dict(t.state_dict(), step=0)  # as save_checkpoint writes it
     t.plan = dataclasses.replace(t.plan, lazy_sh_adam_later=True)
+    monkeypatch.setattr(resume.checkpoint, "latest_complete", lambda folder: (0, [Path("shard.pt")]))
+    monkeypatch.setattr(resume.checkpoint, "load_shard", lambda files, rank, world_size: state)
     monkeypatch.setattr(loop, "LAZY_MIN_GAUSSIANS", t.shard.num + 1)
-    t.load_state_dict(state)
+    resume.resume_from(t, Path("ckpts"))
     assert t.shard.lazy is None and not t.plan.lazy_sh_adam  # one short of the threshold
     monkeypatch.setattr(loop, "LAZY_MIN_GAUSSIANS", t.shard.num)
     t.load_state_dict(state)
+    assert t.shard.lazy is None  # loading alone
+    resume.resume_from(t, Path("ckpts"))
     assert t.plan.lazy_sh_adam and not t.plan.lazy_sh_adam_later and t.shard.lazy is not None
     assert t.forward_backward.lazy_rows is not None and t.forward_backward.lazy_sync is not None
     assert f"{t.shard.num:,} Gaussians in the shard after step 0" in capsys.readouterr().out

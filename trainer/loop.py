@@ -179,7 +179,8 @@ class Trainer:
 
     def defer_sh_adam_if_large(self, step: int) -> bool:
         """--lazy_sh_adam auto where the shard started under plan.LAZY_MIN_GAUSSIANS: once it holds
-        that many (densification, a resumed checkpoint; checked after ``step`` steps), the SH Adam
+        that many (densification; a resumed checkpoint: resume.resume_from and the bench's --ckpt
+        call it after loading; checked after ``step`` steps), the SH Adam
         of unseen Gaussians is deferred from the next step on, and the console says so. Returns
         whether it started now. Each rank decides for its own shard (the deferral is local)."""
         n = self.shard.num
@@ -244,7 +245,6 @@ class Trainer:
                     self.aux_schedulers[k].load_state_dict(state["aux_schedulers"][k])
         self.step = self._stats_step = int(state["step"])
         self.shard_sizes_changed()
-        self.defer_sh_adam_if_large(self.step)
         if restore_rng and "rng" in state:
             checkpoint.set_rng_state(state["rng"], self.device)
 

@@ -37,6 +37,7 @@ def resume_from(trainer: "Trainer", ckpt_dir: Path) -> Optional[int]:
     state = checkpoint.load_shard(files, trainer.ctx.rank, trainer.ctx.world_size)
     trainer.load_state_dict(state)
     _say_loaded("resumed from", trainer, files)
+    trainer.defer_sh_adam_if_large(step)  # --lazy_sh_adam auto: the checkpoint's shard may be large
     # checkpoints before --raster auto record only the flag (flat in the older ones), then "fused" or "unfused"
     before = state.get("raster") or saved_setting(state.get("config") or {}, "raster")
     if before in ("fused", "unfused") and before != trainer.raster:
