@@ -173,30 +173,31 @@ if triton is not None:
 
     @triton.jit
     def catch_up_rows(
-        sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, base, rows, need, t, KR,
-        tab_ptr, T1, lr_ptr, beta1, beta2, eps,
+        sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start, need, t, KR,
+        tab_ptr, T1, lr_ptr, beta1, beta2, eps, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        """Catch the sh0 and shN rows base + rows (``need``) up from their ``applied`` count to ``t``
-        and record it; lr_ptr: float64 [2], the learning rates of sh0 and shN. One coefficient at a
-        time per lane ([BLOCK, 8] tiles of coefficients held 235 registers and ran 2.6x slower on an
-        H100), addressed from row ``base`` (a scalar) by ``rows``: int32 offsets from a block's
-        first row (the flush), or int64 row indices with base 0 (the seen rows, gathered)."""
-        t0 = tl.load(applied_ptr + base + rows, mask=need, other=0)
+        """Catch the sh0 and shN rows start .. start + BLOCK (``need``) up from their ``applied``
+        count to ``t`` and record it; lr_ptr: float64 [2], the learning rates of sh0 and shN. One
+        coefficient at a time per lane, addressed from the block's first row with int32 offsets
+        ([BLOCK, 8] tiles of coefficients held 235 registers and ran 2.6x slower on an H100)."""
+        rows = tl.arange(0, BLOCK)
+        offs = start + rows
+        t0 = tl.load(applied_ptr + offs, mask=need, other=0)
         k = t - t0
         need = need & (k > 0)
         s1, s2, b1k, b2k = lane_sums(tab_ptr, T1, t0, k, need)
-        at = base * 3
+        at = start * 3
         lr0 = tl.load(lr_ptr)
         for j in range(0, 3):
             catch_up(sh0_ptr + at, m_sh0_ptr + at, v_sh0_ptr + at, rows * 3 + j, need, t0, k, s1, s2, b1k, b2k, lr0,
                      tab_ptr, T1, beta1, beta2, eps)  # fmt: skip
         width = KR * 3
-        at = base * width
+        at = start * width
         lr1 = tl.load(lr_ptr + 1)
         for j in range(0, width):
             catch_up(shn_ptr + at, m_shn_ptr + at, v_shn_ptr + at, rows * width + j, need, t0, k, s1, s2, b1k, b2k,
                      lr1, tab_ptr, T1, beta1, beta2, eps)  # fmt: skip
-        tl.store(applied_ptr + base + rows, t + tl.zeros_like(t0), mask=need)
+        tl.store(applied_ptr + offs, t + tl.zeros_like(t0), mask=need)
 
     @triton.jit(do_not_specialize=["N"])
     def _seen_rows_kernel(bits_ptr, rows_ptr, count_ptr, N, BLOCK: tl.constexpr):
@@ -232,8 +233,8 @@ if triton is not None:
             live = live & (tl.load(rows_ptr + offs, mask=live, other=0) != 0)
         stale = live & (tl.load(applied_ptr + offs, mask=live, other=t) < t)
         if tl.max(stale.to(tl.int32), 0) > 0:
-            catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start,
-                          tl.arange(0, BLOCK), stale, t, KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps)  # fmt: skip
+            catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start, stale, t,
+                          KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps, BLOCK)  # fmt: skip
 
 
 def kernel_specs() -> dict:

@@ -552,8 +552,8 @@ if triton is not None:
         seen = bits != 0
         stale = seen & (tl.load(applied_ptr + offs, mask=seen, other=0) < t)
         if tl.max(stale.to(tl.int32), 0) > 0:
-            catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start,
-                          tl.arange(0, BLOCK), stale, t, KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps)  # fmt: skip
+            catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start, stale, t,
+                          KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps, BLOCK)  # fmt: skip
             tl.debug_barrier()  # the caught-up rows before any lane reads them
             mx = tl.load(means_ptr + offs * 3, mask=stale, other=0.0)
             my = tl.load(means_ptr + offs * 3 + 1, mask=stale, other=0.0)
