@@ -68,6 +68,7 @@ SEEN_BLOCK = 1024  # Gaussians per program of the seen rows' compaction and thei
 EPS_RATIO = 2.0**-12  # the closed form holds where eps <= this times sqrt(v_k)
 TAIL_STEPS = 2000  # terms beyond the tables' last count in the recursion's start (rho^2000 < 1e-90)
 TABLE_ROWS = 8  # H1, H2, rho1^k, rho2^k, b1^k, b2^k, 1 - b1^u (float64 b1), 1 / sqrt(1 - b2^u)
+STEP_ROWS = (8, 9)  # LazyShAdam's tables then hold sh0's and shN's Adam step sizes (step_sizes)
 
 
 def available() -> bool:
@@ -109,6 +110,18 @@ def make_tables(beta1: float, beta2: float, max_count: int) -> np.ndarray:
     return np.stack([h1[cols], h2[cols], rho1**k, rho2**k, b1f**k, b2f**k, bc1[cols], inv_bc2_sqrt]).astype(np.float64)
 
 
+def step_sizes(lrs, beta1: float, max_count: int) -> np.ndarray:
+    """float64 [len(lrs), max_count + 1]: row i, column u, lrs[i] / (1 - beta1^u) computed in
+    float64 and rounded to float32, the step size kernels/adam.py's host code gives the dense kernel
+    at count u (column 0 unused: 0); the catch-up's one-step-at-a-time fallback reads it."""
+    u = np.arange(max_count + 1, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        rows = [np.float32(float(lr) / (1.0 - beta1**u)).astype(np.float64) for lr in lrs]
+    out = np.stack(rows)
+    out[:, 0] = 0.0
+    return out
+
+
 def closed_form_applies(m: torch.Tensor, v: torch.Tensor, b2k: float, eps: float) -> torch.Tensor:
     """bool, elementwise: whether the closed form of the module docstring catches these moments up
     (m == 0, or v > 0 and eps <= 2^-12 sqrt(v b2^k)), in float64."""
@@ -135,11 +148,13 @@ if triton is not None:
         return h1.to(tl.float32), h2.to(tl.float32), b1k.to(tl.float32), b2k.to(tl.float32)
 
     @triton.jit
-    def catch_up(p_ptr, m_ptr, v_ptr, idx, need, t0, k, s1, s2, b1k, b2k, lr, tab_ptr, T1, beta1, beta2, eps):
+    def catch_up(p_ptr, m_ptr, v_ptr, idx, need, t0, k, s1, s2, b1k, b2k, lr, step_row, tab_ptr, T1, beta1, beta2,
+                 eps):  # fmt: skip
         """Elements ``idx`` (``need``) of a parameter and of its moments from ``p_ptr``, ``m_ptr``,
         ``v_ptr``: k zero-gradient Adam steps after count t0 (per element, or broadcast), in
         closed form where it applies, else one step at a time with kernels/adam.py's float32
-        update (lr: the learning rate, float64, per element or broadcast)."""
+        update (lr: the learning rate, float64; step_row: the tables' row of its step sizes,
+        STEP_ROWS; each per element or broadcast)."""
         p = tl.load(p_ptr + idx, mask=need, other=0.0)
         m = tl.load(m_ptr + idx, mask=need, other=0.0)
         v = tl.load(v_ptr + idx, mask=need, other=0.0)
@@ -156,7 +171,7 @@ if triton is not None:
         for s in range(0, steps):  # rare: the dense update, step by step
             on = slow & (s < k)
             u = tl.where(on, t0 + 1 + s, 1)
-            a = (lr / tl.load(tab_ptr + 6 * T1 + u, mask=on, other=1.0)).to(tl.float32)
+            a = tl.load(tab_ptr + step_row * T1 + u, mask=on, other=0.0).to(tl.float32)
             c = tl.load(tab_ptr + 7 * T1 + u, mask=on, other=1.0).to(tl.float32)
             m1 = beta1 * m
             v1 = beta2 * v
@@ -190,14 +205,41 @@ if triton is not None:
         lr0 = tl.load(lr_ptr)
         for j in range(0, 3):
             catch_up(sh0_ptr + at, m_sh0_ptr + at, v_sh0_ptr + at, rows * 3 + j, need, t0, k, s1, s2, b1k, b2k, lr0,
-                     tab_ptr, T1, beta1, beta2, eps)  # fmt: skip
+                     8, tab_ptr, T1, beta1, beta2, eps)  # fmt: skip
         width = KR * 3
         at = start * width
         lr1 = tl.load(lr_ptr + 1)
         for j in range(0, width):
             catch_up(shn_ptr + at, m_shn_ptr + at, v_shn_ptr + at, rows * width + j, need, t0, k, s1, s2, b1k, b2k,
-                     lr1, tab_ptr, T1, beta1, beta2, eps)  # fmt: skip
+                     lr1, 9, tab_ptr, T1, beta1, beta2, eps)  # fmt: skip
         tl.store(applied_ptr + offs, t + tl.zeros_like(t0), mask=need)
+
+    @triton.jit
+    def catch_up_listed(
+        sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, rows_ptr, first, n, t, KR,
+        tab_ptr, T1, lr_ptr, beta1, beta2, eps, ROWS: tl.constexpr, LANES: tl.constexpr,
+    ):  # fmt: skip
+        """Catch the sh0 and shN rows of the listed Gaussians ``rows_ptr[first : first + ROWS]``
+        (those before ``n``) up from their ``applied`` count to ``t``, without recording it (the
+        caller stamps ``applied`` after a barrier); lr_ptr: float64 [2], sh0's and shN's rates.
+        LANES (a power of two >= 3 + 3 KR) lanes per row, lane j on coefficient j of the row
+        (sh0's 3, then shN's 3 KR), so a row's loads and stores are contiguous."""
+        lane = tl.arange(0, ROWS * LANES)
+        j = lane % LANES
+        i = first + lane // LANES
+        width = KR * 3
+        live = (i < n) & (j < 3 + width)
+        r = tl.load(rows_ptr + i, mask=live, other=0).to(tl.int64)
+        t0 = tl.load(applied_ptr + r, mask=live, other=0)
+        k = t - t0
+        need = live & (k > 0)
+        s1, s2, b1k, b2k = lane_sums(tab_ptr, T1, t0, k, need)
+        is0 = j < 3
+        lr = tl.where(is0, tl.load(lr_ptr), tl.load(lr_ptr + 1))
+        p = tl.where(is0, sh0_ptr + r * 3 + j, shn_ptr + r * width + (j - 3))
+        m = tl.where(is0, m_sh0_ptr + r * 3 + j, m_shn_ptr + r * width + (j - 3))
+        v = tl.where(is0, v_sh0_ptr + r * 3 + j, v_shn_ptr + r * width + (j - 3))
+        catch_up(p, m, v, 0, need, t0, k, s1, s2, b1k, b2k, lr, tl.where(is0, 8, 9), tab_ptr, T1, beta1, beta2, eps)
 
     @triton.jit(do_not_specialize=["N"])
     def _seen_rows_kernel(bits_ptr, rows_ptr, count_ptr, N, BLOCK: tl.constexpr):
@@ -265,8 +307,8 @@ def list_seen(bits: torch.Tensor, seen: SeenRows) -> None:
 @dataclass(frozen=True)
 class LazyRows:
     """What the projection's forward needs to catch the rows it sees up (kernels/projection.py,
-    ``lazy``): ``applied`` int32 [N], ``count`` int32 [1], ``tables`` float64 [TABLE_ROWS, T + 1],
-    ``lr`` float64 [2] (sh0's, shN's), ``moments`` (exp_avg, exp_avg_sq of sh0, then of shN),
+    ``lazy``): ``applied`` int32 [N], ``count`` int32 [1], ``tables`` float64 [TABLE_ROWS + 2,
+    T + 1] (the step sizes last), ``lr`` float64 [2] (sh0's, shN's), ``moments`` (exp_avg, exp_avg_sq of sh0, then of shN),
     beta1, beta2, eps as float32 values, and ``seen`` (capacity N), where the forward lists the
     Gaussians it saw for the step's Adam."""
 
@@ -304,8 +346,8 @@ class LazyShAdam:
         self.beta1, self.beta2, self.eps = betas[0], betas[1], eps
         self.device = torch.device(device)
         self.max_count = int(max_count)
-        self.tables = torch.from_numpy(make_tables(self.beta1, self.beta2, self.max_count)).to(self.device)
         self.lrs = [float(g["lr"]) for g in groups]
+        self.tables = self._tables()
         self.lr = torch.tensor(self.lrs, dtype=torch.float64, device=self.device)
         self.count = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.applied = torch.zeros(0, dtype=torch.int32, device=self.device)
@@ -334,7 +376,14 @@ class LazyShAdam:
         made again, twice as long, where they do not (the next capture takes the new storage)."""
         if t > self.max_count:
             self.max_count = max(t, 2 * self.max_count)
-            self.tables = torch.from_numpy(make_tables(self.beta1, self.beta2, self.max_count)).to(self.device)
+            self.tables = self._tables()
+
+    def _tables(self) -> torch.Tensor:
+        """make_tables' rows, then the SH learning rates' step sizes (STEP_ROWS), on the device."""
+        tab = np.concatenate(
+            [make_tables(self.beta1, self.beta2, self.max_count), step_sizes(self.lrs, self.beta1, self.max_count)]
+        )
+        return torch.from_numpy(tab).to(self.device)
 
     def reset(self, optimizers, num: int) -> None:
         """Every row stepped through the current count (after a :meth:`flush`, a surgery that
@@ -370,6 +419,7 @@ class LazyShAdam:
             self.flush(params, optimizers)
             self.lrs = lrs
             self.lr.copy_(torch.tensor(lrs, dtype=torch.float64))
+            self.tables[STEP_ROWS[0] :].copy_(torch.from_numpy(step_sizes(lrs, self.beta1, self.max_count)))
 
     @torch.no_grad()
     def flush(self, params: Mapping[str, torch.Tensor], optimizers, rows: Optional[torch.Tensor] = None) -> None:

@@ -74,6 +74,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 import torch
 from torch import Tensor
 
+from . import constants
 from .reference import ALPHA_THRESHOLD, EXTENT_SIGMAS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,12 +85,15 @@ try:  # the CPU-only torch wheel may ship without Triton
     import triton.language as tl
 
     from .adam import adam_in_place
-    from .lazy_adam import catch_up_rows, list_seen
+    from .lazy_adam import catch_up_listed, catch_up_rows, list_seen
 except ImportError:  # pragma: no cover - depends on the environment
     triton = None
 
 BLOCK = 128  # Gaussians per program: one per lane of 4 warps
 NUM_WARPS = 4
+CATCH_UP_LISTED = os.environ.get("SPLAT_CATCH_UP", "listed") == "listed"  # experiment switch
+CATCH_UP_LANES = 512  # lanes of a program of the listed catch-up (rows x lanes per row)
+CATCH_UP_WARPS = 8  # its warps: two lanes a thread (80 registers for sm_90; four lanes a thread took 146)
 EPS2D = 0.3  # px^2 low-pass blur (gsplat's eps2d default, as render._project uses)
 MAX_CAMERAS = 32  # bits of the int32 visibility mask
 MAX_SH_DEGREE = 3
@@ -561,6 +565,35 @@ if triton is not None:
             _write_colors(sh0_ptr, shn_ptr, campos_ptr, colors_ptr, offs, stale, stale, bits, mx, my, mz, N, C, KR,
                           DEG)  # fmt: skip
 
+    @unspecialized_jit(["N", "KR"], ("campos_ptr",))
+    def _lazy_colors_listed_kernel(
+        means_ptr, sh0_ptr, shn_ptr, campos_ptr, colors_ptr, bits_ptr,
+        m_sh0_ptr, v_sh0_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, count_ptr, tab_ptr, lr_ptr, T1, beta1, beta2, eps,
+        rows_ptr, seen_ptr, N, C, KR, DEG: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr,
+    ):  # fmt: skip
+        """After the forward (--lazy_sh_adam, kernels/lazy_adam.py): the listed seen Gaussians
+        (``rows_ptr[:seen]``) whose SH rows wait for deferred Adam steps are caught up to the
+        count, ROWS at a time with LANES lanes along each row (lazy_adam.catch_up_listed), their
+        count recorded and their colours written again; a fixed grid striding over the list."""
+        n = tl.load(seen_ptr)
+        t = tl.load(count_ptr)
+        for b in range(tl.program_id(0), tl.cdiv(n, ROWS), tl.num_programs(0)):
+            i = b * ROWS + tl.arange(0, ROWS)
+            live = i < n
+            offs = tl.load(rows_ptr + i, mask=live, other=0).to(tl.int64)
+            stale = live & (tl.load(applied_ptr + offs, mask=live, other=0) < t)
+            if tl.max(stale.to(tl.int32), 0) > 0:
+                catch_up_listed(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, rows_ptr,
+                                b * ROWS, n, t, KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps, ROWS, LANES)  # fmt: skip
+                tl.debug_barrier()  # every lane's rows caught up (and their counts read) first
+                tl.store(applied_ptr + offs, t + tl.zeros_like(offs).to(tl.int32), mask=stale)
+                bits = tl.load(bits_ptr + offs, mask=stale, other=0)
+                mx = tl.load(means_ptr + offs * 3, mask=stale, other=0.0)
+                my = tl.load(means_ptr + offs * 3 + 1, mask=stale, other=0.0)
+                mz = tl.load(means_ptr + offs * 3 + 2, mask=stale, other=0.0)
+                _write_colors(sh0_ptr, shn_ptr, campos_ptr, colors_ptr, offs, stale, stale, bits, mx, my, mz, N, C,
+                              KR, DEG)  # fmt: skip
+
     @triton.jit
     def _cols4(a, b, c, d):
         """[BLOCK, 4] tile of four [BLOCK] vectors, column i the i-th. Built with joins, so each
@@ -932,6 +965,21 @@ def kernel_specs() -> dict:
             dict(beta1="fp32", beta2="fp32", eps="fp32"),
             NUM_WARPS,
         ),
+        "projection_lazy_colors_listed": (
+            _lazy_colors_listed_kernel,
+            dict(DEG=3, ROWS=CATCH_UP_LANES // 64, LANES=64),
+            dict(
+                bits_ptr="*i32",
+                applied_ptr="*i32",
+                count_ptr="*i32",
+                tab_ptr="*fp64",
+                lr_ptr="*fp64",
+                rows_ptr="*i32",
+                seen_ptr="*i32",
+            ),
+            dict(beta1="fp32", beta2="fp32", eps="fp32"),
+            CATCH_UP_WARPS,
+        ),
         "projection_backward": (_backward_kernel, dict(bwd, AA=False), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
         "projection_backward_aa": (_backward_kernel, dict(bwd, AA=True), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
         # --fused_adam: the backward takes the Adam step (selective: --visible_adam)
@@ -1033,11 +1081,20 @@ def forward_into(
     if lazy is not None:
         seen = lazy.seen
         list_seen(out["bits"], seen)
-        _lazy_colors_kernel[grid](
+        args = (
             params["means"], params["sh0"], params["shN"], campos, out["colors"], out["bits"], *lazy.moments,
             lazy.applied, lazy.count, lazy.tables, lazy.lr, lazy.tables.shape[1], lazy.beta1, lazy.beta2, lazy.eps,
-            N, C, params["shN"].shape[1], DEG=setup.sh_degree, BLOCK=BLOCK, num_warps=NUM_WARPS,
         )  # fmt: skip
+        KR = params["shN"].shape[1]
+        if CATCH_UP_LISTED:
+            lanes = triton.next_power_of_2(3 + 3 * KR)
+            rows = max(1, CATCH_UP_LANES // lanes)
+            _lazy_colors_listed_kernel[(min(triton.cdiv(N, rows), constants.LISTED_PROGRAMS),)](
+                *args, seen.rows, seen.count, N, C, KR, DEG=setup.sh_degree, ROWS=rows, LANES=lanes,
+                num_warps=CATCH_UP_WARPS,
+            )  # fmt: skip
+        else:
+            _lazy_colors_kernel[grid](*args, N, C, KR, DEG=setup.sh_degree, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
 def backward_into(

@@ -450,9 +450,13 @@ def test_counts_past_the_tables_extend_them():
     for k in lazy_adam.SH_KEYS:
         opts[k].state[params[k]]["step"] = torch.tensor(float(MAX_COUNT + 5))
     lazy.reset(opts, 20)
-    assert lazy.max_count >= MAX_COUNT + 5 and lazy.tables.shape == (lazy_adam.TABLE_ROWS, lazy.max_count + 1)
+    rows = lazy_adam.TABLE_ROWS + len(lazy_adam.STEP_ROWS)
+    assert lazy.max_count >= MAX_COUNT + 5 and lazy.tables.shape == (rows, lazy.max_count + 1)
     want = lazy_adam.make_tables(*BETAS, lazy.max_count)
-    assert np.array_equal(lazy.tables.numpy(), want)
+    assert np.array_equal(lazy.tables[: lazy_adam.TABLE_ROWS].numpy(), want)
+    steps = lazy.tables[lazy_adam.STEP_ROWS[1], 1 : lazy.max_count + 1].numpy()  # shN's: its lr / (1 - b1^u)
+    u = np.arange(1, lazy.max_count + 1)
+    assert np.array_equal(steps, (LRS[1] / (1 - BETAS[0] ** u)).astype(np.float32).astype(np.float64))
     assert bool((lazy.applied == MAX_COUNT + 5).all()) and int(lazy.count) == MAX_COUNT + 5
 
 
