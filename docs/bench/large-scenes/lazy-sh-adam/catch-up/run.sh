@@ -1,11 +1,11 @@
-# The catch-up kernel probed (probe.py) on the city 20 M: the default step with graphs off, 40 steps,
+# The catch-up kernel probed (probe.py) on the city 20 M: the default step with graphs off, 24 steps,
 # each launch of the catch-up summarised and timed on copies of its state, as it is and with eps = 0.
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go.
 R=${R:-$OUT/r}; mkdir -p $R/probe
 SPLAT_CATCH_UP=masked python3 docs/bench/large-scenes/lazy-sh-adam/catch-up/probe.py $R/probe/probe.json -- \
   --synthetic_layout city --synthetic_gaussians 20000000 --resolution 1920x1080 --variants \
   --variant "probe=--raster fused --lazy_sh_adam on --cuda_graphs off" \
-  --steps 40 --warmup 4 --phase_steps 3 --world_sizes 1 --out $R/probe > $R/probe/console.log 2>&1
+  --steps 24 --warmup 4 --phase_steps 3 --world_sizes 1 --out $R/probe > $R/probe/console.log 2>&1
 echo "probe rc=$? $(grep -c '^probe:' $R/probe/console.log) launches"
 # the whole step with the masked catch-up (the one probed above), for the bench of the list form in ../run.sh
 mkdir -p $R/bench-city-20m-masked
