@@ -7,9 +7,3 @@ SPLAT_CATCH_UP=masked python3 docs/bench/large-scenes/lazy-sh-adam/catch-up/prob
   --variant "probe=--raster fused --lazy_sh_adam on --cuda_graphs off" \
   --steps 24 --warmup 4 --phase_steps 3 --world_sizes 1 --out $R/probe > $R/probe/console.log 2>&1
 echo "probe rc=$? $(grep -c '^probe:' $R/probe/console.log) launches"
-# the whole step with the masked catch-up (the one probed above), for the bench of the list form in ../run.sh
-mkdir -p $R/bench-city-20m-masked
-SPLAT_CATCH_UP=masked splat-train bench --synthetic_layout city --synthetic_gaussians 20000000 --resolution 1920x1080 \
-  --variants ours-dense-fused --steps 12 --warmup 4 --phase_steps 3 --profile_steps 3 --world_sizes 1 \
-  --out $R/bench-city-20m-masked > $R/bench-city-20m-masked/console.log 2>&1
-echo "masked bench rc=$? $(grep -h 'ms/iter' $R/bench-city-20m-masked/console.log)"
