@@ -240,16 +240,19 @@ class SeenRows:
     """Rows as a list on the device (the deferred variant's: the Gaussians a step's projection
     saw, listed by kernels/lazy_adam.list_seen): ``rows`` (int32 [capacity]) holds their indices
     in its first ``count`` (int32 [1]) entries, in any order. Kernels read the count on the
-    device, so a step needs no host synchronization to learn it."""
+    device, so a step needs no host synchronization to learn it. ``waiting`` (int32 [1]): how many
+    of them the projection's forward caught up (their deferred SH steps; the bench's bytes model)."""
 
     rows: torch.Tensor
     count: torch.Tensor
+    waiting: torch.Tensor
 
     @staticmethod
     def empty(capacity: int, device) -> "SeenRows":
         """Room for ``capacity`` rows, none listed."""
         return SeenRows(
             torch.zeros(max(capacity, 1), dtype=torch.int32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device),
             torch.zeros(1, dtype=torch.int32, device=device),
         )
 

@@ -300,6 +300,7 @@ def list_seen(bits: torch.Tensor, seen: SeenRows) -> None:
     if seen.rows.numel() < n:
         raise ValueError(f"list_seen: room for {seen.rows.numel()} rows, {n} Gaussians")
     seen.count.zero_()
+    seen.waiting.zero_()
     if n:
         _seen_rows_kernel[(triton.cdiv(n, SEEN_BLOCK),)](bits, seen.rows, seen.count, n, BLOCK=SEEN_BLOCK)
 
@@ -325,6 +326,7 @@ class LazyRows:
     def key(self) -> tuple:
         """The storage a captured forward reads and writes."""
         tensors = (self.applied, self.count, self.tables, self.lr, *self.moments, self.seen.rows, self.seen.count)
+        tensors += (self.seen.waiting,)
         return tuple(t.data_ptr() for t in tensors)
 
 

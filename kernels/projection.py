@@ -541,11 +541,11 @@ if triton is not None:
     def _lazy_colors_kernel(
         means_ptr, sh0_ptr, shn_ptr, campos_ptr, colors_ptr, bits_ptr,
         m_sh0_ptr, v_sh0_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, count_ptr, tab_ptr, lr_ptr, T1, beta1, beta2, eps,
-        N, C, KR, DEG: tl.constexpr, BLOCK: tl.constexpr,
+        waiting_ptr, N, C, KR, DEG: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
         """After the forward (--lazy_sh_adam, kernels/lazy_adam.py): the seen Gaussians whose SH
-        rows wait for deferred Adam steps are caught up to the count, and their colours written
-        again from the caught-up coefficients. One program per block of Gaussians, the waiting ones
+        rows wait for deferred Adam steps are caught up to the count (and counted in
+        ``waiting_ptr``), and their colours written again from the caught-up coefficients. One program per block of Gaussians, the waiting ones
         masked: over the list of seen ones (lanes all busy) it ran 2.5x slower on the city 20 M
         (docs/large-scenes.md)."""
         start = tl.program_id(0).to(tl.int64) * BLOCK
@@ -556,6 +556,7 @@ if triton is not None:
         seen = bits != 0
         stale = seen & (tl.load(applied_ptr + offs, mask=seen, other=0) < t)
         if tl.max(stale.to(tl.int32), 0) > 0:
+            tl.atomic_add(waiting_ptr, tl.sum(stale.to(tl.int32), 0))
             catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start, stale, t,
                           KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps, BLOCK)  # fmt: skip
             tl.debug_barrier()  # the caught-up rows before any lane reads them
@@ -569,12 +570,13 @@ if triton is not None:
     def _lazy_colors_listed_kernel(
         means_ptr, sh0_ptr, shn_ptr, campos_ptr, colors_ptr, bits_ptr,
         m_sh0_ptr, v_sh0_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, count_ptr, tab_ptr, lr_ptr, T1, beta1, beta2, eps,
-        rows_ptr, seen_ptr, N, C, KR, DEG: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr,
+        rows_ptr, seen_ptr, waiting_ptr, N, C, KR, DEG: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr,
     ):  # fmt: skip
         """After the forward (--lazy_sh_adam, kernels/lazy_adam.py): the listed seen Gaussians
         (``rows_ptr[:seen]``) whose SH rows wait for deferred Adam steps are caught up to the
         count, ROWS at a time with LANES lanes along each row (lazy_adam.catch_up_listed), their
-        count recorded and their colours written again; a fixed grid striding over the list."""
+        count recorded, their number added to ``waiting_ptr`` and their colours written again; a
+        fixed grid striding over the list."""
         n = tl.load(seen_ptr)
         t = tl.load(count_ptr)
         for b in range(tl.program_id(0), tl.cdiv(n, ROWS), tl.num_programs(0)):
@@ -583,6 +585,7 @@ if triton is not None:
             offs = tl.load(rows_ptr + i, mask=live, other=0).to(tl.int64)
             stale = live & (tl.load(applied_ptr + offs, mask=live, other=0) < t)
             if tl.max(stale.to(tl.int32), 0) > 0:
+                tl.atomic_add(waiting_ptr, tl.sum(stale.to(tl.int32), 0))
                 catch_up_listed(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, rows_ptr,
                                 b * ROWS, n, t, KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps, ROWS, LANES)  # fmt: skip
                 tl.debug_barrier()  # every lane's rows caught up (and their counts read) first
@@ -961,7 +964,14 @@ def kernel_specs() -> dict:
         "projection_lazy_colors": (
             _lazy_colors_kernel,
             dict(DEG=3, BLOCK=BLOCK),
-            dict(bits_ptr="*i32", applied_ptr="*i32", count_ptr="*i32", tab_ptr="*fp64", lr_ptr="*fp64"),
+            dict(
+                bits_ptr="*i32",
+                applied_ptr="*i32",
+                count_ptr="*i32",
+                tab_ptr="*fp64",
+                lr_ptr="*fp64",
+                waiting_ptr="*i32",
+            ),
             dict(beta1="fp32", beta2="fp32", eps="fp32"),
             NUM_WARPS,
         ),
@@ -976,6 +986,7 @@ def kernel_specs() -> dict:
                 lr_ptr="*fp64",
                 rows_ptr="*i32",
                 seen_ptr="*i32",
+                waiting_ptr="*i32",
             ),
             dict(beta1="fp32", beta2="fp32", eps="fp32"),
             CATCH_UP_WARPS,
@@ -1090,11 +1101,13 @@ def forward_into(
             lanes = triton.next_power_of_2(3 + 3 * KR)
             rows = max(1, CATCH_UP_LANES // lanes)
             _lazy_colors_listed_kernel[(min(triton.cdiv(N, rows), constants.LISTED_PROGRAMS),)](
-                *args, seen.rows, seen.count, N, C, KR, DEG=setup.sh_degree, ROWS=rows, LANES=lanes,
+                *args, seen.rows, seen.count, seen.waiting, N, C, KR, DEG=setup.sh_degree, ROWS=rows, LANES=lanes,
                 num_warps=CATCH_UP_WARPS,
             )  # fmt: skip
         else:
-            _lazy_colors_kernel[grid](*args, N, C, KR, DEG=setup.sh_degree, BLOCK=BLOCK, num_warps=NUM_WARPS)
+            _lazy_colors_kernel[grid](
+                *args, seen.waiting, N, C, KR, DEG=setup.sh_degree, BLOCK=BLOCK, num_warps=NUM_WARPS
+            )
 
 
 def backward_into(

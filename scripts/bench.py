@@ -139,6 +139,8 @@ def _worker(
             if trainer.last_info is not None:
                 timed[-1]["visible"] = tuple(int(v) for v in visibility_counts(trainer.last_info))
                 trainer.last_info = None
+                if trainer.shard.lazy is not None and trainer.forward_backward.lazy_listed:
+                    timed[-1]["waiting"] = int(trainer.shard.lazy.seen.waiting)  # rows its forward caught up
             ctx.stats.reset()
         trainer.record_info = False
         steady = window
@@ -201,10 +203,10 @@ def _worker(
 
 def _stage_traffic(trainer, timed: list[dict], step: int) -> Optional[dict]:
     """The per-Gaussian stages of the timed steps against their bytes model
-    (profiling.stage_traffic at each timed step's visible counts, ``timed[i]["visible"]``, and the
-    SH degree of ``step``; the Triton projection's steps only, else None): {"copy_gbps": the
+    (profiling.stage_traffic at each timed step's visible counts, ``timed[i]["visible"]``, its
+    rows caught up where the SH Adam waited, ``timed[i]["waiting"]``, and the SH degree of ``step``; the Triton projection's steps only, else None): {"copy_gbps": the
     device's copy bandwidth (profiling.copy_bandwidth; None where its buffers do not fit),
-    "visible", "visible_records" (medians), "stages": {phase: {"bytes", "ms", "gbps" (each the
+    "visible", "visible_records", "waiting" (medians; waiting None where no step deferred), "stages": {phase: {"bytes", "ms", "gbps" (each the
     median over the steps: a camera of the city sees 0.6-7% of it, so bytes and time vary
     together), "floor_ms" (the median bytes at the copy bandwidth, or None)}}}."""
     from splat_train.trainer.profiling import copy_bandwidth, stage_traffic
@@ -225,6 +227,7 @@ def _stage_traffic(trainer, timed: list[dict], step: int) -> Optional[dict]:
                 visible,
                 records,
                 lazy=plan.lazy_sh_adam,
+                waiting=r.get("waiting"),
                 fused_adam=plan.fused_adam,
             )
         )
@@ -244,9 +247,11 @@ def _stage_traffic(trainer, timed: list[dict], step: int) -> Optional[dict]:
             gbps=statistics.median(b / ms / 1e6 for b, ms in pairs),
             floor_ms=nbytes / gbps / 1e6 if gbps else None,
         )
+    waiting = [r["waiting"] for r in counted if "waiting" in r]
     return dict(
         copy_gbps=gbps,
         visible=statistics.median(r["visible"][0] for r in counted),
+        waiting=statistics.median(waiting) if waiting else None,
         visible_records=statistics.median(r["visible"][1] for r in counted),
         stages=stages,
     )
@@ -611,8 +616,10 @@ def _traffic_lines(report: dict) -> list[str]:
         for name, st in traffic["stages"].items():
             floor = (f"{st['floor_ms']:.3f}", f"{st['ms'] / st['floor_ms']:.2f}x") if st["floor_ms"] else ("-", "-")
             copy = f"{traffic['copy_gbps']:.0f}" if traffic["copy_gbps"] else "- (no room)"
+            waiting = traffic.get("waiting")
+            visible = f"{traffic['visible']:,.0f}" + (f" ({waiting:,.0f})" if waiting is not None else "")
             rows.append(
-                f"| {e['variant']} (W={e['world_size']}) | {traffic['visible']:,.0f} | {copy} | {name} "
+                f"| {e['variant']} (W={e['world_size']}) | {visible} | {copy} | {name} "
                 f"| {st['bytes'] / 1e9:.3f} | {st['ms']:.3f} | {st['gbps']:.0f} | {floor[0]} | {floor[1]} |"
             )
     if not rows:
@@ -620,8 +627,9 @@ def _traffic_lines(report: dict) -> list[str]:
     return [
         "",
         "Per-Gaussian stages against their bytes model (rank 0; trainer/profiling.stage_traffic, each byte "
-        "once, at each timed step's visible Gaussians; medians over the timed steps; floor: the median "
-        "bytes at the device's copy bandwidth):",
+        "once, at each timed step's visible Gaussians, in brackets those whose deferred SH steps the "
+        "forward caught up; medians over the timed steps; floor: the median bytes at the device's copy "
+        "bandwidth):",
         "",
         "| variant | visible Gaussians | copy GB/s | stage | model GB | ms | GB/s | floor ms | x floor |",
         "|---|---|---|---|---|---|---|---|---|",

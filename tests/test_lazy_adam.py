@@ -209,7 +209,7 @@ def run_list_seen(seed: int, device="cpu", N: int = 3000):
     shuffle(seen, seed)
     with listed_programs(1):  # one program strides over the three blocks of the list
         lazy.stepped(opts, seen)
-    seen = lazy_adam.SeenRows(listed, seen.count)
+    seen = lazy_adam.SeenRows(listed, seen.count, seen.waiting)
     return dict(bits=bits, rows=seen.rows.cpu(), count=int(seen.count), applied=lazy.applied.cpu())
 
 
@@ -242,6 +242,7 @@ def run_projection(seed: int, device="cpu"):
     N = params["means"].shape[0]
     problem = dict(sh0=params["sh0"].cpu(), shN=params["shN"].cpu(), seed=seed, count=COUNT)
     problem["applied"] = (COUNT - torch.randint(1, 300, (N,), generator=torch.Generator().manual_seed(seed))).int()
+    problem["applied"][::5] = COUNT  # stepped through the count: seen, not waiting
     sh_params, opts, lazy = state_of(problem)
     for k in lazy_adam.SH_KEYS:  # the shard's tensors, on the device
         state = opts[k].state[sh_params[k]]
@@ -266,6 +267,7 @@ def run_projection(seed: int, device="cpu"):
         problem=problem,
         seen=seen,
         listed=lazy.seen.mask(N).cpu(),
+        waiting=int(lazy.seen.waiting),
         after=after,
         colors=out["colors"].cpu(),
         plain_colors=plain["colors"].cpu(),
@@ -277,6 +279,8 @@ def check_projection(res):
     seen, problem, after = res["seen"], res["problem"], res["after"]
     assert seen.any() and not seen.all()
     assert torch.equal(res["listed"], seen)  # the forward listed the Gaussians with a radius in some camera
+    behind = problem["applied"] < COUNT
+    assert (seen & ~behind).any() and res["waiting"] == int((seen & behind).sum())  # those it caught up
     got = dict(applied=after["applied"], count=COUNT)
     names = ("exp_avg", "exp_avg_sq")
     for i, k in enumerate(lazy_adam.SH_KEYS):

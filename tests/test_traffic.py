@@ -34,6 +34,11 @@ def test_deferred_sh_adam_moves_the_listed_rows_only():
     assert lazy["projection"] == dense["projection"] + 10 * 4 + 4 * (4 + 24 * 48 + 8 + 12 + 12)
     assert lazy["backward_projection"] == dense["backward_projection"] - 6 * 48 * 4
     assert lazy["optimizer"] == 28 * 11 * 10 + (28 * 48 + 8) * 4
+    # of the 4 listed, the forward caught up the `waiting` ones: the others' rows only listed and checked
+    for waiting in (0, 3):
+        got = stage_traffic(*CASE, lazy=True, waiting=waiting)
+        assert got["projection"] == dense["projection"] + 10 * 4 + 4 * 8 + waiting * (24 * 48 + 4 + 12 + 12)
+        assert (got["backward_projection"], got["optimizer"]) == (lazy["backward_projection"], lazy["optimizer"])
     fused = stage_traffic(*CASE, fused_adam=True)
     assert fused["backward_projection"] is None and fused["optimizer"] is None
     assert fused["projection"] == dense["projection"]
@@ -84,6 +89,23 @@ def test_bench_sets_each_stage_against_its_floor(monkeypatch):
     rows = [ln for ln in lines if ln.startswith("| v (W=1) | 6 | 2 |")]
     assert len(rows) == 3
     assert bench._traffic_lines(dict(variants=[dict(variant="v", world_size=1, ranks=[dict(traffic=None)])])) == []
+
+
+def test_bench_models_the_rows_the_deferred_steps_caught_up(monkeypatch):
+    """With --lazy_sh_adam each timed step's forward is modelled at the rows it caught up (its
+    ``waiting``), whose median the table shows beside the visible ones."""
+    import splat_train.trainer.profiling as profiling
+
+    monkeypatch.setattr(profiling, "copy_bandwidth", lambda device: 2e9)
+    trainer = _fake_trainer(lazy_sh_adam=True)
+    timed = [dict(r, waiting=w) for r, w in zip(TIMED, (1, 3))]
+    got = bench._stage_traffic(trainer, timed, step=20)
+    models = [stage_traffic(10, 1, 16, 3, v, v, lazy=True, waiting=w) for v, w in ((4, 1), (8, 3))]
+    assert got["waiting"] == 2
+    assert got["stages"]["projection"]["bytes"] == pytest.approx(sum(m["projection"] for m in models) / 2)
+    assert bench._stage_traffic(trainer, TIMED, step=20)["waiting"] is None  # no step deferred
+    lines = bench._traffic_lines(dict(variants=[dict(variant="v", world_size=1, ranks=[dict(traffic=got)])]))
+    assert len([ln for ln in lines if ln.startswith("| v (W=1) | 6 (2) | 2 |")]) == 3
 
 
 def test_a_device_without_room_for_the_copy_gives_stages_without_floor(monkeypatch):

@@ -174,6 +174,7 @@ def stage_traffic(
     visible_records: int,
     lazy: bool = False,
     fused_adam: bool = False,
+    waiting: Optional[int] = None,
 ) -> dict:
     """Bytes model of the per-Gaussian stages of one step on kernels/projection.py's and
     kernels/adam.py's kernels, as the bench's phases name them: {"projection", "backward_projection",
@@ -181,14 +182,15 @@ def stage_traffic(
     cover the step). ``n`` Gaussians, ``cameras`` in the pass, ``num_bases`` stored SH bases,
     ``visible`` Gaussians with a radius in some camera and ``visible_records`` such (camera,
     Gaussian) pairs (render.visibility_counts); ``lazy`` (--lazy_sh_adam), ``fused_adam``
-    (--fused_adam) as the step plan's.
+    (--fused_adam) as the step plan's; ``waiting``: with ``lazy``, how many of the visible
+    Gaussians the forward caught up (kernels/adam.SeenRows.waiting; None: all of them).
 
     projection and backward_projection: kernels.projection.traffic. With ``lazy`` the forward also
-    reads the visibility bits (4 B a Gaussian) to list the visible ones (4 B each), and catches
-    their SH rows up (parameter and both moments read and written, 24 B a coefficient, and the
-    4-byte applied count read and written, taking every listed row as waiting: the city's cameras
-    change every step), reads their means and writes their colours again (12 B, and 12 B a
-    camera); the backward writes no SH gradient rows of the others. optimizer: 28 B per float (parameter and both moments read and written,
+    reads the visibility bits (4 B a Gaussian) to list the visible ones (4 B each) and reads their
+    4-byte applied counts; of those, the ``waiting`` ones have their SH rows caught up (parameter
+    and both moments read and written, 24 B a coefficient), their count written (4 B), their means
+    read and their colours written again (12 B, and 12 B a camera); the backward writes no SH
+    gradient rows of the others. optimizer: 28 B per float (parameter and both moments read and written,
     the gradient read); with ``lazy`` the SH floats of the listed Gaussians only (and their list
     and count, 8 B each). With ``fused_adam`` the backward takes Adam: neither the backward nor
     the optimizer is modelled (None)."""
@@ -199,7 +201,8 @@ def stage_traffic(
     forward, backward = t.forward, t.backward
     optimizer = 28 * (geometry_floats + sh_floats) * n
     if lazy:
-        forward += 4 * n + visible * (4 + 24 * sh_floats + 8 + 12 + 12 * cameras)
+        caught_up = visible if waiting is None else waiting
+        forward += 4 * n + visible * (4 + 4) + caught_up * (24 * sh_floats + 4 + 12 + 12 * cameras)
         backward -= 4 * sh_floats * (n - visible)
         optimizer = 28 * geometry_floats * n + (28 * sh_floats + 8) * visible
     return dict(

@@ -76,9 +76,9 @@ def summary(a, block):
 
 def timed(launch, a, eps):
     """ms of one ``launch(args)`` on copies of the state it writes (sh0, shN, colors, moments,
-    applied), eps replaced."""
+    applied, the count of waiting rows), eps replaced."""
     a = list(a)
-    for i in (1, 2, 4, 6, 7, 8, 9, 10):
+    for i in (1, 2, 4, 6, 7, 8, 9, 10, 18):
         a[i] = a[i].clone()
     a[17] = eps
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -91,7 +91,7 @@ def timed(launch, a, eps):
 
 def listed(a, kw):
     """The list form (projection._lazy_colors_listed_kernel) over the seen rows of ``a``'s bits."""
-    bits, N, C, KR = a[5], a[18], a[19], a[20]
+    bits, N, C, KR = a[5], a[19], a[20], a[21]
     rows = (bits != 0).nonzero().squeeze(1).int()
     count = torch.tensor([rows.numel()], dtype=torch.int32, device=bits.device)
     lanes = 1 << (3 + 3 * KR - 1).bit_length()
@@ -100,7 +100,7 @@ def listed(a, kw):
 
     def launch(args):
         projection._lazy_colors_listed_kernel[grid](
-            *args[:18], rows, count, N, C, KR, DEG=kw["DEG"], ROWS=per, LANES=lanes, num_warps=projection.CATCH_UP_WARPS
+            *args[:18], rows, count, args[18], N, C, KR, DEG=kw["DEG"], ROWS=per, LANES=lanes, num_warps=projection.CATCH_UP_WARPS
         )
 
     return launch
