@@ -240,11 +240,13 @@ class SeenRows:
     """Rows as a list on the device (the deferred variant's: the Gaussians a step's projection
     saw, listed by kernels/lazy_adam.list_seen): ``rows`` (int32 [capacity]) holds their indices
     in its first ``count`` (int32 [1]) entries, in any order. Kernels read the count on the
-    device, so a step needs no host synchronization to learn it. ``waiting`` (int32 [1]): how many
-    of them the projection's forward caught up (their deferred SH steps; the bench's bytes model)."""
+    device, so a step needs no host synchronization to learn it. ``waiting_rows`` (int32
+    [capacity]) lists, in its first ``waiting`` (int32 [1]) entries, those of them whose deferred SH
+    steps wait (the projection's forward catches them up; the bench's bytes model counts them)."""
 
     rows: torch.Tensor
     count: torch.Tensor
+    waiting_rows: torch.Tensor
     waiting: torch.Tensor
 
     @staticmethod
@@ -253,6 +255,7 @@ class SeenRows:
         return SeenRows(
             torch.zeros(max(capacity, 1), dtype=torch.int32, device=device),
             torch.zeros(1, dtype=torch.int32, device=device),
+            torch.zeros(max(capacity, 1), dtype=torch.int32, device=device),
             torch.zeros(1, dtype=torch.int32, device=device),
         )
 

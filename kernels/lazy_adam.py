@@ -242,15 +242,24 @@ if triton is not None:
         catch_up(p, m, v, 0, need, t0, k, s1, s2, b1k, b2k, lr, tl.where(is0, 8, 9), tab_ptr, T1, beta1, beta2, eps)
 
     @triton.jit(do_not_specialize=["N"])
-    def _seen_rows_kernel(bits_ptr, rows_ptr, count_ptr, N, BLOCK: tl.constexpr):
+    def _seen_rows_kernel(
+        bits_ptr, rows_ptr, count_ptr, applied_ptr, t_ptr, wrows_ptr, wcount_ptr, N, BLOCK: tl.constexpr,
+        WAITING: tl.constexpr,
+    ):  # fmt: skip
         """Appends the indices of the Gaussians with a visibility bit set (``bits``, int32 [N], the
         projection forward's) to ``rows`` at ``count`` (int32 [1], zeroed before): one atomic add
-        per block, so the blocks' runs land in any order."""
+        per block, so the blocks' runs land in any order. WAITING: those of them whose ``applied``
+        count is behind the count at ``t_ptr`` also to ``wrows`` at ``wcount``."""
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         live = offs < N
         seen = (tl.load(bits_ptr + offs, mask=live, other=0) != 0).to(tl.int32)
         at = tl.atomic_add(count_ptr, tl.sum(seen, 0))
         tl.store(rows_ptr + at + tl.cumsum(seen, 0) - seen, offs.to(tl.int32), mask=seen != 0)
+        if WAITING:
+            t = tl.load(t_ptr)
+            wait = ((seen != 0) & (tl.load(applied_ptr + offs, mask=seen != 0, other=0) < t)).to(tl.int32)
+            at = tl.atomic_add(wcount_ptr, tl.sum(wait, 0))
+            tl.store(wrows_ptr + at + tl.cumsum(wait, 0) - wait, offs.to(tl.int32), mask=wait != 0)
 
     @triton.jit(do_not_specialize=["t"])
     def _stamp_kernel(rows_ptr, seen_ptr, applied_ptr, t, BLOCK: tl.constexpr):
@@ -285,24 +294,33 @@ def kernel_specs() -> dict:
     floats = {"beta1": "fp32", "beta2": "fp32", "eps": "fp32"}
     ptrs["rows_ptr"] = "*u8"
     ints = {"bits_ptr": "*i32", "rows_ptr": "*i32", "count_ptr": "*i32", "seen_ptr": "*i32", "applied_ptr": "*i32"}
+    ints.update(t_ptr="*i32", wrows_ptr="*i32", wcount_ptr="*i32")
     return {
         "lazy_sh_flush": (_flush_kernel, dict(BLOCK=BLOCK, ROWS=False), ptrs, floats, 4),
-        "lazy_seen_rows": (_seen_rows_kernel, dict(BLOCK=SEEN_BLOCK), ints, {}, 4),
+        "lazy_seen_rows": (_seen_rows_kernel, dict(BLOCK=SEEN_BLOCK, WAITING=True), ints, {}, 4),
         "lazy_stamp": (_stamp_kernel, dict(BLOCK=SEEN_BLOCK), ints, {}, 4),
     }
 
 
-def list_seen(bits: torch.Tensor, seen: SeenRows) -> None:
+def list_seen(
+    bits: torch.Tensor, seen: SeenRows, applied: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None
+) -> None:
     """List in ``seen`` the Gaussians with a visibility bit set (``bits``: int32 [N], the
-    projection forward's; ``seen`` with room for N rows), on the device: no synchronization.
-    Raises ValueError where ``seen`` has too little room."""
+    projection forward's; ``seen`` with room for N rows), on the device: no synchronization. With
+    ``applied`` (int32 [N]) and ``count`` (int32 [1], LazyShAdam's), also those of them whose
+    deferred SH steps wait (applied < count) in ``seen.waiting_rows``; without, none. Raises
+    ValueError where ``seen`` has too little room."""
     n = bits.shape[0]
-    if seen.rows.numel() < n:
+    if seen.rows.numel() < n or seen.waiting_rows.numel() < n:
         raise ValueError(f"list_seen: room for {seen.rows.numel()} rows, {n} Gaussians")
     seen.count.zero_()
     seen.waiting.zero_()
     if n:
-        _seen_rows_kernel[(triton.cdiv(n, SEEN_BLOCK),)](bits, seen.rows, seen.count, n, BLOCK=SEEN_BLOCK)
+        waiting = applied is not None and count is not None
+        _seen_rows_kernel[(triton.cdiv(n, SEEN_BLOCK),)](
+            bits, seen.rows, seen.count, applied if waiting else bits, count if waiting else seen.count,
+            seen.waiting_rows, seen.waiting, n, BLOCK=SEEN_BLOCK, WAITING=waiting,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -326,7 +344,7 @@ class LazyRows:
     def key(self) -> tuple:
         """The storage a captured forward reads and writes."""
         tensors = (self.applied, self.count, self.tables, self.lr, *self.moments, self.seen.rows, self.seen.count)
-        tensors += (self.seen.waiting,)
+        tensors += (self.seen.waiting_rows, self.seen.waiting)
         return tuple(t.data_ptr() for t in tensors)
 
 

@@ -31,9 +31,10 @@ Kernels (one program per BLOCK Gaussians, one Gaussian per lane; C, the cameras,
     and writes, unlike reads, do not merge in L1.
 
 With ``lazy`` (--lazy_sh_adam, kernels/lazy_adam.py) two forward kernels follow: the Gaussians
-seen are listed (compacted on the device, for the step's Adam), and those whose SH rows wait for
-deferred Adam steps are caught up (their sh0, shN and moments written in place) and their colours
-written again from the caught-up coefficients.
+seen are listed (compacted on the device, for the step's Adam), and, in a second list, those whose
+SH rows wait for deferred Adam steps; then the waiting ones are caught up (their sh0, shN and
+moments written in place, lanes along each row's coefficients) and their colours written again
+from the caught-up coefficients.
 
 Culling before projecting (conservative: a Gaussian the full projection gives radii > 0 in a
 camera always passes): near/far is the projection's own test; the image test bounds the radius
@@ -85,13 +86,12 @@ try:  # the CPU-only torch wheel may ship without Triton
     import triton.language as tl
 
     from .adam import adam_in_place
-    from .lazy_adam import catch_up_listed, catch_up_rows, list_seen
+    from .lazy_adam import catch_up_listed, list_seen
 except ImportError:  # pragma: no cover - depends on the environment
     triton = None
 
 BLOCK = 128  # Gaussians per program: one per lane of 4 warps
 NUM_WARPS = 4
-CATCH_UP_LISTED = os.environ.get("SPLAT_CATCH_UP", "masked") == "listed"  # the list form: not yet measured
 CATCH_UP_LANES = 512  # lanes of a program of the listed catch-up (rows x lanes per row)
 CATCH_UP_WARPS = 8  # its warps: two lanes a thread (80 registers for sm_90; four lanes a thread took 146)
 EPS2D = 0.3  # px^2 low-pass blur (gsplat's eps2d default, as render._project uses)
@@ -541,61 +541,32 @@ if triton is not None:
     def _lazy_colors_kernel(
         means_ptr, sh0_ptr, shn_ptr, campos_ptr, colors_ptr, bits_ptr,
         m_sh0_ptr, v_sh0_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, count_ptr, tab_ptr, lr_ptr, T1, beta1, beta2, eps,
-        waiting_ptr, N, C, KR, DEG: tl.constexpr, BLOCK: tl.constexpr,
+        rows_ptr, waiting_ptr, N, C, KR, DEG: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr,
     ):  # fmt: skip
         """After the forward (--lazy_sh_adam, kernels/lazy_adam.py): the seen Gaussians whose SH
-        rows wait for deferred Adam steps are caught up to the count (and counted in
-        ``waiting_ptr``), and their colours written again from the caught-up coefficients. One program per block of Gaussians, the waiting ones
-        masked: over the list of seen ones (lanes all busy) it ran 2.5x slower on the city 20 M
+        rows wait for deferred Adam steps (``rows_ptr[:waiting]``, lazy_adam.list_seen's list) are
+        caught up to the count, ROWS at a time with LANES lanes along each row
+        (lazy_adam.catch_up_listed), their count recorded and their colours written again; a fixed
+        grid striding over the list. One program per block of Gaussians with the waiting ones
+        masked took 2.6x longer on the city 20 M, one lane per listed row longer still
         (docs/large-scenes.md)."""
-        start = tl.program_id(0).to(tl.int64) * BLOCK
-        offs = start + tl.arange(0, BLOCK)
-        live = offs < N
-        bits = tl.load(bits_ptr + offs, mask=live, other=0)
-        t = tl.load(count_ptr)
-        seen = bits != 0
-        stale = seen & (tl.load(applied_ptr + offs, mask=seen, other=0) < t)
-        if tl.max(stale.to(tl.int32), 0) > 0:
-            tl.atomic_add(waiting_ptr, tl.sum(stale.to(tl.int32), 0))
-            catch_up_rows(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, start, stale, t,
-                          KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps, BLOCK)  # fmt: skip
-            tl.debug_barrier()  # the caught-up rows before any lane reads them
-            mx = tl.load(means_ptr + offs * 3, mask=stale, other=0.0)
-            my = tl.load(means_ptr + offs * 3 + 1, mask=stale, other=0.0)
-            mz = tl.load(means_ptr + offs * 3 + 2, mask=stale, other=0.0)
-            _write_colors(sh0_ptr, shn_ptr, campos_ptr, colors_ptr, offs, stale, stale, bits, mx, my, mz, N, C, KR,
-                          DEG)  # fmt: skip
-
-    @unspecialized_jit(["N", "KR"], ("campos_ptr",))
-    def _lazy_colors_listed_kernel(
-        means_ptr, sh0_ptr, shn_ptr, campos_ptr, colors_ptr, bits_ptr,
-        m_sh0_ptr, v_sh0_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, count_ptr, tab_ptr, lr_ptr, T1, beta1, beta2, eps,
-        rows_ptr, seen_ptr, waiting_ptr, N, C, KR, DEG: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr,
-    ):  # fmt: skip
-        """After the forward (--lazy_sh_adam, kernels/lazy_adam.py): the listed seen Gaussians
-        (``rows_ptr[:seen]``) whose SH rows wait for deferred Adam steps are caught up to the
-        count, ROWS at a time with LANES lanes along each row (lazy_adam.catch_up_listed), their
-        count recorded, their number added to ``waiting_ptr`` and their colours written again; a
-        fixed grid striding over the list."""
-        n = tl.load(seen_ptr)
+        n = tl.load(waiting_ptr)
         t = tl.load(count_ptr)
         for b in range(tl.program_id(0), tl.cdiv(n, ROWS), tl.num_programs(0)):
             i = b * ROWS + tl.arange(0, ROWS)
             live = i < n
             offs = tl.load(rows_ptr + i, mask=live, other=0).to(tl.int64)
-            stale = live & (tl.load(applied_ptr + offs, mask=live, other=0) < t)
-            if tl.max(stale.to(tl.int32), 0) > 0:
-                tl.atomic_add(waiting_ptr, tl.sum(stale.to(tl.int32), 0))
-                catch_up_listed(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, rows_ptr,
-                                b * ROWS, n, t, KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps, ROWS, LANES)  # fmt: skip
-                tl.debug_barrier()  # every lane's rows caught up (and their counts read) first
-                tl.store(applied_ptr + offs, t + tl.zeros_like(offs).to(tl.int32), mask=stale)
-                bits = tl.load(bits_ptr + offs, mask=stale, other=0)
-                mx = tl.load(means_ptr + offs * 3, mask=stale, other=0.0)
-                my = tl.load(means_ptr + offs * 3 + 1, mask=stale, other=0.0)
-                mz = tl.load(means_ptr + offs * 3 + 2, mask=stale, other=0.0)
-                _write_colors(sh0_ptr, shn_ptr, campos_ptr, colors_ptr, offs, stale, stale, bits, mx, my, mz, N, C,
-                              KR, DEG)  # fmt: skip
+            stale = live & (tl.load(applied_ptr + offs, mask=live, other=t) < t)
+            catch_up_listed(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, rows_ptr,
+                            b * ROWS, n, t, KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps, ROWS, LANES)  # fmt: skip
+            tl.debug_barrier()  # every lane's rows caught up (and their counts read) first
+            tl.store(applied_ptr + offs, t + tl.zeros_like(offs).to(tl.int32), mask=stale)
+            bits = tl.load(bits_ptr + offs, mask=stale, other=0)
+            mx = tl.load(means_ptr + offs * 3, mask=stale, other=0.0)
+            my = tl.load(means_ptr + offs * 3 + 1, mask=stale, other=0.0)
+            mz = tl.load(means_ptr + offs * 3 + 2, mask=stale, other=0.0)
+            _write_colors(sh0_ptr, shn_ptr, campos_ptr, colors_ptr, offs, stale, stale, bits, mx, my, mz, N, C, KR,
+                          DEG)  # fmt: skip
 
     @triton.jit
     def _cols4(a, b, c, d):
@@ -963,20 +934,6 @@ def kernel_specs() -> dict:
         # --lazy_sh_adam: the seen rows' deferred SH Adam steps caught up, their colours again
         "projection_lazy_colors": (
             _lazy_colors_kernel,
-            dict(DEG=3, BLOCK=BLOCK),
-            dict(
-                bits_ptr="*i32",
-                applied_ptr="*i32",
-                count_ptr="*i32",
-                tab_ptr="*fp64",
-                lr_ptr="*fp64",
-                waiting_ptr="*i32",
-            ),
-            dict(beta1="fp32", beta2="fp32", eps="fp32"),
-            NUM_WARPS,
-        ),
-        "projection_lazy_colors_listed": (
-            _lazy_colors_listed_kernel,
             dict(DEG=3, ROWS=CATCH_UP_LANES // 64, LANES=64),
             dict(
                 bits_ptr="*i32",
@@ -985,7 +942,6 @@ def kernel_specs() -> dict:
                 tab_ptr="*fp64",
                 lr_ptr="*fp64",
                 rows_ptr="*i32",
-                seen_ptr="*i32",
                 waiting_ptr="*i32",
             ),
             dict(beta1="fp32", beta2="fp32", eps="fp32"),
@@ -1091,23 +1047,16 @@ def forward_into(
     )  # fmt: skip
     if lazy is not None:
         seen = lazy.seen
-        list_seen(out["bits"], seen)
-        args = (
+        list_seen(out["bits"], seen, lazy.applied, lazy.count)
+        KR = params["shN"].shape[1]
+        lanes = triton.next_power_of_2(3 + 3 * KR)
+        rows = max(1, CATCH_UP_LANES // lanes)
+        _lazy_colors_kernel[(min(triton.cdiv(N, rows), constants.LISTED_PROGRAMS),)](
             params["means"], params["sh0"], params["shN"], campos, out["colors"], out["bits"], *lazy.moments,
             lazy.applied, lazy.count, lazy.tables, lazy.lr, lazy.tables.shape[1], lazy.beta1, lazy.beta2, lazy.eps,
+            seen.waiting_rows, seen.waiting, N, C, KR, DEG=setup.sh_degree, ROWS=rows, LANES=lanes,
+            num_warps=CATCH_UP_WARPS,
         )  # fmt: skip
-        KR = params["shN"].shape[1]
-        if CATCH_UP_LISTED:
-            lanes = triton.next_power_of_2(3 + 3 * KR)
-            rows = max(1, CATCH_UP_LANES // lanes)
-            _lazy_colors_listed_kernel[(min(triton.cdiv(N, rows), constants.LISTED_PROGRAMS),)](
-                *args, seen.rows, seen.count, seen.waiting, N, C, KR, DEG=setup.sh_degree, ROWS=rows, LANES=lanes,
-                num_warps=CATCH_UP_WARPS,
-            )  # fmt: skip
-        else:
-            _lazy_colors_kernel[grid](
-                *args, seen.waiting, N, C, KR, DEG=setup.sh_degree, BLOCK=BLOCK, num_warps=NUM_WARPS
-            )
 
 
 def backward_into(

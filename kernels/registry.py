@@ -52,7 +52,6 @@ def kernel_specs() -> dict:
         # --lazy_sh_adam: the forward catching the seen SH rows up; the flush of every row, the seen rows'
         # list and their count stamped after the step's Adam
         "projection_lazy_colors": proj["projection_lazy_colors"],
-        "projection_lazy_colors_listed": proj["projection_lazy_colors_listed"],
         **la.kernel_specs(),
         "projection_backward": proj["projection_backward"],
         "projection_backward_adam": proj["projection_backward_adam"],

@@ -196,12 +196,18 @@ def shuffle(seen: "lazy_adam.SeenRows", seed: int) -> None:
 
 def run_list_seen(seed: int, device="cpu", N: int = 3000):
     """lazy_adam.list_seen on random visibility bits (about 40% set) over three compaction blocks,
-    then LazyShAdam.stepped's stamp of the listed rows, shuffled, by one program."""
+    with applied counts of which a third are at the count (the rest behind: waiting), then
+    LazyShAdam.stepped's stamp of the listed rows, shuffled, by one program."""
     gen = torch.Generator().manual_seed(seed)
     bits = (torch.rand(N, generator=gen) < 0.4).int() * torch.randint(1, 1 << 30, (N,), generator=gen)
+    behind = torch.randint(0, 3, (N,), generator=gen)  # 0: at the count
+    before = (COUNT - behind).int()
     seen = lazy_adam.SeenRows.empty(N, device)
     seen.rows.fill_(-1)
-    lazy_adam.list_seen(bits.int().to(device), seen)
+    seen.waiting_rows.fill_(-1)
+    count = torch.tensor([COUNT], dtype=torch.int32, device=device)
+    lazy_adam.list_seen(bits.int().to(device), seen, before.to(device), count)
+    waiting = dict(applied_before=before, waiting_rows=seen.waiting_rows.cpu(), waiting=int(seen.waiting))
     opts = optimizers_for(torch.zeros(N, 1, 3), torch.zeros(N, 15, 3), COUNT, seed)
     lazy = lazy_adam.LazyShAdam(opts, N, MAX_COUNT, device)
     lazy.applied.fill_(7)
@@ -209,8 +215,8 @@ def run_list_seen(seed: int, device="cpu", N: int = 3000):
     shuffle(seen, seed)
     with listed_programs(1):  # one program strides over the three blocks of the list
         lazy.stepped(opts, seen)
-    seen = lazy_adam.SeenRows(listed, seen.count, seen.waiting)
-    return dict(bits=bits, rows=seen.rows.cpu(), count=int(seen.count), applied=lazy.applied.cpu())
+    seen = lazy_adam.SeenRows(listed, seen.count, seen.waiting_rows, seen.waiting)
+    return dict(bits=bits, rows=seen.rows.cpu(), count=int(seen.count), applied=lazy.applied.cpu(), **waiting)
 
 
 def check_list_seen(res):
@@ -220,6 +226,12 @@ def check_list_seen(res):
     assert torch.equal(rows[:count].long().sort().values, want)  # each seen row once, in any order
     assert bool((rows[count:] == -1).all())  # nothing written past the count
     assert torch.equal(res["applied"], torch.where(res["bits"] != 0, COUNT, 7).int())
+    # the second list: the seen rows whose applied count was behind, each once
+    want = ((res["bits"] != 0) & (res["applied_before"] < COUNT)).nonzero().flatten()
+    waiting, rows = res["waiting"], res["waiting_rows"]
+    assert waiting == want.numel() and 0 < waiting < count
+    assert torch.equal(rows[:waiting].long().sort().values, want)
+    assert bool((rows[waiting:] == -1).all())
 
 
 def check_sequence(runs):
@@ -425,10 +437,13 @@ def test_check_list_seen_rejects_a_lost_row():
     """check_list_seen on made-up output: a row missing, listed twice, or not stamped fails it."""
     bits = torch.tensor([0, 5, 0, 9], dtype=torch.int32)
     good = dict(bits=bits, rows=torch.tensor([3, 1, -1, -1], dtype=torch.int32), count=2,
-                applied=torch.tensor([7, COUNT, 7, COUNT], dtype=torch.int32))  # fmt: skip
+                applied=torch.tensor([7, COUNT, 7, COUNT], dtype=torch.int32),
+                applied_before=torch.tensor([0, COUNT - 1, 0, COUNT], dtype=torch.int32),
+                waiting_rows=torch.tensor([1, -1, -1, -1], dtype=torch.int32), waiting=1)  # fmt: skip
     check_list_seen(good)
     for bad in (dict(count=1), dict(rows=torch.tensor([3, 3, -1, -1], dtype=torch.int32)),
-                dict(applied=torch.tensor([7, COUNT, 7, 7], dtype=torch.int32))):  # fmt: skip
+                dict(applied=torch.tensor([7, COUNT, 7, 7], dtype=torch.int32)),
+                dict(waiting_rows=torch.tensor([3, -1, -1, -1], dtype=torch.int32)), dict(waiting=2)):  # fmt: skip
         with pytest.raises(AssertionError):
             check_list_seen(dict(good, **bad))
 

@@ -14,13 +14,15 @@
 # - listed/: at aa76b67 (the catch-up, the Adam's SH rows and the stamp striding over the
 #   list of seen Gaussians, the backward leaving unseen SH gradient rows unwritten), one H100,
 #   STEP_TESTS=0 JUICEBOX=0.
+# - listed-rows/: at 4806135 with SPLAT_CATCH_UP=listed (that commit's switch: the catch-up over the list
+#   of seen rows with lanes along each row, the tile's waiting rows found by reading every listed
+#   row's count), one H100, STEP_TESTS=0 JUICEBOX=0; gpu.txt's commit line is the session's
+#   starting checkout, not the tree that ran.
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go;
-# STEP_TESTS=0 / JUICEBOX=0 leave those parts out; SPLAT_CATCH_UP=listed takes the catch-up over the
-# list of seen rows (kernels/projection.py, _lazy_colors_listed_kernel) instead of the masked one.
-R=${R:-$OUT/r}; mkdir -p $R; t0=$(date +%s); export SPLAT_CATCH_UP=${SPLAT_CATCH_UP:-masked}
+# STEP_TESTS=0 / JUICEBOX=0 leave those parts out.
+R=${R:-$OUT/r}; mkdir -p $R; t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $R/timeline.txt; }
 nvidia-smi > $R/gpu.txt 2>&1; git log -1 --format='%H %s' >> $R/gpu.txt 2>/dev/null
-echo "SPLAT_CATCH_UP=$SPLAT_CATCH_UP" >> $R/gpu.txt
 python3 -m pytest -q -s -m gpu tests/test_lazy_adam.py tests/test_adam.py > $R/gpu_tests_lazy.log 2>&1
 stamp "lazy tests rc=$? $(tail -1 $R/gpu_tests_lazy.log)"
 [ "${STEP_TESTS:-1}" = 1 ] && python3 -m pytest -q -m gpu tests/test_projection_kernel.py tests/test_gpu.py -k "steady_state or adam or graphed or gpu_matches or replay" > $R/gpu_tests_step.log 2>&1

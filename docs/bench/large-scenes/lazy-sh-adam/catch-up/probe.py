@@ -7,6 +7,10 @@ the time without the one-step-at-a-time fallback), in this masked form (one prog
 Gaussians) and in the list form (``_lazy_colors_listed_kernel``: tiles of listed rows, lanes along
 each row's coefficients). Then the real launch (the masked form: run with SPLAT_CATCH_UP=masked).
 
+It ran at 4806135 (``probe/``, on one H100; run.sh), whose SPLAT_CATCH_UP switch chose between the
+two forms; the masked one and the switch went after this measurement, so run it from a checkout of
+that commit.
+
 Usage (repository root, after ``source .whl/gpu-prelude.sh``):
     python3 probe.py OUT.json -- <splat-train bench arguments>
 OUT.json: one record per launch (the bench's own output goes to its --out)."""
