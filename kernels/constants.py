@@ -20,8 +20,9 @@ RECORD_LANES = sum(n for _, n in RECORD_FIELDS)  # 12 lanes, 48 bytes
 RASTER_RECORD_BYTES = 9 * 4
 
 # Programs of the kernels that stride over a list of rows whose length only the device knows (the
-# Gaussians a step's projection saw, --lazy_sh_adam: kernels/lazy_adam.py's stamp, adam.py's SH rows):
-# a fixed grid, which CUDA graphs replay, of about two waves of 4-warp programs on an H100 / H200
+# Gaussians a step's projection saw, --lazy_sh_adam: kernels/lazy_adam.py's stamp, adam.py's SH rows,
+# and the waiting ones, projection.py's catch-up): a fixed grid, which CUDA graphs replay, of about
+# two waves of 4-warp programs on an H100 / H200
 LISTED_PROGRAMS = 4096
 
 SSIM_WINDOW = 11  # Gaussian window side, pixels
