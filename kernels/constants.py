@@ -22,7 +22,7 @@ RASTER_RECORD_BYTES = 9 * 4
 # Programs of the kernels that stride over a list of rows whose length only the device knows (the
 # Gaussians a step's projection saw, --lazy_sh_adam: kernels/lazy_adam.py's stamp, adam.py's SH rows,
 # and the waiting ones, projection.py's catch-up): a fixed grid, which CUDA graphs replay, of about
-# two waves of 4-warp programs on an H100 / H200
+# two waves of 4-warp programs on an H100 / H200 (four of the catch-up's 8-warp ones)
 LISTED_PROGRAMS = 4096
 
 SSIM_WINDOW = 11  # Gaussian window side, pixels

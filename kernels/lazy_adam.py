@@ -111,14 +111,13 @@ def make_tables(beta1: float, beta2: float, max_count: int) -> np.ndarray:
 
 
 def step_sizes(lrs, beta1: float, max_count: int) -> np.ndarray:
-    """float64 [len(lrs), max_count + 1]: row i, column u, lrs[i] / (1 - beta1^u) computed in
-    float64 and rounded to float32, the step size kernels/adam.py's host code gives the dense kernel
-    at count u (column 0 unused: 0); the catch-up's one-step-at-a-time fallback reads it."""
-    u = np.arange(max_count + 1, dtype=np.float64)
-    with np.errstate(divide="ignore"):
-        rows = [np.float32(float(lr) / (1.0 - beta1**u)).astype(np.float64) for lr in lrs]
-    out = np.stack(rows)
-    out[:, 0] = 0.0
+    """float64 [len(lrs), max_count + 1]: row i, column u, lrs[i] / (1 - beta1^u) rounded to
+    float32, computed as kernels/adam.py's step_constants computes the step size it gives the dense
+    kernel at count u (Python floats: numpy's vectorised power can differ by an ulp); column 0
+    unused (0). The catch-up's one-step-at-a-time fallback reads it."""
+    out = np.zeros((len(lrs), max_count + 1), dtype=np.float64)
+    for i, lr in enumerate(lrs):
+        out[i, 1:] = np.array([float(lr) / (1.0 - beta1 ** float(u)) for u in range(1, max_count + 1)], np.float32)
     return out
 
 

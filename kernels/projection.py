@@ -554,9 +554,8 @@ if triton is not None:
         t = tl.load(count_ptr)
         for b in range(tl.program_id(0), tl.cdiv(n, ROWS), tl.num_programs(0)):
             i = b * ROWS + tl.arange(0, ROWS)
-            live = i < n
-            offs = tl.load(rows_ptr + i, mask=live, other=0).to(tl.int64)
-            stale = live & (tl.load(applied_ptr + offs, mask=live, other=t) < t)
+            stale = i < n  # every listed row waits (list_seen listed those behind the count)
+            offs = tl.load(rows_ptr + i, mask=stale, other=0).to(tl.int64)
             catch_up_listed(sh0_ptr, m_sh0_ptr, v_sh0_ptr, shn_ptr, m_shn_ptr, v_shn_ptr, applied_ptr, rows_ptr,
                             b * ROWS, n, t, KR, tab_ptr, T1, lr_ptr, beta1, beta2, eps, ROWS, LANES)  # fmt: skip
             tl.debug_barrier()  # every lane's rows caught up (and their counts read) first

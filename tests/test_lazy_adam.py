@@ -242,13 +242,15 @@ def check_sequence(runs):
             assert float((dense - lazy).abs().max()) <= 1e-6 * float(scale), (k, name)
 
 
-def run_projection(seed: int, device="cpu"):
-    """The projection forward with ``lazy``: a scene of test_projection_kernel's with the SH rows of
-    every Gaussian behind by 1-300 counts, then the same forward without lazy on the SH rows the
-    reference caught up (the seen ones)."""
+def run_projection(seed: int, device="cpu", K: int = 16, programs: int = 0):
+    """The projection forward with ``lazy``: a scene of test_projection_kernel's (``K`` SH bases)
+    with the SH rows of four Gaussians in five behind by 1-300 counts, then the same forward
+    without lazy on the SH rows the reference caught up (the seen ones); ``programs``: the catch-up's
+    grid (0: its own; 1: one program striding over every tile of the list)."""
     from test_projection_kernel import FAR, NEAR, make_scene
 
-    scene = make_scene(seed, 250, 2, 16)
+    scene = make_scene(seed, 250, 2, K)
+    degree = {1: 0, 4: 1, 9: 2, 16: 3}[K]
     params = {k: v.to(device).contiguous() for k, v in scene["params"].items()}
     cams = [scene[k].to(device) for k in ("viewmats", "Ks", "campos")]
     N = params["means"].shape[0]
@@ -263,8 +265,9 @@ def run_projection(seed: int, device="cpu"):
     lazy = lazy_adam.LazyShAdam(opts, N, MAX_COUNT, device)
     lazy.applied.copy_(problem["applied"])
     raw = dict(params, sh0=sh_params["sh0"].data, shN=sh_params["shN"].data)
-    out = projection.project_and_shade_fused(raw, *cams, scene["width"], scene["height"], 3, NEAR, FAR,
-                                             lazy=lazy.rows(opts))  # fmt: skip
+    with listed_programs(programs):
+        out = projection.project_and_shade_fused(raw, *cams, scene["width"], scene["height"], degree, NEAR, FAR,
+                                                 lazy=lazy.rows(opts))  # fmt: skip
     seen = (out["radii"] > 0).any(-1).any(0).cpu()
     after = dict(
         sh0=raw["sh0"].cpu(),
@@ -274,7 +277,7 @@ def run_projection(seed: int, device="cpu"):
     )
     want = reference(problem, seen)
     ref_raw = dict(params, sh0=want["sh0"]["param"].float().to(device), shN=want["shN"]["param"].float().to(device))
-    plain = projection.project_and_shade_fused(ref_raw, *cams, scene["width"], scene["height"], 3, NEAR, FAR)
+    plain = projection.project_and_shade_fused(ref_raw, *cams, scene["width"], scene["height"], degree, NEAR, FAR)
     return dict(
         problem=problem,
         seen=seen,
@@ -461,6 +464,11 @@ def test_projection_forward_catches_up_the_rows_it_sees_under_the_interpreter(in
     check_projection(interpreted["projection"])
 
 
+def test_one_program_catches_up_every_tile_at_sh_degree_1_under_the_interpreter(interpreted):
+    """Rows of 3 + 9 coefficients (16 lanes each, 32 rows a tile), one program striding over the tiles."""
+    check_projection(interpreted["projection_k4"])
+
+
 def test_counts_past_the_tables_extend_them():
     """A checkpoint from a run longer than --max_steps: the tables are made again to reach its
     count (no refusal), every row at that count."""
@@ -473,10 +481,35 @@ def test_counts_past_the_tables_extend_them():
     assert lazy.max_count >= MAX_COUNT + 5 and lazy.tables.shape == (rows, lazy.max_count + 1)
     want = lazy_adam.make_tables(*BETAS, lazy.max_count)
     assert np.array_equal(lazy.tables[: lazy_adam.TABLE_ROWS].numpy(), want)
-    steps = lazy.tables[lazy_adam.STEP_ROWS[1], 1 : lazy.max_count + 1].numpy()  # shN's: its lr / (1 - b1^u)
-    u = np.arange(1, lazy.max_count + 1)
-    assert np.array_equal(steps, (LRS[1] / (1 - BETAS[0] ** u)).astype(np.float32).astype(np.float64))
+    check_step_rows(lazy, LRS)
     assert bool((lazy.applied == MAX_COUNT + 5).all()) and int(lazy.count) == MAX_COUNT + 5
+
+
+def check_step_rows(lazy, lrs):
+    """The tables' step-size rows: the float32 step size the dense Adam's host code gives count u
+    (adam.step_constants), for each SH learning rate."""
+    for row, lr in zip(lazy_adam.STEP_ROWS, lrs):
+        want = [
+            adam.step_constants(dict(lr=lr, betas=BETAS), dict(step=u - 1))[0] for u in range(1, lazy.max_count + 1)
+        ]
+        assert np.array_equal(lazy.tables[row, 1:].numpy(), np.array(want, np.float32).astype(np.float64)), row
+
+
+def test_a_changed_learning_rate_rewrites_the_step_sizes(monkeypatch):
+    """check_lrs: every row caught up at the old rates first (the flush), then the step sizes the
+    fallback reads are the new rates' (in place: a captured graph reads the same storage)."""
+    problem = make_problem(6, N=20, KR=1)
+    params, opts, lazy = state_of(problem)
+    flushed = []
+    monkeypatch.setattr(lazy, "flush", lambda p, o: flushed.append(lazy.tables[lazy_adam.STEP_ROWS[1], 5].item()))
+    storage = lazy.tables.data_ptr()
+    lazy.check_lrs(params, opts)
+    assert flushed == []  # unchanged rates: nothing to do
+    opts["shN"].param_groups[0]["lr"] = LRS[1] / 4
+    lazy.check_lrs(params, opts)
+    assert flushed == [pytest.approx(LRS[1] / (1 - BETAS[0] ** 5), rel=1e-6)]  # the old rate's, at the flush
+    check_step_rows(lazy, (LRS[0], LRS[1] / 4))
+    assert lazy.tables.data_ptr() == storage and lazy.lrs == [LRS[0], LRS[1] / 4]
 
 
 def test_deferred_rows_need_the_sh_groups_by_name():
@@ -819,6 +852,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
             sequence_strided=run_sequence(4, "cpu", N=120, steps=7, programs=1, share=0.9),
             list_seen=run_list_seen(5),
             projection=run_projection(3),
+            projection_k4=run_projection(8, K=4, programs=1),
             backward=run_backward(7),
         ),
         sys.argv[2],

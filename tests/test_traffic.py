@@ -31,13 +31,13 @@ def test_deferred_sh_adam_moves_the_listed_rows_only():
     gradient rows of the 6 unseen in the backward, the geometry dense and the SH of the 4 listed
     (with their list and count) in Adam."""
     dense, lazy = stage_traffic(*CASE), stage_traffic(*CASE, lazy=True)
-    assert lazy["projection"] == dense["projection"] + 10 * 4 + 4 * (4 + 24 * 48 + 8 + 12 + 12)
+    assert lazy["projection"] == dense["projection"] + 10 * 4 + 4 * (8 + 24 * 48 + 32 + 12)
     assert lazy["backward_projection"] == dense["backward_projection"] - 6 * 48 * 4
     assert lazy["optimizer"] == 28 * 11 * 10 + (28 * 48 + 8) * 4
     # of the 4 listed, the forward caught up the `waiting` ones: the others' rows only listed and checked
     for waiting in (0, 3):
         got = stage_traffic(*CASE, lazy=True, waiting=waiting)
-        assert got["projection"] == dense["projection"] + 10 * 4 + 4 * 8 + waiting * (24 * 48 + 4 + 12 + 12)
+        assert got["projection"] == dense["projection"] + 10 * 4 + 4 * 8 + waiting * (24 * 48 + 32 + 12)
         assert (got["backward_projection"], got["optimizer"]) == (lazy["backward_projection"], lazy["optimizer"])
     fused = stage_traffic(*CASE, fused_adam=True)
     assert fused["backward_projection"] is None and fused["optimizer"] is None

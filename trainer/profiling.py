@@ -187,10 +187,10 @@ def stage_traffic(
 
     projection and backward_projection: kernels.projection.traffic. With ``lazy`` the forward also
     reads the visibility bits (4 B a Gaussian) to list the visible ones (4 B each) and reads their
-    4-byte applied counts; of those, the ``waiting`` ones have their SH rows caught up (parameter
-    and both moments read and written, 24 B a coefficient), their count written (4 B), their means
-    read and their colours written again (12 B, and 12 B a camera); the backward writes no SH
-    gradient rows of the others. optimizer: 28 B per float (parameter and both moments read and written,
+    4-byte applied counts; the ``waiting`` ones are listed again (4 B written, 4 B read back), their
+    count read and written (8 B), their SH rows caught up (parameter and both moments read and
+    written, 24 B a coefficient), their bits and means read (16 B) and their colours written again
+    (12 B a camera); the backward writes no SH gradient rows of the others. optimizer: 28 B per float (parameter and both moments read and written,
     the gradient read); with ``lazy`` the SH floats of the listed Gaussians only (and their list
     and count, 8 B each). With ``fused_adam`` the backward takes Adam: neither the backward nor
     the optimizer is modelled (None)."""
@@ -202,7 +202,7 @@ def stage_traffic(
     optimizer = 28 * (geometry_floats + sh_floats) * n
     if lazy:
         caught_up = visible if waiting is None else waiting
-        forward += 4 * n + visible * (4 + 4) + caught_up * (24 * sh_floats + 4 + 12 + 12 * cameras)
+        forward += 4 * n + visible * (4 + 4) + caught_up * (8 + 8 + 24 * sh_floats + 16 + 12 * cameras)
         backward -= 4 * sh_floats * (n - visible)
         optimizer = 28 * geometry_floats * n + (28 * sh_floats + 8) * visible
     return dict(
