@@ -71,10 +71,11 @@ def _page(port: int, proc: subprocess.Popen) -> str:
     raise AssertionError(f"no page on port {port} within {STARTUP_S} s")
 
 
-def _frame(port: int, width: int = 320, height: int = 240) -> np.ndarray:
+def _frame(port: int, proc: subprocess.Popen, width: int = 320, height: int = 240) -> np.ndarray:
     """Connect as viser's web client does, report a camera at (0, 0, -3) looking at the origin
     (OpenCV axes) and return the first background image the server renders for it, [H, W, 3];
-    a closed connection is opened again until STARTUP_S.
+    a closed or refused connection is opened again until STARTUP_S while ``proc`` runs (its
+    output is the failure's message once it has ended).
 
     viser 1.x's wire format (viser/infra/_infra.py): client messages are msgpack dicts with a
     "type"; a server frame is [8-byte inner size][8-byte compressed size][zstd(msgpack)][buffers]."""
@@ -113,10 +114,11 @@ def _frame(port: int, width: int = 320, height: int = 240) -> np.ndarray:
                         return np.asarray(Image.open(io.BytesIO(message["rgb_data"])))
 
     async def until_a_frame() -> np.ndarray:
-        while True:  # a connection the server closes ("going away", seen once on CI during its
-            try:  # start-up) is opened again, as viser's web client reconnects
+        while True:  # a connection the server closes ("going away") or refuses, each seen once on
+            try:  # CI after the page was served, is opened again, as viser's web client reconnects
                 return await receive()
-            except websockets.exceptions.ConnectionClosed:
+            except (websockets.exceptions.ConnectionClosed, OSError):
+                assert proc.poll() is None, proc.stdout.read()
                 await asyncio.sleep(0.5)
 
     return asyncio.run(asyncio.wait_for(until_a_frame(), timeout=STARTUP_S))
@@ -149,7 +151,7 @@ def test_view_serves_a_ply_renders_a_frame_and_stops(tmp_path):
     proc = _start(["view", str(ply), "--port", str(port)])
     try:
         assert "<html" in _page(port, proc).lower()
-        _assert_rendered(_frame(port))
+        _assert_rendered(_frame(port, proc))
     finally:
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=STARTUP_S)[0]
@@ -176,7 +178,7 @@ def test_a_training_run_serves_its_model_between_steps(tmp_path):
     )
     try:
         _page(port, proc)
-        _assert_rendered(_frame(port))
+        _assert_rendered(_frame(port, proc))
         assert proc.poll() is None, "the run ended before it was stopped"
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=STARTUP_S)[0]
