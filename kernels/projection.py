@@ -93,7 +93,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 BLOCK = 128  # Gaussians per program: one per lane of 4 warps
 NUM_WARPS = 4
 CATCH_UP_LANES = 512  # lanes of a program of the listed catch-up (rows x lanes per row)
-CATCH_UP_WARPS = 8  # its warps: two lanes a thread (80 registers for sm_90; four lanes a thread took 146)
+CATCH_UP_WARPS = 8  # its warps: two lanes a thread (64 registers for sm_90; four lanes a thread took 146)
 EPS2D = 0.3  # px^2 low-pass blur (gsplat's eps2d default, as render._project uses)
 MAX_CAMERAS = 32  # bits of the int32 visibility mask
 MAX_SH_DEGREE = 3
