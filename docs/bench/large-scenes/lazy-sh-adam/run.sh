@@ -19,34 +19,54 @@
 #   row's count), one H100, STEP_TESTS=0 JUICEBOX=0; gpu.txt's commit line is the session's
 #   starting checkout, not the tree that ran.
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go;
-# STEP_TESTS=0 / JUICEBOX=0 leave those parts out.
+# STEP_TESTS=0 / LAZY_TESTS=0 / JUICEBOX=0 leave those parts out; SCENES: the bench scenes (default
+# "city-20m 20m"; empty for none).
 R=${R:-$OUT/r}; mkdir -p $R; t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $R/timeline.txt; }
 nvidia-smi > $R/gpu.txt 2>&1; git log -1 --format='%H %s' >> $R/gpu.txt 2>/dev/null
-python3 -m pytest -q -s -m gpu tests/test_lazy_adam.py tests/test_adam.py > $R/gpu_tests_lazy.log 2>&1
+[ "${LAZY_TESTS:-1}" = 1 ] && python3 -m pytest -q -s -m gpu tests/test_lazy_adam.py tests/test_adam.py > $R/gpu_tests_lazy.log 2>&1
 stamp "lazy tests rc=$? $(tail -1 $R/gpu_tests_lazy.log)"
 [ "${STEP_TESTS:-1}" = 1 ] && python3 -m pytest -q -m gpu tests/test_projection_kernel.py tests/test_gpu.py -k "steady_state or adam or graphed or gpu_matches or replay" > $R/gpu_tests_step.log 2>&1
 stamp "step tests rc=$? $(tail -1 $R/gpu_tests_step.log)"
 V="--steps 12 --warmup 4 --phase_steps 3 --profile_steps 3 --world_sizes 1"
 DENSE=(--variant "ours-dense-fused-dense-sh=--raster fused --lazy_sh_adam off")
-for scene in city-20m 20m; do
+for scene in ${SCENES-city-20m 20m}; do
   layout=(); [ $scene = city-20m ] && layout=(--synthetic_layout city)
   mkdir -p $R/bench-$scene
   splat-train bench "${layout[@]}" --synthetic_gaussians 20000000 --resolution 1920x1080 \
     --variants gsplat-dist ours-dense-fused "${DENSE[@]}" $V --out $R/bench-$scene > $R/bench-$scene/console.log 2>&1
   stamp "bench-$scene rc=$? $(grep -h 'ms/iter' $R/bench-$scene/console.log | tr '\n' ';')"
 done
-# juicebox f4, 7,000 steps, the deferred SH Adam (--lazy_sh_adam on: auto leaves it off below 2 M
-# Gaussians) and --lazy_sh_adam off, alternating
+# SCRATCH_MBS: the all-visible 20 M again with the fused kernel's checkpoint scratch capped at each
+# of these sizes (SPLAT_TRAIN_FUSED_SCRATCH_MB; the default 2048 splits its launch into chunks there)
+for mb in ${SCRATCH_MBS:-}; do
+  mkdir -p $R/bench-20m-scratch$mb
+  SPLAT_TRAIN_FUSED_SCRATCH_MB=$mb splat-train bench --synthetic_gaussians 20000000 --resolution 1920x1080 \
+    --variants ours-dense-fused "${DENSE[@]}" $V --out $R/bench-20m-scratch$mb > $R/bench-20m-scratch$mb/console.log 2>&1
+  stamp "bench-20m-scratch$mb rc=$? $(grep -h 'ms/iter' $R/bench-20m-scratch$mb/console.log | tr '\n' ';')"
+done
+# juicebox f4 (images_4/), 7,000 steps of the default preset, this tree ("head") beside 22b3dbb
+# ("base": its source, `git archive --prefix=splat_train/ 22b3dbb | gzip`, carried as BASE_SRC),
+# alternating, each with its own native-extension cache and a 300-step warm-up first.
 [ "${JUICEBOX:-1}" = 1 ] || exit 0
-J=${J:-../shared/data/juicebox}
+J=${J:-../shared/data/juicebox}; BASE_SRC=${BASE_SRC:-.whl/base-22b3dbb.tar.gz}
+mkdir -p /tmp/base && tar -xzf $BASE_SRC -C /tmp/base || exit 1
 FLAGS="--data_dir $J --data_factor 4 --max_steps 7000 --eval_steps 7000 --ply_steps 99999 --num_traj_frames 0 --no_save_ply"
-splat-train default $FLAGS --max_steps 300 --eval_steps 99999 --seed 7 --result_dir /tmp/jw > $R/warm.log 2>&1
-for seed in 42 43; do
-  for mode in on off; do
-    mkdir -p $R/juicebox-$mode-$seed
-    splat-train default $FLAGS --seed $seed --lazy_sh_adam $mode --result_dir /tmp/j$mode$seed > $R/juicebox-$mode-$seed/train.log 2>&1
-    cp -r /tmp/j$mode$seed/stats $R/juicebox-$mode-$seed/
-    stamp "juicebox $mode $seed rc=$? $(grep -h 'train loop:\|PSNR' $R/juicebox-$mode-$seed/train.log | tr '\n' ';' | cut -c1-300)"
+train() {  # commit (head|base), seed, steps, output folder; the rest: extra flags
+  local commit=$1 seed=$2 steps=$3 out=$4; shift 4
+  local path=$PYTHONPATH; [ $commit = base ] && path=/tmp/base:$PYTHONPATH
+  mkdir -p $out
+  PYTHONPATH=$path SPLAT_TRAIN_CACHE=/tmp/cache_$commit timeout 120 python3 -m splat_train.trainer.cli default \
+    $FLAGS --seed $seed --max_steps $steps --result_dir /tmp/j/$commit$seed "$@" > $out/train.log 2>&1
+}
+for commit in base head; do
+  train $commit 7 300 $R/juicebox-warm-$commit --eval_steps 99999
+  stamp "warm $commit rc=$?"
+done
+for seed in ${SEEDS:-42 43 44}; do
+  for commit in base head; do
+    train $commit $seed 7000 $R/juicebox-$commit-$seed
+    rc=$?; cp -r /tmp/j/$commit$seed/stats $R/juicebox-$commit-$seed/
+    stamp "juicebox $commit $seed rc=$rc $(grep -h 'train loop:\|PSNR' $R/juicebox-$commit-$seed/train.log | tr '\n' ';' | cut -c1-300)"
   done
 done
