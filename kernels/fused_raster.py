@@ -49,8 +49,9 @@ holds one Gaussian in registers and the pixels flow through the lanes (warp shuf
 recovering T before its Gaussian by one division from the anchor at the bucket's end; gradient
 terms are summed in registers and added with one atomic per Gaussian per bucket and field. There
 is no per-tile Gaussian budget and no fallback. The checkpoints take 16 bytes per pixel and bucket
-(about 128 bytes per tile-Gaussian intersection); a call that would need more than
-SPLAT_TRAIN_FUSED_SCRATCH_MB (default 2048) runs in launches over chunks of tiles that reuse one
+(about 128 bytes per tile-Gaussian intersection); a call that would need more than its cap
+(``scratch_mb``: the step plan's, trainer/step/plan.scratch_mode; default 2048 MiB;
+SPLAT_TRAIN_FUSED_SCRATCH_MB overrides both) runs in launches over chunks of tiles that reuse one
 buffer (:func:`tile_chunks`). The last block to finish its loss (a count of finished tiles in
 device memory) sums the per-tile partial sums in tile order and writes the loss and its terms, so
 no reduction runs after the kernel and the loss does not depend on block timing. The gradients
@@ -308,12 +309,16 @@ CP_BUCKET_FLOATS = 256 * 4  # one bucket's checkpoints: 256 pixels x (T, colour)
 DEFAULT_SCRATCH_MB = 2048
 
 
-def _scratch_cap_floats() -> int:
+def _scratch_cap_floats(scratch_mb: Optional[float] = None) -> int:
     """The checkpoint scratch one call may allocate, in floats: SPLAT_TRAIN_FUSED_SCRATCH_MB MiB
-    (default 2048); the tiles run in several launches that reuse one buffer when they need more."""
-    mb = float(os.environ.get("SPLAT_TRAIN_FUSED_SCRATCH_MB", DEFAULT_SCRATCH_MB))
+    where that is set, else ``scratch_mb`` (the step plan's, trainer/step/plan.scratch_mode), else
+    DEFAULT_SCRATCH_MB; the tiles run in several launches that reuse one buffer when they need
+    more. Raises ValueError for a size that is not positive."""
+    env = os.environ.get("SPLAT_TRAIN_FUSED_SCRATCH_MB")
+    mb = float(env) if env is not None else float(scratch_mb if scratch_mb is not None else DEFAULT_SCRATCH_MB)
     if not mb > 0:
-        raise ValueError(f"SPLAT_TRAIN_FUSED_SCRATCH_MB must be > 0, got {mb}")
+        what = "SPLAT_TRAIN_FUSED_SCRATCH_MB" if env is not None else "the fused kernel's scratch size (MiB)"
+        raise ValueError(f"{what} must be > 0, got {mb}")
     return int(mb * 2**20) // 4
 
 
@@ -323,11 +328,12 @@ def _one_launch_buckets(num_isects: int, num_tiles_all: int) -> int:
     return num_isects // CP_BUCKET_MIN + num_tiles_all + 1
 
 
-def fits_one_launch(num_isects: int, num_tiles_all: int) -> bool:
+def fits_one_launch(num_isects: int, num_tiles_all: int, scratch_mb: Optional[float] = None) -> bool:
     """Whether a call of ``num_isects`` intersections over ``num_tiles_all`` (image, tile) pairs
-    runs in one launch: its checkpoint scratch within SPLAT_TRAIN_FUSED_SCRATCH_MB. Such a call
-    copies nothing to the host, so a CUDA graph can capture it (trainer/step/graphed.py)."""
-    return _one_launch_buckets(num_isects, num_tiles_all) * CP_BUCKET_FLOATS <= _scratch_cap_floats()
+    runs in one launch: its checkpoint scratch within the cap (:func:`_scratch_cap_floats` of
+    ``scratch_mb``). Such a call copies nothing to the host, so a CUDA graph can capture it
+    (trainer/step/graphed.py)."""
+    return _one_launch_buckets(num_isects, num_tiles_all) * CP_BUCKET_FLOATS <= _scratch_cap_floats(scratch_mb)
 
 
 def tile_chunks(offsets: Tensor, num_isects: int, cap_floats: int) -> list:
@@ -372,6 +378,7 @@ def _launch(
     origin=(0, 0),
     warp_size=None,
     grads_out=None,
+    scratch_mb=None,
 ):
     """Runs the native kernel (``ext``: kernels.native.load(), or the CPU emulation with
     ``warp_size``). Returns (loss 0-dim, grads dict (GRAD_NAMES, float32, flattened records), stats
@@ -418,7 +425,7 @@ def _launch(
     image = torch.full((I, height, width, 3), math.nan, **f32) if return_image else none
     partial = torch.empty(I * num_tiles, 2, **f32)
     terms = torch.empty(3, **f32)  # loss, L1, SSIM: written by the kernel's last block
-    chunks = tile_chunks(offsets, fids.numel(), _scratch_cap_floats())
+    chunks = tile_chunks(offsets, fids.numel(), _scratch_cap_floats(scratch_mb))
     scratch = torch.empty(max(c[3] for c in chunks) * CP_BUCKET_FLOATS, **f32)
     ox, oy = origin
     num_pixels = (height - oy) * (width - ox)  # the pixels with ground truth, per image
@@ -522,6 +529,7 @@ def _native_loss(
     origin,
     warp_size=None,
     grads_out=None,
+    scratch_mb=None,
 ) -> Tuple[Tensor, Dict]:
     """The kernel ``ext`` launched now (:func:`_launch`), its loss tied to its gradients by
     :class:`KnownGradients`; with ``grads_out`` the gradients are left there and the loss is
@@ -544,6 +552,7 @@ def _native_loss(
         origin,
         warp_size,
         grads_out,
+        scratch_mb,
     )
     if absgrad:  # where gsplat's rasterizer leaves it (render.AbsGradRelay reads it in the backward)
         means2d.absgrad = stats["absgrad"].view(means2d.shape)
@@ -608,6 +617,7 @@ def fused_raster_loss(
     origin: Tuple[int, int] = (0, 0),
     padded_rows: bool = False,
     grads_out: Optional[Dict[str, Tensor]] = None,
+    scratch_mb: Optional[float] = None,
 ) -> Tuple[Tensor, Dict]:
     """Composites, scores and back-propagates I images in one fused native kernel (ByteSplat §4).
 
@@ -637,6 +647,9 @@ def fused_raster_loss(
     incoming gradient), and leave it as ``means2d.absgrad`` (shaped as means2d), where gsplat's
     rasterizer leaves it. The kernel fills it in this call; on the CPU reference and the unfused
     path it is filled during the backward (gsplat's and the reference's ``.absgrad``).
+    scratch_mb: MiB of checkpoint scratch one launch of the native kernel may take (default
+    DEFAULT_SCRATCH_MB; SPLAT_TRAIN_FUSED_SCRATCH_MB overrides it): a call that needs more runs in
+    launches over chunks of tiles, reading the tile offsets on the host (:func:`tile_chunks`).
 
     Where it runs: CUDA / ROCm tensors run the native kernel (kernels/native.py builds it on first
     use). When it cannot be built here (no CUDA toolkit, a build error), kernels.native warns once,
@@ -735,6 +748,7 @@ def fused_raster_loss(
         absgrad,
         origin,
         grads_out=grads_out,
+        scratch_mb=scratch_mb,
     )
 
 
@@ -770,6 +784,7 @@ def emulated_fused_raster_loss(
     warp_size=32,
     padded_rows=False,
     grads_out=None,
+    scratch_mb=None,
 ):
     """TESTS ONLY: :func:`fused_raster_loss` with the native kernel's source run on the CPU
     (kernels.native.load_cpu_emulation) at ``warp_size`` lanes per warp. Same returns."""
@@ -809,4 +824,5 @@ def emulated_fused_raster_loss(
         origin,
         warp_size,
         grads_out,
+        scratch_mb,
     )

@@ -110,3 +110,31 @@ def test_fused_adam_on_where_it_cannot_run_is_refused_naming_why():
         adam_mode(_cfg("--fused_adam", "on", "--opacity_reg", "0.01"), "triton")
     with pytest.raises(ValueError, match="gsplat projection"):
         adam_mode(_cfg("--fused_adam", "on"), "gsplat")
+
+
+def test_the_fused_kernels_scratch_size(monkeypatch):
+    """plan.scratch_mode: an eighth of the device's memory, at most half of what a step leaves
+    free, never under the default (the default off a GPU and with the Adam in the backward);
+    SPLAT_TRAIN_FUSED_SCRATCH_MB overrides the
+    plan's size in kernels/fused_raster.py."""
+    from splat_train.kernels import fused_raster as fr
+    from splat_train.trainer.step.plan import TIGHT_BYTES_PER_GAUSSIAN, scratch_mode
+
+    gib = 2**30
+    default = float(fr.DEFAULT_SCRATCH_MB)
+    assert scratch_mode("cuda", 80 * gib) == 10 * 1024  # free memory unknown: the share
+    assert scratch_mode("cuda", 80 * gib, 70 * gib, 20_000_000) == 10 * 1024
+    left = 30 * gib - 20_000_000 * TIGHT_BYTES_PER_GAUSSIAN  # what the step leaves of 30 GiB free
+    assert scratch_mode("cuda", 80 * gib, 30 * gib, 20_000_000) == left / 2 / 2**20
+    assert scratch_mode("cuda", 80 * gib, 20 * gib, 20_000_000) == default  # tight: the default
+    assert scratch_mode("cuda", 8 * gib) == default and scratch_mode("cpu", 80 * gib) == default
+    assert scratch_mode("cuda", 80 * gib, 70 * gib, 20_000_000, lean=True) == default  # --fused_adam's step
+    monkeypatch.delenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", raising=False)
+    buckets_20m = fr._one_launch_buckets(45_000_000, 8_160)  # 1920x1080, 45 M intersections
+    assert not fr.fits_one_launch(45_000_000, 8_160) and fr.fits_one_launch(45_000_000, 8_160, 10 * 1024)
+    assert fr._scratch_cap_floats(10 * 1024) >= buckets_20m * fr.CP_BUCKET_FLOATS
+    monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", "1024")
+    assert not fr.fits_one_launch(45_000_000, 8_160, 10 * 1024)  # the environment wins
+    monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", "0")
+    with pytest.raises(ValueError, match="SPLAT_TRAIN_FUSED_SCRATCH_MB"):
+        fr.fits_one_launch(1, 1, 10 * 1024)

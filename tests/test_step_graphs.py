@@ -494,3 +494,32 @@ def test_a_step_that_sees_nothing_matches_the_eager_step_and_later_steps_still_d
         for k in params:
             _close(got[k], grads[k], k)
     assert counts[0] == 0 and counts[1] > 0 and step.capacity >= counts[1]
+
+
+def test_the_plans_scratch_size_decides_whether_a_fused_tail_is_captured(monkeypatch):
+    """Without SPLAT_TRAIN_FUSED_SCRATCH_MB the step plan's scratch size (StepPlan.fused_scratch_mb,
+    passed to the fused callable and to GraphedStep alike) decides: below one bucket the tail runs
+    uncaptured, in chunks; at the plan's default it is captured; both give the same loss."""
+    import functools
+    import shutil
+
+    import pytest
+
+    from splat_train.kernels import fused_raster as fr
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler to build the CPU emulation of the native kernel")
+    monkeypatch.delenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", raising=False)
+    cams, gts = _cams([0, 3])
+    campos = torch.linalg.inv(cams.viewmats)[:, :3, 3]
+    losses = []
+    for scratch_mb in (0.001, fr.DEFAULT_SCRATCH_MB):
+        params = _params()
+        head = GraphedHead(reference, 0.01, 1e10, capture=EagerGraphs)
+        fused = functools.partial(fr.emulated_fused_raster_loss, ssim_lambda=0.2, scratch_mb=scratch_mb)
+        step = GraphedStep(head, reference, _loss, capture=EagerCall, fused=fused, scratch_mb=scratch_mb)
+        out = step(params, cams.viewmats, cams.Ks, campos, cams.width, cams.height, 1, gts)
+        assert out is not None and not step.failed
+        assert (step.declined, step.captures) == ((1, 0) if scratch_mb < 1 else (0, 1))
+        losses.append(float(out.loss))
+    assert math.isclose(losses[0], losses[1], rel_tol=1e-6)

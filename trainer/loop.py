@@ -109,6 +109,7 @@ class Trainer:
             params, optimizers, scheduler, strategy, initialize_state(strategy, self.scene_scale)
         )
         self.aux, self.aux_optimizers, self.aux_schedulers = make_aux_modules(cfg, len(self.trainset), ctx)
+        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
         self.plan = plan_step(
             cfg,
             self.device.type,
@@ -117,11 +118,10 @@ class Trainer:
             aux=tuple(self.aux),
             kernel_ready=lambda: native_kernel_everywhere(ctx, cfg.step.raster, self.report.warn),
             loopback=ctx.loopback,
-            tight=memory_tight(
-                int(params["means"].shape[0]),
-                torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None,
-            ),
+            tight=memory_tight(int(params["means"].shape[0]), free),
             num_gaussians=int(params["means"].shape[0]),
+            total_bytes=torch.cuda.get_device_properties(self.device).total_memory if free is not None else None,
+            free_bytes=free,
         )
         self._say_plan()
         self.batches = Batches(

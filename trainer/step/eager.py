@@ -31,12 +31,13 @@ def unwrapped(module: torch.nn.Module) -> torch.nn.Module:
     return getattr(module, "module", module)
 
 
-def fused_loss_function(ssim_lambda: float, fallback) -> Callable:
-    """kernels.fused_raster.fused_raster_loss with the run's --ssim_lambda and unfused fallback
-    ops bound: the fused step's rasterizer and loss (eager and graphed)."""
+def fused_loss_function(ssim_lambda: float, fallback, scratch_mb: Optional[float] = None) -> Callable:
+    """kernels.fused_raster.fused_raster_loss with the run's --ssim_lambda, unfused fallback ops
+    and checkpoint scratch (StepPlan.fused_scratch_mb) bound: the fused step's rasterizer and loss
+    (eager and graphed)."""
     from ...kernels.fused_raster import fused_raster_loss
 
-    return functools.partial(fused_raster_loss, ssim_lambda=ssim_lambda, fallback=fallback)
+    return functools.partial(fused_raster_loss, ssim_lambda=ssim_lambda, fallback=fallback, scratch_mb=scratch_mb)
 
 
 class EagerStep:
@@ -62,7 +63,9 @@ class EagerStep:
     ):
         self.plan, self.cfg, self.setup, self.loss, self.aux = plan, cfg, setup, loss, aux
         self.depth_targets, self.scene_scale, self.tb_wanted = depth_targets, scene_scale, tb_wanted
-        self.fused_loss = fused_loss_function(cfg.step.ssim_lambda, setup.ops) if plan.fused else None
+        self.fused_loss = (
+            fused_loss_function(cfg.step.ssim_lambda, setup.ops, plan.fused_scratch_mb) if plan.fused else None
+        )
         self.tb_image: Optional[torch.Tensor] = None
 
     def __call__(self, batch: StepBatch, params, sh_degree: int, timer, head=None) -> StepOutputs:

@@ -82,6 +82,7 @@ class ForwardBackward:
                 warn=warn,
                 fused=self.eager.fused_loss,
                 ctx=setup.ctx,
+                scratch_mb=plan.fused_scratch_mb,
             )
             if self.graphed_head is not None and plan.graphs == "whole"
             else None

@@ -200,7 +200,8 @@ class GraphedStep:
     when a capture fails; the run then goes on with the eager step (``__call__`` returns None).
     ``captures``, ``failures`` and ``capture_seconds`` count the tail's own captures; ``declined``
     the fused steps left to the eager step because the kernel would need several launches
-    (kernels.fused_raster.fits_one_launch)."""
+    (kernels.fused_raster.fits_one_launch, within ``scratch_mb``: the MiB ``fused`` was bound to,
+    StepPlan.fused_scratch_mb)."""
 
     def __init__(
         self,
@@ -212,9 +213,10 @@ class GraphedStep:
         warn: Optional[Callable[[str], None]] = None,
         fused: Optional[Callable] = None,
         ctx: Optional[DistContext] = None,
+        scratch_mb: Optional[float] = None,
     ):
         self.head, self.ops, self.loss_fn, self.absgrad = head, ops, loss_fn, absgrad
-        self.fused = fused
+        self.fused, self.scratch_mb = fused, scratch_mb
         self.ctx = ctx if ctx is not None and ctx.distributed else None  # the distributed path's rank
         if self.ctx is not None and absgrad:
             raise ValueError("a whole-step replay on the distributed path takes no --absgrad (step/plan.graphs_mode)")
@@ -323,7 +325,7 @@ class GraphedStep:
         # a fused kernel too large for one launch runs in chunks of tiles, reading the tile offsets
         # on the host, which no capture allows: that step's tail runs uncaptured, on the same
         # static buffers, between the head's two replays (a later, smaller step replays again)
-        uncaptured = self.fused is not None and not fits_one_launch(self.capacity, C * (th + 1) * tw)
+        uncaptured = self.fused is not None and not fits_one_launch(self.capacity, C * (th + 1) * tw, self.scratch_mb)
         weight = C / C_all  # this rank's share of the global batch's mean loss (step/eager.py)
         key = (
             run if exchange is None else None,  # the distributed tail reads the exchange's buffers

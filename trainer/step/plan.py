@@ -58,6 +58,8 @@ class StepPlan:
     lazy_sh_adam_why: str = ""
     # --lazy_sh_adam auto left off only for the shard's size: deferred once it holds LAZY_MIN_GAUSSIANS
     lazy_sh_adam_later: bool = False
+    # MiB of checkpoint scratch one launch of the fused kernel may take (kernels/fused_raster.py)
+    fused_scratch_mb: float = 2048.0
 
     @property
     def fused(self) -> bool:
@@ -69,11 +71,12 @@ class StepPlan:
         graphs = {"whole": "whole-step CUDA graphs", "head": "CUDA graphs of the projection", "off": "no CUDA graphs"}
         path = "the distributed path" if self.distributed else "one process's path"
         adam = "Adam in the projection's backward" if self.fused_adam else "Adam after the backward"
+        scratch = f"; checkpoints up to {self.fused_scratch_mb / 1024:.1f} GiB a launch" if self.fused else ""
         lazy = f", the SH Adam of unseen Gaussians deferred ({self.lazy_sh_adam_why})" if self.lazy_sh_adam else ""
         return (
             f"step: {path} ({self.distributed_why}), {self.projection} projection ({self.projection_why}), "
             f"{self.raster} rasterization "
-            f"({self.raster_why}), {exchange} records, {graphs[self.graphs]} ({self.graphs_why}), "
+            f"({self.raster_why}{scratch}), {exchange} records, {graphs[self.graphs]} ({self.graphs_why}), "
             f"{adam} ({self.fused_adam_why}){lazy}"
         )
 
@@ -244,6 +247,35 @@ def memory_tight(num_gaussians: int, free_bytes: Optional[int]) -> bool:
     return free_bytes is not None and num_gaussians * TIGHT_BYTES_PER_GAUSSIAN > TIGHT_SHARE * free_bytes
 
 
+SCRATCH_SHARE = 0.125  # of the device's memory: the most the fused kernel's scratch takes
+
+
+def scratch_mode(
+    device_type: str,
+    total_bytes: Optional[int],
+    free_bytes: Optional[int] = None,
+    num_gaussians: int = 0,
+    lean: bool = False,
+) -> float:
+    """MiB of checkpoint scratch one launch of the fused kernel may take: SCRATCH_SHARE of the
+    device's memory (``total_bytes``), at most half of what ``free_bytes`` leaves after a step of
+    ``num_gaussians`` local Gaussians at TIGHT_BYTES_PER_GAUSSIAN, and at least
+    kernels.fused_raster's DEFAULT_SCRATCH_MB, which it is also off a GPU and for a ``lean`` step
+    (the Adam in the projection's backward: a run that saves the gradients' memory). A step whose scratch passes it
+    runs the kernel in several launches, reading the tile offsets on the host, and its tail
+    uncaptured (step/graphed.py); the 20 M benchmarks need about 6 GB (128 bytes per tile
+    intersection)."""
+    from ...kernels.fused_raster import DEFAULT_SCRATCH_MB
+
+    mb = float(DEFAULT_SCRATCH_MB)
+    if device_type != "cuda" or not total_bytes or lean:
+        return mb
+    room = SCRATCH_SHARE * total_bytes
+    if free_bytes is not None:
+        room = min(room, (free_bytes - num_gaussians * TIGHT_BYTES_PER_GAUSSIAN) / 2)
+    return max(mb, room / 2**20)
+
+
 def adam_mode(cfg: Config, projection: str, tight: bool = False) -> tuple[bool, str]:
     """(whether the Gaussians' Adam runs inside the projection's backward kernel, why) from
     --fused_adam: it needs the Triton projection (``projection``, StepPlan.projection), SH of at
@@ -363,13 +395,16 @@ def plan_step(
     loopback: bool = False,
     tight: bool = False,
     num_gaussians: int = 0,
+    total_bytes: Optional[int] = None,
+    free_bytes: Optional[int] = None,
 ) -> StepPlan:
     """The :class:`StepPlan` of a run of ``cfg`` on ``device_type`` ("cuda" | "cpu") with
     ``world_size`` processes; ``masked``: the training views have loss masks; ``aux``: the
     auxiliary modules it trains; ``kernel_ready``: whether every rank can run the native kernel
     (asked only for a fused step on a GPU); ``loopback``: one process on the distributed path
     (launch.loopback_group); ``tight``: device memory is tight for the model (:func:`memory_tight`);
-    ``num_gaussians``: the rank's shard at the start.
+    ``num_gaussians``: the rank's shard at the start; ``total_bytes``, ``free_bytes``: the device's
+    memory and what is free of it (for the fused kernel's scratch, :func:`scratch_mode`).
     Raises ValueError as :func:`raster_mode`, :func:`adam_mode` and :func:`lazy_adam_mode`."""
     raster, raster_why = raster_mode(cfg, device_type, masked, kernel_ready)
     graphs, graphs_why = graphs_mode(cfg, device_type, world_size, raster, aux, loopback)
@@ -399,4 +434,5 @@ def plan_step(
         lazy_sh_adam=lazy,
         lazy_sh_adam_why=lazy_why,
         lazy_sh_adam_later=later,
+        fused_scratch_mb=scratch_mode(device_type, total_bytes, free_bytes, num_gaussians, lean=fused_adam),
     )
