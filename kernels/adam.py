@@ -101,8 +101,8 @@ if triton is not None:
     ):
         if MASKED:
             if row > 0:  # a deferred tensor: the listed rows only (lazy_rows)
-                _update_listed(p_ptr, g_ptr, m_ptr, v_ptr, block, step_size, inv_bc2_sqrt, beta1, beta2, eps, vis_ptr,
-                               row, cnt_ptr, nprog, BLOCK)  # fmt: skip
+                _update_listed(p_ptr, g_ptr, m_ptr, v_ptr, n, block, step_size, inv_bc2_sqrt, beta1, beta2, eps,
+                               vis_ptr, row, cnt_ptr, nprog, BLOCK)  # fmt: skip
             else:
                 _update_block(p_ptr, g_ptr, m_ptr, v_ptr, n, block, step_size, inv_bc2_sqrt, beta1, beta2, eps,
                               vis_ptr, row, BLOCK, False)  # fmt: skip
@@ -126,20 +126,26 @@ if triton is not None:
 
     @triton.jit
     def _update_listed(
-        p_ptr, g_ptr, m_ptr, v_ptr, first, step_size, inv_bc2_sqrt, beta1, beta2, eps, rows_ptr, row, cnt_ptr,
+        p_ptr, g_ptr, m_ptr, v_ptr, n, first, step_size, inv_bc2_sqrt, beta1, beta2, eps, rows_ptr, row, cnt_ptr,
         nprog, BLOCK: tl.constexpr,
     ):  # fmt: skip
         """The rows listed in rows_ptr[:cnt] (``row`` elements each), as one run of cnt x row
         elements that the tensor's ``nprog`` programs stride over from block ``first``: the count
-        is known on the device only, and the programs touch the listed rows alone."""
+        is known on the device only, and the programs touch the listed rows alone. A list of every
+        row (cnt x row = n, the tensor's elements: each row once) is the tensor itself, stepped in
+        its own order without reading the list (where every Gaussian is seen)."""
         total = tl.load(cnt_ptr).to(tl.int64) * row
+        every = total == n
         for b in range(first, tl.cdiv(total, BLOCK).to(tl.int32), nprog):
             blk = tl.full([], 0, tl.int64) + b  # the loop's index a tensor under the interpreter too
             e = blk * BLOCK + tl.arange(0, BLOCK)
             mask = e < total
-            k = _row_of(blk, e, row, BLOCK)  # the k-th listed row
-            r = tl.load(rows_ptr + k, mask=mask, other=0).to(tl.int64)
-            offs = r * row + (e - k * row)
+            if every:
+                offs = e
+            else:
+                k = _row_of(blk, e, row, BLOCK)  # the k-th listed row
+                r = tl.load(rows_ptr + k, mask=mask, other=0).to(tl.int64)
+                offs = r * row + (e - k * row)
             g = tl.load(g_ptr + offs, mask=mask, other=0.0)
             adam_in_place(p_ptr, m_ptr, v_ptr, offs, mask, g, step_size, inv_bc2_sqrt, beta1, beta2, eps)
 

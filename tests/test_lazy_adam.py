@@ -137,16 +137,20 @@ def check_caught_up(got, want, problem, rows=None):
     assert torch.equal(got["applied"], want_applied)
 
 
-def run_sequence(seed: int, device, N: int = 300, steps: int = 12, programs: int = 0, share: float = 0.3):
+def run_sequence(
+    seed: int, device, N: int = 300, steps: int = 12, programs: int = 0, share: float = 0.3, every_step: int = 3
+):
     """``steps`` Adam steps of sh0 / shN with random visibility (``share`` of the rows a step) and
     gradients on the visible rows only, densely (kernels/adam.py on every row) and deferred (the
     visible rows listed by lazy_adam.list_seen from random visibility bits and caught up,
     kernels/adam.py's lazy_rows, LazyShAdam.stepped; step 5 as a step that caught every row up and
     stepped them all), the deferred one flushed at the end; returns both runs' parameters and
-    moments. ``programs``: the listed rows' grid (constants.LISTED_PROGRAMS) for this run."""
+    moments. ``programs``: the listed rows' grid (constants.LISTED_PROGRAMS) for this run;
+    ``every_step``: a step that sees every row (its list is the whole tensor)."""
     gen = torch.Generator().manual_seed(seed)
     sh0, shn = torch.randn(N, 1, 3, generator=gen), torch.randn(N, 15, 3, generator=gen)
     visible = [torch.rand(N, generator=gen) < share for _ in range(steps)]
+    visible[every_step][:] = True
     bits = [vis.int() * torch.randint(1, 1 << 20, (N,), generator=gen, dtype=torch.int32) for vis in visible]
     grads = [[torch.randn(p.shape, generator=gen) * 1e-3 * vis[:, None, None] for p in (sh0, shn)] for vis in visible]
     runs = {}
