@@ -18,6 +18,13 @@
 #   of seen rows with lanes along each row, the tile's waiting rows found by reading every listed
 #   row's count), one H100, STEP_TESTS=0 JUICEBOX=0; gpu.txt's commit line is the session's
 #   starting checkout, not the tree that ran.
+# - waiting-rows/: at 2133ee3 (the catch-up over the list of waiting rows; the kernels as 40be37c),
+#   one H200, STEP_TESTS=0 JUICEBOX=0 SCRATCH_MBS=8192 (bench-20m-scratch8192: the fused kernel
+#   in one launch); gpu.txt's commit line is again the session's starting checkout.
+# - ../fused-scratch/: the next call on the same machine, 2133ee3 with the step plan's scratch size
+#   (trainer/step/plan.scratch_mode; committed after it unchanged but for --fused_adam's case),
+#   STEP_TESTS=0 LAZY_TESTS=0 SCENES=20m; its juicebox runs found no data (J pointed outside the
+#   carried tree: timeline.txt) and are not kept.
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go;
 # STEP_TESTS=0 / LAZY_TESTS=0 / JUICEBOX=0 leave those parts out; SCENES: the bench scenes (default
 # "city-20m 20m"; empty for none).
