@@ -67,7 +67,7 @@ train() {  # commit (head|base), seed, steps, output folder; the rest: extra fla
     $FLAGS --seed $seed --max_steps $steps --result_dir /tmp/j/$commit$seed "$@" > $out/train.log 2>&1
 }
 for commit in base head; do
-  train $commit 7 300 $R/juicebox-warm-$commit --eval_steps 99999
+  train $commit 7 ${WARM_STEPS:-300} $R/juicebox-warm-$commit --eval_steps 99999
   stamp "warm $commit rc=$?"
 done
 for seed in ${SEEDS:-42 43 44}; do
