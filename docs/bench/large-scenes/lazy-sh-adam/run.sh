@@ -54,7 +54,7 @@ for mb in ${SCRATCH_MBS:-}; do
 done
 # juicebox f4 (images_4/), 7,000 steps of the default preset, this tree ("head") beside 22b3dbb
 # ("base": its source, `git archive --prefix=splat_train/ 22b3dbb | gzip`, carried as BASE_SRC),
-# alternating, each with its own native-extension cache and a 300-step warm-up first.
+# alternating, each with its own native-extension cache and a warm-up first (WARM_STEPS, default 300).
 [ "${JUICEBOX:-1}" = 1 ] || exit 0
 J=${J:-../shared/data/juicebox}; BASE_SRC=${BASE_SRC:-.whl/base-22b3dbb.tar.gz}
 mkdir -p /tmp/base && tar -xzf $BASE_SRC -C /tmp/base || exit 1
