@@ -25,6 +25,11 @@
 #   (trainer/step/plan.scratch_mode; committed after it unchanged but for --fused_adam's case),
 #   STEP_TESTS=0 LAZY_TESTS=0 SCENES=20m; its juicebox runs found no data (J pointed outside the
 #   carried tree: timeline.txt) and are not kept.
+# - juicebox-base/: at ab08f61 (the code of eb24f3d), J=.data/juicebox (images_4/ and sparse/ copied
+#   into an ignored folder and carried), WARM_STEPS=100, the four lazy/Adam GPU kernel tests first
+#   (gpu_tests_adam.log); one H100 (the H200 did not come), its call cut at 298 s by the session's
+#   device time: head 44 was cut short and the 20 M bench after it did not run, nothing under stats/ came back
+#   (folders too deep for the transfer), the progress bar is left in each train.log.
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go;
 # STEP_TESTS=0 / LAZY_TESTS=0 / JUICEBOX=0 leave those parts out; SCENES: the bench scenes (default
 # "city-20m 20m"; empty for none).
@@ -56,7 +61,10 @@ done
 # ("base": its source, `git archive --prefix=splat_train/ 22b3dbb | gzip`, carried as BASE_SRC),
 # alternating, each with its own native-extension cache and a warm-up first (WARM_STEPS, default 300).
 [ "${JUICEBOX:-1}" = 1 ] || exit 0
-J=${J:-../shared/data/juicebox}; BASE_SRC=${BASE_SRC:-.whl/base-22b3dbb.tar.gz}
+# J: juicebox; on the device machine only the carried tree exists, so copy images_4/, sparse/ and
+# poses_bounds.npy of ../shared/data/juicebox into .data/juicebox (ignored) and carry .data
+J=${J:-$([ -d .data/juicebox ] && echo .data/juicebox || echo ../shared/data/juicebox)}
+BASE_SRC=${BASE_SRC:-.whl/base-22b3dbb.tar.gz}
 mkdir -p /tmp/base && tar -xzf $BASE_SRC -C /tmp/base || exit 1
 FLAGS="--data_dir $J --data_factor 4 --max_steps 7000 --eval_steps 7000 --ply_steps 99999 --num_traj_frames 0 --no_save_ply"
 train() {  # commit (head|base), seed, steps, output folder; the rest: extra flags
@@ -74,6 +82,6 @@ for seed in ${SEEDS:-42 43 44}; do
   for commit in base head; do
     train $commit $seed 7000 $R/juicebox-$commit-$seed
     rc=$?; cp -r /tmp/j/$commit$seed/stats $R/juicebox-$commit-$seed/
-    stamp "juicebox $commit $seed rc=$rc $(grep -h 'train loop:\|PSNR' $R/juicebox-$commit-$seed/train.log | tr '\n' ';' | cut -c1-300)"
+    stamp "juicebox $commit $seed rc=$rc $(tr '\r' '\n' < $R/juicebox-$commit-$seed/train.log | grep 'train loop:\|PSNR' | tr '\n' ';' | cut -c1-300)"
   done
 done
