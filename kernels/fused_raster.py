@@ -360,6 +360,27 @@ def tile_chunks(offsets: Tensor, num_isects: int, cap_floats: int) -> list:
     return chunks
 
 
+def _allocate_scratch(floats: int, device) -> Tensor:
+    return torch.empty(floats, dtype=torch.float32, device=device)
+
+
+def _chunks_and_scratch(offsets: Tensor, num_isects: int, scratch_mb: Optional[float], device) -> tuple:
+    """The launches (:func:`tile_chunks`) within the cap of ``scratch_mb`` and their one scratch
+    buffer. Where a cap above DEFAULT_SCRATCH_MB meets an out-of-memory error (the model grew after
+    the step plan sized the cap from the memory then free), the launches are cut again at
+    DEFAULT_SCRATCH_MB; other errors, and one at the default, propagate."""
+    cap = _scratch_cap_floats(scratch_mb)
+    chunks = tile_chunks(offsets, num_isects, cap)
+    try:
+        return chunks, _allocate_scratch(max(c[3] for c in chunks) * CP_BUCKET_FLOATS, device)
+    except torch.OutOfMemoryError:
+        default = _scratch_cap_floats(DEFAULT_SCRATCH_MB)
+        if cap <= default:
+            raise
+    chunks = tile_chunks(offsets, num_isects, default)
+    return chunks, _allocate_scratch(max(c[3] for c in chunks) * CP_BUCKET_FLOATS, device)
+
+
 def _launch(
     ext,
     means2d,
@@ -425,8 +446,7 @@ def _launch(
     image = torch.full((I, height, width, 3), math.nan, **f32) if return_image else none
     partial = torch.empty(I * num_tiles, 2, **f32)
     terms = torch.empty(3, **f32)  # loss, L1, SSIM: written by the kernel's last block
-    chunks = tile_chunks(offsets, fids.numel(), _scratch_cap_floats(scratch_mb))
-    scratch = torch.empty(max(c[3] for c in chunks) * CP_BUCKET_FLOATS, **f32)
+    chunks, scratch = _chunks_and_scratch(offsets, fids.numel(), scratch_mb, device)
     ox, oy = origin
     num_pixels = (height - oy) * (width - ox)  # the pixels with ground truth, per image
     denom = float(I * 3 * num_pixels)

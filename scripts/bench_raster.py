@@ -185,6 +185,12 @@ def fused_step(inputs, ssim_lambda, config):
     from splat_train.kernels.fused_raster import fused_raster_loss
 
     leaves = _leaves(inputs)
+    device = leaves[0].device
+    if device.type == "cuda" and "scratch_mb" not in config:  # the trainer's cap on this device
+        from splat_train.trainer.step.plan import scratch_mode
+
+        free, total = torch.cuda.mem_get_info(device)
+        config = dict(config, scratch_mb=scratch_mode("cuda", total, free))
     loss, stats = fused_raster_loss(
         *leaves,
         inputs["isect_offsets"],

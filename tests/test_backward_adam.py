@@ -133,8 +133,13 @@ def test_the_fused_kernels_scratch_size(monkeypatch):
     buckets_20m = fr._one_launch_buckets(45_000_000, 8_160)  # 1920x1080, 45 M intersections
     assert not fr.fits_one_launch(45_000_000, 8_160) and fr.fits_one_launch(45_000_000, 8_160, 10 * 1024)
     assert fr._scratch_cap_floats(10 * 1024) >= buckets_20m * fr.CP_BUCKET_FLOATS
+    from splat_train.trainer.step.plan import StepPlan
+
+    plan = StepPlan(raster="fused", raster_why="x", graphs="off", graphs_why="y", fused_scratch_mb=10 * 1024)
+    assert "checkpoints up to 10.0 GiB a launch" in plan.describe()
     monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", "1024")
     assert not fr.fits_one_launch(45_000_000, 8_160, 10 * 1024)  # the environment wins
+    assert "checkpoints up to 1.0 GiB a launch" in plan.describe()  # and the console says so
     monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", "0")
     with pytest.raises(ValueError, match="SPLAT_TRAIN_FUSED_SCRATCH_MB"):
         fr.fits_one_launch(1, 1, 10 * 1024)

@@ -614,6 +614,39 @@ def test_kernel_source_in_chunks_of_tiles(emulation, monkeypatch, case):
     assert_matches(compare(params, fr.emulated_fused_raster_loss, warp_size=32), params, case)
 
 
+def test_a_larger_cap_that_meets_out_of_memory_falls_back_to_the_default(emulation, monkeypatch):
+    """A launch whose scratch at the plan's cap (above the default) cannot be allocated is cut
+    again at the default cap and still matches the reference; at the default cap the error
+    propagates."""
+    monkeypatch.delenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", raising=False)
+    monkeypatch.setattr(fr, "DEFAULT_SCRATCH_MB", 0.02)  # 5 buckets of checkpoints
+    case = "list_lengths"
+    scene = scene_of(CASES[case])
+    offsets, n = scene["isect_offsets"].reshape(-1), scene["flatten_ids"].numel()
+    chunked = fr.tile_chunks(offsets, n, fr._scratch_cap_floats(fr.DEFAULT_SCRATCH_MB))
+    limit = max(c[3] for c in chunked) * fr.CP_BUCKET_FLOATS  # what the default cap's launches take
+    assert len(chunked) > 2 and fr._one_launch_buckets(n, offsets.numel()) * fr.CP_BUCKET_FLOATS > limit
+    real = fr._allocate_scratch
+    sizes = []
+
+    def allocate(floats, device):  # no more memory than the default cap's launches need
+        sizes.append(floats)
+        if floats > limit:
+            raise torch.OutOfMemoryError("test: out of memory")
+        return real(floats, device)
+
+    monkeypatch.setattr(fr, "_allocate_scratch", allocate)
+    assert_matches(compare(CASES[case], fr.emulated_fused_raster_loss, warp_size=32, scratch_mb=1.0), CASES[case], case)
+    assert len(sizes) == 2 and sizes[0] > limit >= sizes[1]  # refused at the plan's cap, then the default's
+    chunks, _ = fr._chunks_and_scratch(offsets, n, 1.0, "cpu")
+    assert chunks == chunked
+    limit = 0  # nothing can be allocated: at the default cap the error propagates
+    with pytest.raises(torch.OutOfMemoryError):
+        fr._chunks_and_scratch(offsets, n, 1.0, "cpu")
+    with pytest.raises(torch.OutOfMemoryError):
+        fr._chunks_and_scratch(offsets, n, 0.01, "cpu")
+
+
 def test_tile_budget(monkeypatch):
     from splat_train.kernels import budget as fr  # noqa: F811 (the device's figure lives there)
 

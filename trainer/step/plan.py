@@ -65,13 +65,20 @@ class StepPlan:
     def fused(self) -> bool:
         return self.raster == "fused"
 
+    def scratch_gib(self) -> float:
+        """GiB of checkpoint scratch a fused launch may take: ``fused_scratch_mb`` or what
+        SPLAT_TRAIN_FUSED_SCRATCH_MB sets instead (ValueError where that is not positive)."""
+        from ...kernels.fused_raster import _scratch_cap_floats
+
+        return _scratch_cap_floats(self.fused_scratch_mb) * 4 / 2**30
+
     def describe(self) -> str:
         """One console line: the step and why."""
         exchange = "gsplat's distributed pass" if self.pipeline != "ours" else ("packed" if self.packed else "dense")
         graphs = {"whole": "whole-step CUDA graphs", "head": "CUDA graphs of the projection", "off": "no CUDA graphs"}
         path = "the distributed path" if self.distributed else "one process's path"
         adam = "Adam in the projection's backward" if self.fused_adam else "Adam after the backward"
-        scratch = f"; checkpoints up to {self.fused_scratch_mb / 1024:.1f} GiB a launch" if self.fused else ""
+        scratch = f"; checkpoints up to {self.scratch_gib():.1f} GiB a launch" if self.fused else ""
         lazy = f", the SH Adam of unseen Gaussians deferred ({self.lazy_sh_adam_why})" if self.lazy_sh_adam else ""
         return (
             f"step: {path} ({self.distributed_why}), {self.projection} projection ({self.projection_why}), "

@@ -50,7 +50,7 @@ for scene in ${SCENES-city-20m 20m}; do
   stamp "bench-$scene rc=$? $(grep -h 'ms/iter' $R/bench-$scene/console.log | tr '\n' ';')"
 done
 # SCRATCH_MBS: the all-visible 20 M again with the fused kernel's checkpoint scratch capped at each
-# of these sizes (SPLAT_TRAIN_FUSED_SCRATCH_MB; the default 2048 splits its launch into chunks there)
+# of these sizes (SPLAT_TRAIN_FUSED_SCRATCH_MB; the former fixed 2048 split its launch into chunks there)
 for mb in ${SCRATCH_MBS:-}; do
   mkdir -p $R/bench-20m-scratch$mb
   SPLAT_TRAIN_FUSED_SCRATCH_MB=$mb splat-train bench --synthetic_gaussians 20000000 --resolution 1920x1080 \
