@@ -31,6 +31,7 @@ Writes ``bench_raster.json`` and ``bench_raster.md`` into ``--out`` (atomically)
 """
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -180,17 +181,25 @@ def unfused_step(inputs, ssim_lambda, ssim_backend):
     return loss.detach(), torch.autograd.grad(loss, leaves)
 
 
+@functools.lru_cache(maxsize=None)
+def _trainer_scratch_mb(device: str) -> float:
+    """The fused kernel's scratch cap the trainer's plan would take on ``device`` (a CUDA device;
+    trainer/step/plan.scratch_mode, no model counted), read once per device: not inside the timed
+    calls."""
+    from splat_train.trainer.step.plan import scratch_mode
+
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return scratch_mode("cuda", total, free)
+
+
 def fused_step(inputs, ssim_lambda, config):
     """The fused kernel (forward, tile-local loss, backward in one) -> (loss, grads, stats)."""
     from splat_train.kernels.fused_raster import fused_raster_loss
 
     leaves = _leaves(inputs)
     device = leaves[0].device
-    if device.type == "cuda" and "scratch_mb" not in config:  # the trainer's cap on this device
-        from splat_train.trainer.step.plan import scratch_mode
-
-        free, total = torch.cuda.mem_get_info(device)
-        config = dict(config, scratch_mb=scratch_mode("cuda", total, free))
+    if device.type == "cuda" and "scratch_mb" not in config:
+        config = dict(config, scratch_mb=_trainer_scratch_mb(str(device)))
     loss, stats = fused_raster_loss(
         *leaves,
         inputs["isect_offsets"],
