@@ -9,7 +9,6 @@ from typing import Optional, Union
 
 from . import adam
 from . import densify_stats as ds
-from . import isect
 from . import fused_ssim as fs
 from . import lazy_adam as la
 from . import projection as pj
@@ -57,22 +56,6 @@ def kernel_specs() -> dict:
         "projection_backward": proj["projection_backward"],
         "projection_backward_adam": proj["projection_backward_adam"],
         "projection_backward_adam_selective": proj["projection_backward_adam_selective"],
-        # the presorted tile lists of a large dense pass: tiles per record, then the intersections
-        # written in depth order (int16 (image, tile) keys: the 1920x1080 case)
-        "isect_count": (
-            isect._count_kernel,
-            dict(BLOCK=isect.BLOCK),
-            {"radii_ptr": "*i32", "counts_ptr": "*i32"},
-            {"inv_ts": "fp32"},
-            4,
-        ),
-        "isect_write": (
-            isect._write_kernel,
-            dict(BLOCK=isect.BLOCK),
-            {"radii_ptr": "*i32", "recs_ptr": "*i64", "starts_ptr": "*i64", "keys_ptr": "*i16", "ids_ptr": "*i32"},
-            {"inv_ts": "fp32"},
-            4,
-        ),
         "sparse_mark": (sc._mark_kernel, rows, ints, {}, 4),
         "sparse_count": (sc._count_kernel, dict(BLOCK_R=sc.BLOCK_ROWS), ints, {}, 4),
         "sparse_compact": (sc._compact_kernel, rows, ints, {}, 4),

@@ -192,7 +192,6 @@ def _worker(
             cuda_graph_captures=fb.graphed_head.captures if fb.graphed_head is not None else None,
             whole_step_captures=fb.graphed_step.captures if fb.graphed_step is not None else None,
             record_exchange_captures=fb.graphed_step.exchange_captures if fb.graphed_step is not None else None,
-            presorted_tile_lists=fb.graphed_step.presorted if fb.graphed_step is not None else None,
             ssim_backend=(trainer.loss.backend if trainer.loss.backend != "auto" else _ssim_backend(ctx.device)),
             profile=profile,
             traffic=traffic,
@@ -596,11 +595,6 @@ def markdown(report: dict) -> str:
         + (
             f", whole steps ({e['ranks'][0]['whole_step_captures']} tail captures)"
             if e["ranks"][0].get("whole_step_captures")
-            else ""
-        )
-        + (
-            f", tile lists presorted by depth in {e['ranks'][0]['presorted_tile_lists']} steps"
-            if e["ranks"][0].get("presorted_tile_lists")
             else ""
         )
         for e in report["variants"]

@@ -499,23 +499,14 @@ def test_superseded_captures_are_freed_without_the_garbage_collector(monkeypatch
     assert reserved[-1] <= reserved[0] + pool + graphs.DEAD_POOL_SLACK, (before, reserved)
 
 
-@pytest.mark.parametrize(
-    "absgrad, raster, tile_lists",
-    [
-        (False, "unfused", "gsplat"),
-        (True, "unfused", "gsplat"),
-        (False, "fused", "gsplat"),
-        (False, "fused", "presort"),
-    ],
-)
-def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absgrad, raster, tile_lists):
+@pytest.mark.parametrize("absgrad, raster", [(False, "unfused"), (True, "unfused"), (False, "fused")])
+def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absgrad, raster):
     """trainer/step/graphed.py with real CUDA graphs and gsplat's kernels (or the native fused kernel):
     over steps with other cameras (so other intersection counts: stale entries past the count in
     the padded tile lists, and a recapture when the count outgrows the capacity), random
     backgrounds on some, and an in-place parameter update between them, the replayed step's loss
     equals the eager step's to relative 1e-5 and every gradient (parameters, 2D means, absgrad) to
-    ||a - b|| / ||b|| <= 1e-4 (the backwards sum with atomics in another order). ``presort``: the
-    tile lists from kernels/isect.py, written into the replayed tail's buffer."""
+    ||a - b|| / ||b|| <= 1e-4 (the backwards sum with atomics in another order)."""
     import functools
 
     from splat_train.kernels.fused_raster import fused_raster_loss
@@ -535,7 +526,7 @@ def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absg
     params = _raw_gpu_params(n=20_000)
     fused = functools.partial(fused_raster_loss, ssim_lambda=0.2) if raster == "fused" else None
     head = GraphedHead(ops, 0.01, 1e10)
-    step = GraphedStep(head, ops, loss_fn, absgrad=absgrad, fused=fused, tile_lists=tile_lists)
+    step = GraphedStep(head, ops, loss_fn, absgrad=absgrad, fused=fused)
     counts = []
     for i in range(6):
         cams = _batch(width=203, height=149, num=4)  # neither a multiple of the 16-pixel tile
@@ -592,7 +583,6 @@ def test_graphed_whole_step_gives_the_eager_steps_loss_and_gradients_on_gpu(absg
     assert head.captures == 1 and step.failures == 0
     assert min(counts[1:]) < max(counts) and 2 <= step.captures <= 4, (counts, step.captures)  # replays too
     assert step.capacity > capacity_for(counts[0])  # the closer cameras outgrew the first capacity
-    assert step.presorted == (6 if tile_lists == "presort" else 0)
 
 
 @pytest.mark.parametrize(

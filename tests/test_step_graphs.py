@@ -5,7 +5,6 @@ stand-ins with the same static buffers (the CUDA replay runs in tests/test_gpu.p
 
 import math
 
-import pytest
 import torch
 
 from splat_train.kernels import reference
@@ -141,15 +140,10 @@ def _close(a, b, what):
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=what)
 
 
-@pytest.mark.parametrize("presort", [False, True], ids=["gsplat-lists", "presorted-lists"])
-def test_graphed_step_gives_the_eager_steps_loss_and_gradients_with_padded_tile_lists(presort):
-    """With ``presort`` the tile lists come from kernels/isect.py (its PyTorch forms on the CPU),
-    written into the replayed tail's static buffer where it holds them."""
+def test_graphed_step_gives_the_eager_steps_loss_and_gradients_with_padded_tile_lists():
     params = _params()
     head = GraphedHead(reference, 0.01, 1e10, capture=EagerGraphs)
-    step = GraphedStep(
-        head, reference, _loss, absgrad=True, capture=EagerCall, tile_lists="presort" if presort else "gsplat"
-    )
+    step = GraphedStep(head, reference, _loss, absgrad=True, capture=EagerCall)
     ns = []
     for indices, bg in (([0, 3], None), ([1, 4], torch.rand(2, 3)), ([2, 5], None), ([0, 3], None)):
         cams, gts = _cams(indices)
@@ -176,7 +170,6 @@ def test_graphed_step_gives_the_eager_steps_loss_and_gradients_with_padded_tile_
         key = (capacity, with_bg)
     assert step.captures == expected == 3
     assert head.captures == 1
-    assert step.presorted == (4 if presort else 0)
 
 
 def test_graphed_fused_step_gives_the_eager_fused_steps_loss_and_gradients():

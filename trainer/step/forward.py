@@ -83,7 +83,6 @@ class ForwardBackward:
                 fused=self.eager.fused_loss,
                 ctx=setup.ctx,
                 scratch_mb=plan.fused_scratch_mb,
-                tile_lists=cfg.step.tile_lists,
             )
             if self.graphed_head is not None and plan.graphs == "whole"
             else None
@@ -162,8 +161,6 @@ class ForwardBackward:
                 line += f", {whole.exchange_captures} record exchanges captured"
                 if whole.exchange_stopped:
                     line += " (then stopped: the pass layout changed too often)"
-            if whole.presorted:
-                line += f", {whole.presorted} steps listed their tiles through the depth presort (kernels/isect.py)"
             if whole.declined:
                 line += f", {whole.declined} steps too large for one fused launch ran their tail uncaptured"
         return line

@@ -6,9 +6,8 @@ GPU's own work on a small scene (docs/performance.md). For the common run (one p
 records, the photometric loss alone) :class:`GraphedStep` runs a step as
 
   1. the head's forward graph: activation, projection, SH (capture.CapturedGraphs);
-  2. the tile intersection, eagerly: gsplat's isect_tiles, or on a large pass kernels/isect.py's
-     equal lists from two shorter sorts; either reads the intersection count on the host (the
-     step's one synchronization) and sizes its outputs by it;
+  2. gsplat's tile intersection, eagerly: isect_tiles reads its intersection count on the host
+     (the step's one synchronization) and sizes its outputs by it;
   3. the tail graph (capture.CapturedCall): rasterize_to_pixels, the background, the loss, and the
      loss's and rasterizer's backward, which writes the gradients of the head's outputs straight
      into the head's static gradient buffers (with --raster fused: the fused kernel, which does
@@ -43,7 +42,6 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ...kernels import isect
 from ...kernels.constants import TILE_SIZE
 from ...kernels.fused_raster import fits_one_launch
 from ...kernels.fused_ssim import uint8_to_unit
@@ -185,8 +183,7 @@ class _Tail:
         n = flatten_ids.numel()
         self.offsets[:, : self.th].copy_(offsets)
         self.offsets[:, self.th].copy_(_extra_row_starts(offsets, n)[:, None])
-        if flatten_ids.data_ptr() != self.flatten_ids.data_ptr():  # else already written there
-            self.flatten_ids[:n].copy_(flatten_ids)
+        self.flatten_ids[:n].copy_(flatten_ids)
         self.gts.copy_(gts)
         if self.backgrounds is not None:
             self.backgrounds.copy_(backgrounds)
@@ -204,8 +201,7 @@ class GraphedStep:
     ``captures``, ``failures`` and ``capture_seconds`` count the tail's own captures; ``declined``
     the fused steps left to the eager step because the kernel would need several launches
     (kernels.fused_raster.fits_one_launch, within ``scratch_mb``: the MiB ``fused`` was bound to,
-    StepPlan.fused_scratch_mb). ``tile_lists``: --tile_lists (auto, gsplat or presort; ValueError
-    otherwise); ``presorted`` counts the steps whose lists came from the presort."""
+    StepPlan.fused_scratch_mb)."""
 
     def __init__(
         self,
@@ -218,7 +214,6 @@ class GraphedStep:
         fused: Optional[Callable] = None,
         ctx: Optional[DistContext] = None,
         scratch_mb: Optional[float] = None,
-        tile_lists: str = "auto",
     ):
         self.head, self.ops, self.loss_fn, self.absgrad = head, ops, loss_fn, absgrad
         self.fused, self.scratch_mb = fused, scratch_mb
@@ -245,12 +240,6 @@ class GraphedStep:
         self.failed = False  # a tail capture failed: no more graphed steps in this run
         self._tail: Optional[_Tail] = None
         self._warmed: set = set()  # tail keys, less head and capacity, warmed up before a capture
-        # passes of at least this many records (cameras x Gaussians) take kernels/isect.py's
-        # presorted tile lists in place of gsplat's isect_tiles (--tile_lists)
-        if tile_lists not in ("auto", "gsplat", "presort"):
-            raise ValueError(f"--tile_lists {tile_lists!r}: one of auto, gsplat, presort")
-        self.presort_min_records = dict(auto=isect.PRESORT_MIN_RECORDS, gsplat=math.inf, presort=0)[tile_lists]
-        self.presorted = 0  # steps whose tile lists came from the presort
 
     def __call__(
         self,
@@ -326,7 +315,10 @@ class GraphedStep:
         if timer is not None:
             timer.begin("rasterization")
         tw, th = math.ceil(width / TILE_SIZE), math.ceil(height / TILE_SIZE)
-        offsets, flatten_ids = self._tile_lists(records, C, tw, th)
+        _, isect_ids, flatten_ids = self.ops.isect_tiles(
+            records["means2d"], records["radii"], records["depths"], TILE_SIZE, tw, th, packed=False, n_images=C
+        )
+        offsets = self.ops.isect_offset_encode(isect_ids, C, tw, th)
         n = flatten_ids.numel()
         if n > self.capacity or self.capacity == 0:
             self.capacity = capacity_for(n)
@@ -445,21 +437,6 @@ class GraphedStep:
         if self._binding is not None:
             self._binding.release()
         self._binding = self._binding_key = None
-
-    def _tile_lists(self, records: dict, C: int, tw: int, th: int) -> tuple:
-        """(offsets [C, th, tw] int32, flatten_ids [n] int32) of the records' dense pass: gsplat's
-        isect_tiles + isect_offset_encode, or for a pass of at least ``presort_min_records`` records
-        kernels/isect.py's equal lists, their flatten_ids written straight into the current tail's
-        static buffer where it holds them."""
-        means2d, radii, depths = records["means2d"], records["radii"], records["depths"]
-        if means2d.shape[0] * means2d.shape[1] >= self.presort_min_records:
-            self.presorted += 1
-            out = self._tail.flatten_ids if self._tail is not None else None
-            return isect.tile_lists(means2d, radii, depths, TILE_SIZE, tw, th, out=out)
-        _, isect_ids, flatten_ids = self.ops.isect_tiles(
-            means2d, radii, depths, TILE_SIZE, tw, th, packed=False, n_images=C
-        )
-        return self.ops.isect_offset_encode(isect_ids, C, tw, th), flatten_ids
 
     def _forget_tail(self) -> None:
         """Drop the tail now: an uncaptured tail's call and its inputs' closure refer to each other,

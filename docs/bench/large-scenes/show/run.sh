@@ -1,30 +1,29 @@
 # The large-scenes issue's bench: one invocation per scene (20 M all visible, city-like 20 M, 2 M
 # all visible at 1600x1200, 60 M all visible with 4 cameras), gsplat's distributed pass, the
 # unfused dense step and the default step (the fused kernel) side by side from the same initial
-# model at W = 1, warm-up steps discarded; on the three smaller scenes also the default step with
-# gsplat's tile lists (--tile_lists gsplat) against its presorted ones (kernels/isect.py). First
-# the GPU tests of the tile lists and the whole-step replay (gpu_tests.log).
+# model at W = 1, warm-up steps discarded.
 # Each bench-<scene>/: bench.json (phases, peak memory, the profile summary and the bytes model of
 # the per-Gaussian stages), bench.md, console.log; timeline.txt: each part's exit and ms/iter.
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go;
-# TESTS=0 leaves the tests out; SCENES: the scenes (default "20m city-20m 2m 60m").
+# SCENES: the scenes (default "20m city-20m 2m 60m"); EXTRA: more bench arguments for every scene
+# (a --variant NAME="--flags" to compare).
+# ../presort/ ran an earlier form of this script (cce9146: kernels/isect.py's presorted tile
+# lists, --tile_lists, in the default step, and a variant with gsplat's lists beside it).
 R=${R:-$OUT/r}; mkdir -p $R; t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $R/timeline.txt; }
 nvidia-smi > $R/gpu.txt 2>&1
-[ "${TESTS:-1}" = 1 ] && python3 -m pytest -q -m gpu tests/test_isect.py tests/test_gpu.py -k "isect or graphed_whole" > $R/gpu_tests.log 2>&1
-stamp "tests rc=$? $(tail -1 $R/gpu_tests.log)"
 V="--steps 12 --warmup 4 --phase_steps 3 --profile_steps 3 --world_sizes 1"
-LISTS=(--variant "ours-dense-fused-gsplat-lists=--raster fused --tile_lists gsplat")
 for scene in ${SCENES-20m city-20m 2m 60m}; do
   case $scene in
-    20m) args=(--synthetic_gaussians 20000000 --resolution 1920x1080 "${LISTS[@]}" $V) ;;
-    city-20m) args=(--synthetic_layout city --synthetic_gaussians 20000000 --resolution 1920x1080 "${LISTS[@]}" $V) ;;
-    2m) args=(--synthetic_gaussians 2000000 --resolution 1600x1200 "${LISTS[@]}" $V) ;;
+    20m) args=(--synthetic_gaussians 20000000 --resolution 1920x1080 $V) ;;
+    city-20m) args=(--synthetic_layout city --synthetic_gaussians 20000000 --resolution 1920x1080 $V) ;;
+    2m) args=(--synthetic_gaussians 2000000 --resolution 1600x1200 $V) ;;
     60m) args=(--synthetic_gaussians 60000000 --resolution 1920x1080 --num_cameras 4 --steps 8 --warmup 3
                --phase_steps 2 --profile_steps 2 --world_sizes 1) ;;
   esac
   mkdir -p $R/bench-$scene
-  splat-train bench --variants gsplat-dist ours-dense ours-dense-fused "${args[@]}" --out $R/bench-$scene \
+  eval "extra=(${EXTRA:-})"
+  splat-train bench --variants gsplat-dist ours-dense ours-dense-fused "${args[@]}" "${extra[@]}" --out $R/bench-$scene \
     > $R/bench-$scene/console.log 2>&1
   stamp "bench-$scene rc=$? $(grep -h 'ms/iter' $R/bench-$scene/console.log | tr '\n' ';')"
 done
