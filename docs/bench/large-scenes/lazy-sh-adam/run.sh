@@ -25,11 +25,11 @@
 #   (trainer/step/plan.scratch_mode; committed after it unchanged but for --fused_adam's case),
 #   STEP_TESTS=0 LAZY_TESTS=0 SCENES=20m; its juicebox runs found no data (J pointed outside the
 #   carried tree: timeline.txt) and are not kept.
-# - juicebox-base/: at ab08f61 (the code of eb24f3d), J=.data/juicebox (images_4/ and sparse/ copied
-#   into an ignored folder and carried), WARM_STEPS=100, the four lazy/Adam GPU kernel tests first
-#   (gpu_tests_adam.log); one H100 (the H200 did not come), its call cut at 298 s by the session's
-#   device time: head 44 was cut short and the 20 M bench after it did not run, nothing under stats/ came back
-#   (folders too deep for the transfer), the progress bar is left in each train.log.
+# - juicebox-base/: at 05350b7, J=.data/juicebox (images_4/ and sparse/ copied into an ignored folder
+#   and carried), WARM_STEPS=3100 (past the last SH degree step, so Triton's cache holds every
+#   projection kernel before the timed runs), STEP_TESTS=0 LAZY_TESTS=0 SCENES=, one H100 (the H200
+#   did not come); gpu_tests_adam.log there is from the call before it (ab08f61, one H100: the four
+#   lazy/Adam GPU kernel tests).
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go;
 # STEP_TESTS=0 / LAZY_TESTS=0 / JUICEBOX=0 leave those parts out; SCENES: the bench scenes (default
 # "city-20m 20m"; empty for none).
