@@ -68,6 +68,7 @@ set ``TRITON_INTERPRET=1`` before importing this module to run it on CPU tensors
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Optional
@@ -75,7 +76,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 import torch
 from torch import Tensor
 
-from . import constants
+from . import constants, prewarm
 from .reference import ALPHA_THRESHOLD, EXTENT_SIGMAS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -1024,6 +1025,13 @@ def _check(params: Mapping[str, Tensor], viewmats: Tensor, Ks: Tensor, campos: T
         raise ValueError(f"project_and_shade_fused: SH degree {sh_degree} needs {(sh_degree + 1) ** 2} bases, K={K}")
 
 
+def _prewarm_degrees(kernel, args: list, consts: dict, sh_degree: int, params: Mapping[str, Tensor]) -> None:
+    """kernels/prewarm.py: the same launch at the SH degrees above ``sh_degree`` that the stored
+    bases allow (a run raises its degree as it trains), compiled in the background."""
+    top = min(MAX_SH_DEGREE, math.isqrt(params["shN"].shape[1] + 1) - 1)
+    prewarm.ahead(kernel, args, consts, "DEG", range(sh_degree + 1, top + 1), params["means"].device)
+
+
 def forward_into(
     params: Mapping[str, Tensor], viewmats, Ks, campos, setup: Setup, out: dict, lazy: "Optional[LazyRows]" = None
 ) -> None:
@@ -1038,12 +1046,14 @@ def forward_into(
     if lazy is not None and lazy.applied.shape != (N,):
         raise ValueError(f"project_and_shade_fused: lazy.applied must be ({N},), got {tuple(lazy.applied.shape)}")
     grid = (triton.cdiv(N, BLOCK),)
-    _forward_kernel[grid](
+    args = [
         *(params[k] for k in PARAM_KEYS), viewmats, Ks, campos,
         *(out[k] for k in OUTPUT_KEYS), out["bits"],
         N, C, params["shN"].shape[1], setup.width, setup.height, float(setup.near), float(setup.far), EPS2D,
-        DEG=setup.sh_degree, AA=setup.antialiased, BLOCK=BLOCK, SLACK=CULL_SLACK, num_warps=NUM_WARPS,
-    )  # fmt: skip
+    ]  # fmt: skip
+    consts = dict(AA=setup.antialiased, BLOCK=BLOCK, SLACK=CULL_SLACK, num_warps=NUM_WARPS)
+    _prewarm_degrees(_forward_kernel, args, consts, setup.sh_degree, params)
+    _forward_kernel[grid](*args, DEG=setup.sh_degree, **consts)
     if lazy is not None:
         seen = lazy.seen
         list_seen(out["bits"], seen, lazy.applied, lazy.count)
@@ -1094,16 +1104,20 @@ def backward_into(
     else:
         targets = [out[k] for k in PARAM_KEYS]
         moments, hyper = targets * 2, means  # unused pointers
-    _backward_kernel[(triton.cdiv(N, BLOCK),)](
+    args = [
         *(params[k] for k in PARAM_KEYS), viewmats, Ks, campos, bits,
         *(g if g is not None else means for g in given),
         *targets, *moments, hyper,
         N, C, params["shN"].shape[1], setup.width, setup.height, EPS2D,
-        DEG=setup.sh_degree, AA=setup.antialiased, BLOCK=BLOCK,
+    ]  # fmt: skip
+    consts = dict(
+        AA=setup.antialiased, BLOCK=BLOCK,
         HAS_MEANS2D=given[0] is not None, HAS_DEPTHS=given[1] is not None, HAS_CONICS=given[2] is not None,
         HAS_OPAC=given[3] is not None, HAS_COLORS=given[4] is not None,
         ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, SEEN_SH=seen_sh, num_warps=NUM_WARPS,
     )  # fmt: skip
+    _prewarm_degrees(_backward_kernel, args, consts, setup.sh_degree, params)
+    _backward_kernel[(triton.cdiv(N, BLOCK),)](*args, DEG=setup.sh_degree, **consts)
 
 
 @dataclass
