@@ -3,10 +3,10 @@
 # (SPLAT_TRAIN_PREWARM=0): juicebox f4, 7,000 steps of the default preset, seed 42, alternating
 # off, on, on, off, each run with its own empty TRITON_CACHE_DIR (the native kernel's build cached
 # by a short run first, so only Triton compiles). train_<mode>_<i>.log: the console, with
-# `/usr/bin/time`'s wall and CPU seconds at its end. First the GPU tests of kernels/prewarm.py.
+# bash's `time` (wall, user and system seconds) at its end. First the GPU tests of kernels/prewarm.py.
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go;
 # J: juicebox (on the device machine a copy carried in the ignored .data/).
-R=${R:-$OUT/r}; mkdir -p $R; t0=$(date +%s)
+R=${R:-$OUT/r}; mkdir -p $R; t0=$(date +%s); TIMEFORMAT='wall %R s, user %U s, sys %S s'
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $R/timeline.txt; }
 nvidia-smi > $R/gpu.txt 2>&1
 python3 -m pytest -q -m gpu tests/test_prewarm.py > $R/gpu_tests.log 2>&1
@@ -21,7 +21,8 @@ i=0
 for mode in off on on off; do
   i=$((i + 1)); rm -rf /tmp/pw/$i
   flag=1; [ $mode = off ] && flag=0
-  SPLAT_TRAIN_PREWARM=$flag TRITON_CACHE_DIR=/tmp/triton_$i /usr/bin/time -f "wall %e s, user %U s, sys %S s" \
-    python3 -m splat_train.trainer.cli default $FLAGS --max_steps 7000 --result_dir /tmp/pw/$i > $R/train_${mode}_$i.log 2>&1
+  { time SPLAT_TRAIN_PREWARM=$flag TRITON_CACHE_DIR=/tmp/triton_$i \
+    python3 -m splat_train.trainer.cli default $FLAGS --max_steps 7000 --result_dir /tmp/pw/$i > $R/train_${mode}_$i.log 2>&1 ; } \
+    2>> $R/train_${mode}_$i.log
   stamp "run $i prewarm $mode rc=$? $(tr '\r' '\n' < $R/train_${mode}_$i.log | grep -h 'train loop:\|cuda graphs:\|test PSNR\|^wall' | tr '\n' ';' | cut -c1-600)"
 done
