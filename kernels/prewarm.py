@@ -12,11 +12,14 @@ graph capture on the training thread. Triton's compiler releases the interpreter
 its work (MLIR passes, ptxas), so the compilations overlap the steps at the lower degrees; a
 degree reached before its compilation finished compiles on the training thread as before.
 
-``SPLAT_TRAIN_PREWARM=0`` turns it off. Only on a CUDA/ROCm device, never under the interpreter.
+At exit the compilations not yet started are dropped and those in flight finished (a thread killed
+inside Triton's compiler at interpreter shutdown aborts the process). ``SPLAT_TRAIN_PREWARM=0``
+turns it off. Only on a CUDA/ROCm device, never under the interpreter.
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import queue
@@ -34,6 +37,7 @@ _queued: set = set()  # keys of the launches queued once
 _threads: list = []
 _done = 0  # compilations finished (or failed), for tests
 _failed = 0
+EXIT_WAIT_S = 120.0  # the longest an exiting process waits for the compilations in flight
 
 
 def enabled(device: torch.device) -> bool:
@@ -75,16 +79,37 @@ def ahead(kernel, args: Sequence[Any], constexprs: dict, key: str, values: Itera
                 continue
             _queued.add((signature, value))
             _queue.put((value, next(_order), kernel, mocked, dict(constexprs, **{key: value}), index))
+        if not _threads:
+            atexit.register(_shutdown)
         while len(_threads) < WORKERS:
             thread = threading.Thread(target=_work, name=f"splat-train-prewarm-{len(_threads)}", daemon=True)
             thread.start()
             _threads.append(thread)
 
 
+def _shutdown() -> None:
+    """At exit: drop the compilations not yet started and wait for those in flight. A thread
+    still inside Triton's compiler when the interpreter finalizes aborts the process (its C++
+    frames cannot unwind), so an exiting run waits seconds for a compilation rather than abort."""
+    while True:
+        try:
+            _queue.get_nowait()
+        except queue.Empty:
+            break
+        _queue.task_done()
+    for _ in _threads:
+        _queue.put((-1, next(_order), None, (), {}, 0))  # first in the queue: the worker returns
+    for thread in _threads:
+        thread.join(EXIT_WAIT_S)
+
+
 def _work() -> None:
     global _done, _failed
     while True:
         _, _, kernel, args, constexprs, index = _queue.get()
+        if kernel is None:
+            _queue.task_done()
+            return
         try:
             if torch.cuda.is_available() and torch.cuda.current_device() != index:  # a rank on another device
                 torch.cuda.set_device(index)

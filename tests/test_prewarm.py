@@ -80,6 +80,29 @@ def test_nothing_is_queued_off_a_gpu_under_the_interpreter_or_when_turned_off(mo
     assert prewarm.enabled(CUDA)
 
 
+def _exit_child(marks: str) -> None:
+    """Queues three slow compilations and exits while the first is in flight."""
+    import time
+
+    class Slow:
+        def warmup(self, *args, grid, DEG):
+            time.sleep(1.0)
+            open(os.path.join(marks, f"deg{DEG}"), "w").close()
+
+    prewarm.WORKERS = 1
+    prewarm.enabled = lambda device: True
+    prewarm.ahead(Slow(), [torch.zeros(1)], {}, "DEG", [1, 2, 3], CUDA)
+    time.sleep(0.3)
+
+
+def test_an_exiting_process_finishes_the_compilation_in_flight_and_drops_the_rest(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "exit", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path)) == ["deg1"]
+
+
 def _cached(kernel) -> int:
     """Kernels in Triton's in-memory cache of ``kernel`` for device 0 (Triton 3.x's layout)."""
     return len(kernel.device_caches[0][0])
@@ -138,3 +161,5 @@ def test_the_training_threads_launches_at_higher_degrees_find_them_compiled(tmp_
 
 if __name__ == "__main__" and sys.argv[1:2] == ["gpu"]:
     _gpu_child(sys.argv[2])
+if __name__ == "__main__" and sys.argv[1:2] == ["exit"]:
+    _exit_child(sys.argv[2])
