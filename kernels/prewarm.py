@@ -10,7 +10,8 @@ caches, no launch): the argument tensors are replaced by their dtypes (Triton's 
 16-byte aligned), so the threads hold no device memory and make no CUDA call that could disturb a
 graph capture on the training thread. Triton's compiler releases the interpreter lock for most of
 its work (MLIR passes, ptxas), so the compilations overlap the steps at the lower degrees; a
-degree reached before its compilation finished compiles on the training thread as before.
+launch at a degree whose compilation is still under way waits for it (:func:`settle`) rather than
+compile it a second time.
 
 At exit the compilations not yet started are dropped and those in flight finished (a thread killed
 inside Triton's compiler at interpreter shutdown aborts the process). ``SPLAT_TRAIN_PREWARM=0``
@@ -24,20 +25,33 @@ import itertools
 import os
 import queue
 import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import torch
 
-WORKERS = 2  # compile threads per process (ranks on one host each have theirs)
+WORKERS = max(1, min(4, (os.cpu_count() or 2) // 2))  # compile threads per process (each rank has its own)
+EXIT_WAIT_S = 120.0  # the longest an exiting process waits for the compilations in flight
+
+
+@dataclass(order=True)
+class _Job:
+    priority: Any  # the constexpr's value: lowest first (-1: a worker's stop)
+    order: int
+    kernel: Any = field(compare=False, default=None)
+    args: list = field(compare=False, default_factory=list)
+    constexprs: dict = field(compare=False, default_factory=dict)
+    index: int = field(compare=False, default=0)
+    finished: threading.Event = field(compare=False, default_factory=threading.Event)
+
 
 _queue: "queue.PriorityQueue" = queue.PriorityQueue()
 _order = itertools.count()
 _lock = threading.Lock()
-_queued: set = set()  # keys of the launches queued once
+_jobs: dict = {}  # (signature, value) -> _Job, each launch queued once
 _threads: list = []
-_done = 0  # compilations finished (or failed), for tests
-_failed = 0
-EXIT_WAIT_S = 120.0  # the longest an exiting process waits for the compilations in flight
+_counts = {"done": 0, "failed": 0}  # compilations finished (or failed), for tests
 
 
 def enabled(device: torch.device) -> bool:
@@ -58,6 +72,11 @@ def _spec(value: Any) -> Any:
     return "one" if value == 1 else ("d16" if value % 16 == 0 else "int")
 
 
+def _signature(kernel, args: Sequence[Any], constexprs: dict, key: str) -> tuple:
+    rest = tuple(sorted((k, v) for k, v in constexprs.items() if k != key))
+    return (kernel, tuple(_spec(a) for a in args), rest)  # the kernel itself: its id could be reused
+
+
 def ahead(kernel, args: Sequence[Any], constexprs: dict, key: str, values: Iterable[Any], device: torch.device) -> None:
     """Queue ``kernel``'s launch with ``args`` and ``constexprs`` (launch options such as
     num_warps included) at each of ``values`` for constexpr ``key``, lowest first, unless a launch
@@ -65,20 +84,20 @@ def ahead(kernel, args: Sequence[Any], constexprs: dict, key: str, values: Itera
     if not enabled(device):
         return
     mocked = [a.dtype if isinstance(a, torch.Tensor) else a for a in args]
-    signature = (
-        id(kernel),
-        tuple(_spec(a) for a in args),
-        tuple(sorted((k, v) for k, v in constexprs.items() if k != key)),
-    )
+    signature = _signature(kernel, args, constexprs, key)
     index = (
         device.index if device.index is not None else (torch.cuda.current_device() if torch.cuda.is_available() else 0)
     )
+    caches = getattr(kernel, "device_caches", None)
+    if caches is not None:  # Triton builds a device's cache lazily: here, not in two threads at once
+        caches[index]
     with _lock:
         for value in values:
-            if (signature, value) in _queued:
+            if (signature, value) in _jobs:
                 continue
-            _queued.add((signature, value))
-            _queue.put((value, next(_order), kernel, mocked, dict(constexprs, **{key: value}), index))
+            job = _Job(value, next(_order), kernel, mocked, dict(constexprs, **{key: value}), index)
+            _jobs[(signature, value)] = job
+            _queue.put(job)
         if not _threads:
             atexit.register(_shutdown)
         while len(_threads) < WORKERS:
@@ -87,37 +106,52 @@ def ahead(kernel, args: Sequence[Any], constexprs: dict, key: str, values: Itera
             _threads.append(thread)
 
 
+def settle(kernel, args: Sequence[Any], constexprs: dict, key: str, value: Any) -> None:
+    """Before the training thread launches ``kernel`` at ``value``: where that launch was queued,
+    wait until its compilation has finished, so that the launch finds it in Triton's cache and
+    never compiles it a second time beside the worker (the second compilation to finish would
+    replace the first in Triton's cache, unloading a module a captured graph may hold)."""
+    job = _jobs.get((_signature(kernel, args, constexprs, key), value))
+    if job is not None:
+        job.finished.wait()
+
+
 def _shutdown() -> None:
     """At exit: drop the compilations not yet started and wait for those in flight. A thread
     still inside Triton's compiler when the interpreter finalizes aborts the process (its C++
     frames cannot unwind), so an exiting run waits seconds for a compilation rather than abort."""
     while True:
         try:
-            _queue.get_nowait()
+            job = _queue.get_nowait()
         except queue.Empty:
             break
+        job.finished.set()
         _queue.task_done()
     for _ in _threads:
-        _queue.put((-1, next(_order), None, (), {}, 0))  # first in the queue: the worker returns
+        _queue.put(_Job(-1, next(_order)))  # first in the queue: the worker returns
+    deadline = time.monotonic() + EXIT_WAIT_S
     for thread in _threads:
-        thread.join(EXIT_WAIT_S)
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _work() -> None:
-    global _done, _failed
     while True:
-        _, _, kernel, args, constexprs, index = _queue.get()
-        if kernel is None:
+        job = _queue.get()
+        if job.kernel is None:
             _queue.task_done()
             return
+        failed = False
         try:
-            if torch.cuda.is_available() and torch.cuda.current_device() != index:  # a rank on another device
-                torch.cuda.set_device(index)
-            kernel.warmup(*args, grid=(1,), **constexprs)
+            if torch.cuda.is_available() and torch.cuda.current_device() != job.index:  # a rank on another device
+                torch.cuda.set_device(job.index)
+            job.kernel.warmup(*job.args, grid=(1,), **job.constexprs)
         except Exception:  # the training thread compiles it then, and says why if it fails there too
-            _failed += 1
+            failed = True
         finally:
-            _done += 1
+            with _lock:
+                _counts["done"] += 1
+                _counts["failed"] += failed
+            job.finished.set()
             _queue.task_done()
 
 
@@ -128,4 +162,5 @@ def wait() -> None:
 
 def stats() -> dict:
     """{queued, done, failed} compilations of this process."""
-    return dict(queued=len(_queued), done=_done, failed=_failed)
+    with _lock:
+        return dict(queued=len(_jobs), **_counts)

@@ -1027,8 +1027,10 @@ def _check(params: Mapping[str, Tensor], viewmats: Tensor, Ks: Tensor, campos: T
 
 def _prewarm_degrees(kernel, args: list, consts: dict, sh_degree: int, params: Mapping[str, Tensor]) -> None:
     """kernels/prewarm.py: the same launch at the SH degrees above ``sh_degree`` that the stored
-    bases allow (a run raises its degree as it trains), compiled in the background."""
+    bases allow (a run raises its degree as it trains), compiled in the background; a launch at a
+    degree queued before waits for its compilation."""
     top = min(MAX_SH_DEGREE, math.isqrt(params["shN"].shape[1] + 1) - 1)
+    prewarm.settle(kernel, args, consts, "DEG", sh_degree)
     prewarm.ahead(kernel, args, consts, "DEG", range(sh_degree + 1, top + 1), params["means"].device)
 
 
@@ -1060,12 +1062,16 @@ def forward_into(
         KR = params["shN"].shape[1]
         lanes = triton.next_power_of_2(3 + 3 * KR)
         rows = max(1, CATCH_UP_LANES // lanes)
-        _lazy_colors_kernel[(min(triton.cdiv(N, rows), constants.LISTED_PROGRAMS),)](
+        args = [
             params["means"], params["sh0"], params["shN"], campos, out["colors"], out["bits"], *lazy.moments,
             lazy.applied, lazy.count, lazy.tables, lazy.lr, lazy.tables.shape[1], lazy.beta1, lazy.beta2, lazy.eps,
-            seen.waiting_rows, seen.waiting, N, C, KR, DEG=setup.sh_degree, ROWS=rows, LANES=lanes,
-            num_warps=CATCH_UP_WARPS,
-        )  # fmt: skip
+            seen.waiting_rows, seen.waiting, N, C, KR,
+        ]  # fmt: skip
+        consts = dict(ROWS=rows, LANES=lanes, num_warps=CATCH_UP_WARPS)
+        _prewarm_degrees(_lazy_colors_kernel, args, consts, setup.sh_degree, params)
+        _lazy_colors_kernel[(min(triton.cdiv(N, rows), constants.LISTED_PROGRAMS),)](
+            *args, DEG=setup.sh_degree, **consts
+        )
 
 
 def backward_into(
