@@ -52,6 +52,8 @@ _lock = threading.Lock()
 _jobs: dict = {}  # (signature, value) -> _Job, each launch queued once
 _threads: list = []
 _counts = {"done": 0, "failed": 0}  # compilations finished (or failed), for tests
+_pending = [0]  # jobs queued and not finished: settle() costs nothing once they are done
+_asked: set = set()  # ahead()'s calls seen before, by their cheap part (launches repeat every step)
 
 
 def enabled(device: torch.device) -> bool:
@@ -83,6 +85,16 @@ def ahead(kernel, args: Sequence[Any], constexprs: dict, key: str, values: Itera
     of the same signature was queued before. No-op where :func:`enabled` is False."""
     if not enabled(device):
         return
+    values = tuple(values)
+    cheap = (
+        kernel,
+        values,
+        tuple(constexprs.items()),
+        tuple(_spec(a) for a in args if not isinstance(a, torch.Tensor)),
+    )
+    if cheap in _asked:
+        return
+    _asked.add(cheap)
     mocked = [a.dtype if isinstance(a, torch.Tensor) else a for a in args]
     signature = _signature(kernel, args, constexprs, key)
     index = (
@@ -97,6 +109,7 @@ def ahead(kernel, args: Sequence[Any], constexprs: dict, key: str, values: Itera
                 continue
             job = _Job(value, next(_order), kernel, mocked, dict(constexprs, **{key: value}), index)
             _jobs[(signature, value)] = job
+            _pending[0] += 1
             _queue.put(job)
         if not _threads:
             atexit.register(_shutdown)
@@ -111,6 +124,8 @@ def settle(kernel, args: Sequence[Any], constexprs: dict, key: str, value: Any) 
     wait until its compilation has finished, so that the launch finds it in Triton's cache and
     never compiles it a second time beside the worker (the second compilation to finish would
     replace the first in Triton's cache, unloading a module a captured graph may hold)."""
+    if not _pending[0]:
+        return
     job = _jobs.get((_signature(kernel, args, constexprs, key), value))
     if job is not None:
         job.finished.wait()
@@ -125,6 +140,8 @@ def _shutdown() -> None:
             job = _queue.get_nowait()
         except queue.Empty:
             break
+        with _lock:
+            _pending[0] -= 1
         job.finished.set()
         _queue.task_done()
     for _ in _threads:
@@ -151,6 +168,7 @@ def _work() -> None:
             with _lock:
                 _counts["done"] += 1
                 _counts["failed"] += failed
+                _pending[0] -= 1
             job.finished.set()
             _queue.task_done()
 
