@@ -56,6 +56,18 @@ _pending = [0]  # jobs queued and not finished: settle() costs nothing once they
 _asked: set = set()  # ahead()'s calls seen before, by their cheap part (launches repeat every step)
 
 
+def _forget_after_fork() -> None:
+    """A forked child has none of the parent's threads: it starts with an empty queue of its own
+    (a job it inherited unfinished would otherwise keep settle() waiting)."""
+    global _queue, _lock, _jobs, _threads, _asked
+    _queue, _lock, _jobs, _threads, _asked = queue.PriorityQueue(), threading.Lock(), {}, [], set()
+    _pending[0] = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def enabled(device: torch.device) -> bool:
     """Whether :func:`ahead` queues anything for launches on ``device``."""
     return (

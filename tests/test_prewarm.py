@@ -88,6 +88,39 @@ def test_a_launch_at_a_queued_degree_waits_for_its_compilation(on):
     assert time.monotonic() - t0 >= 0.2 and [c[2]["DEG"] for c in kernel.calls] == [1]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_with_nothing_queued_and_threads_of_its_own(on):
+    import threading
+
+    release = threading.Event()
+
+    class Blocking(FakeKernel):
+        def warmup(self, *args, grid, **kw):
+            release.wait(10)
+            super().warmup(*args, grid=grid, **kw)
+
+    kernel = Blocking()
+    prewarm.ahead(kernel, [torch.zeros(1), 7], {}, "DEG", [1], CUDA)  # in flight in the parent
+    pid = os.fork()
+    if pid == 0:  # the child: settle() must not wait for the parent's job, and ahead() works
+        import signal
+
+        signal.alarm(20)  # a settle() that waits for the parent's job ends the child: a failure, not a hang
+        code = 1
+        try:
+            prewarm.settle(kernel, [torch.zeros(1), 7], {}, "DEG", 1)
+            child = FakeKernel()
+            prewarm.ahead(child, [torch.zeros(1)], {}, "DEG", [2], CUDA)
+            prewarm.wait()
+            code = 0 if [c[2]["DEG"] for c in child.calls] == [2] else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    release.set()
+    prewarm.wait()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
 def test_nothing_is_queued_off_a_gpu_under_the_interpreter_or_when_turned_off(monkeypatch):
     kernel = FakeKernel()
     prewarm.ahead(kernel, [torch.zeros(1)], {}, "DEG", [1], torch.device("cpu"))
