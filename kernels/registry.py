@@ -49,9 +49,10 @@ def kernel_specs() -> dict:
         "loss_combine": ssim["loss_combine"],
         # fused projection + SH of the dense pass and its per-Gaussian backward (SH degree 3)
         "projection_forward": proj["projection_forward"],
-        # --lazy_sh_adam: the forward catching the seen SH rows up; the flush of every row, the seen rows'
-        # list and their count stamped after the step's Adam
-        "projection_lazy_colors": proj["projection_lazy_colors"],
+        # --lazy_sh_adam: the forward catching the seen SH rows up and colouring them again; the flush of
+        # every row, the seen rows' list and their count stamped after the step's Adam
+        "projection_catch_up": proj["projection_catch_up"],
+        "projection_listed_colors": proj["projection_listed_colors"],
         **la.kernel_specs(),
         "projection_backward": proj["projection_backward"],
         "projection_backward_adam": proj["projection_backward_adam"],

@@ -23,12 +23,13 @@ from splat_train.trainer.model import activated
 from splat_train.trainer.render import camera_centres, project_and_shade, rigid_inverse
 
 NEAR, FAR = 0.3, 20.0
-# (N, C, K stored bases, SH degree, antialiased); N = 250: two programs, the second partly masked
+# (N, C, K stored bases, SH degree, antialiased); N = 250: two programs, the second partly masked; N =
+# 384: three, the second's Gaussians all unseen
 CASES = [
     (250, 1, 16, 0, False),
     (250, 2, 16, 1, True),  # bases beyond the degree in use: zero gradients
     (250, 3, 9, 2, False),
-    (250, 2, 16, 3, True),
+    (384, 2, 16, 3, True),  # a whole program of Gaussians unseen (make_scene)
     (250, 3, 16, 3, False),
     (250, 1, 1, 0, True),  # no shN
     (250, 1, 25, 3, False),  # stored degree 4
@@ -97,6 +98,8 @@ def make_scene(seed, N, C, K, width=64, height=48):
         sh0=torch.randn(N, 1, 3, generator=gen),
         shN=torch.randn(N, K - 1, 3, generator=gen) * 0.5,
     )
+    if N >= 3 * projection.BLOCK:  # the second program's Gaussians below 1/255 opacity: no camera sees them
+        params["opacities"][projection.BLOCK : 2 * projection.BLOCK] = -20.0
     return dict(params=params, viewmats=viewmats, Ks=Ks, campos=camera_centres(viewmats), width=width, height=height)
 
 
@@ -444,6 +447,8 @@ def test_culled_records_pass_no_gradient_and_invisible_gaussians_get_exact_zeros
     (got, masked_grads), (_, unmasked_grads) = out["fused"][case]
     invisible = ~(got["radii"] > 0).all(-1).any(0)
     assert invisible.any() and not invisible.all()
+    if got["radii"].shape[1] >= 3 * projection.BLOCK:  # a program whose Gaussians are all unseen
+        assert invisible[projection.BLOCK : 2 * projection.BLOCK].all()
     for k in projection.PARAM_KEYS:
         assert torch.equal(masked_grads[k], unmasked_grads[k]), k
         assert (unmasked_grads[k][invisible] == 0).all(), k
