@@ -43,13 +43,14 @@ if triton is not None:
             row = c * num.to(tl.int64) + offs  # c * num alone would be 32-bit
             rx = tl.load(radii_ptr + 2 * row, mask=mask, other=0)
             ry = tl.load(radii_ptr + 2 * row + 1, mask=mask, other=0)
-            gx = tl.load(grad_ptr + 2 * row, mask=mask, other=0.0) * tl.load(scale_ptr + 2 * c)
-            gy = tl.load(grad_ptr + 2 * row + 1, mask=mask, other=0.0) * tl.load(scale_ptr + 2 * c + 1)
-            seen = (rx > 0) & (ry > 0)
+            seen = mask & (rx > 0) & (ry > 0)  # the gradients of records not seen are not read
+            gx = tl.load(grad_ptr + 2 * row, mask=seen, other=0.0) * tl.load(scale_ptr + 2 * c)
+            gy = tl.load(grad_ptr + 2 * row + 1, mask=seen, other=0.0) * tl.load(scale_ptr + 2 * c + 1)
             acc += tl.where(seen, tl.sqrt(gx * gx + gy * gy), 0.0)
             seen_count += tl.where(seen, 1.0, 0.0)
-        tl.store(grad2d_ptr + offs, tl.load(grad2d_ptr + offs, mask=mask, other=0.0) + acc, mask=mask)
-        tl.store(count_ptr + offs, tl.load(count_ptr + offs, mask=mask, other=0.0) + seen_count, mask=mask)
+        upd = seen_count > 0.0  # a Gaussian no camera saw keeps its sums: not read, not written
+        tl.store(grad2d_ptr + offs, tl.load(grad2d_ptr + offs, mask=upd, other=0.0) + acc, mask=upd)
+        tl.store(count_ptr + offs, tl.load(count_ptr + offs, mask=upd, other=0.0) + seen_count, mask=upd)
 
     @triton.jit(do_not_specialize=["num"])
     def _packed_kernel(grad_ptr, ids_ptr, cams_ptr, scale_ptr, grad2d_ptr, count_ptr, num, BLOCK: tl.constexpr):
