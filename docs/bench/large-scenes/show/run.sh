@@ -1,7 +1,8 @@
 # The large-scenes issue's bench: one invocation per scene (20 M all visible, city-like 20 M, 2 M
 # all visible at 1600x1200, 60 M all visible with 4 cameras), gsplat's distributed pass, the
 # unfused dense step and the default step (the fused kernel) side by side from the same initial
-# model at W = 1, warm-up steps discarded.
+# model at W = 1, warm-up steps discarded; SCENES may add 100m (100 M all visible, 4 cameras, the
+# default step alone: what one rank of an 800 M model sharded over 8 GPUs holds).
 # Each bench-<scene>/: bench.json (phases, peak memory, the profile summary and the bytes model of
 # the per-Gaussian stages), bench.md, console.log; timeline.txt: each part's exit and ms/iter.
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go;
@@ -20,10 +21,13 @@ for scene in ${SCENES-20m city-20m 2m 60m}; do
     2m) args=(--synthetic_gaussians 2000000 --resolution 1600x1200 $V) ;;
     60m) args=(--synthetic_gaussians 60000000 --resolution 1920x1080 --num_cameras 4 --steps 8 --warmup 3
                --phase_steps 2 --profile_steps 2 --world_sizes 1) ;;
+    100m) args=(--synthetic_gaussians 100000000 --resolution 1920x1080 --num_cameras 4 --steps 8 --warmup 3
+                --phase_steps 2 --profile_steps 2 --world_sizes 1) ;;
   esac
+  variants=(gsplat-dist ours-dense ours-dense-fused); [ $scene = 100m ] && variants=(ours-dense-fused)
   mkdir -p $R/bench-$scene
   eval "extra=(${EXTRA:-})"
-  splat-train bench --variants gsplat-dist ours-dense ours-dense-fused "${args[@]}" "${extra[@]}" --out $R/bench-$scene \
+  splat-train bench --variants "${variants[@]}" "${args[@]}" "${extra[@]}" --out $R/bench-$scene \
     > $R/bench-$scene/console.log 2>&1
   stamp "bench-$scene rc=$? $(grep -h 'ms/iter' $R/bench-$scene/console.log | tr '\n' ';')"
 done
