@@ -80,6 +80,7 @@ from . import constants, prewarm
 from .reference import ALPHA_THRESHOLD, EXTENT_SIGMAS
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .adam import SeenRows
     from .lazy_adam import LazyRows
 
 try:  # the CPU-only torch wheel may ship without Triton
@@ -758,19 +759,233 @@ if triton is not None:
             hi = _cols8(a9, a10, a11, a12, a13, a14, a15, zero)
         return a0, lo, hi, vx, vy, vz
 
+    @triton.jit
+    def _backward_rows(
+        means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
+        v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
+        v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
+        m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
+        m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
+        start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
+        DEG: tl.constexpr, AA: tl.constexpr, HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr,
+        HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr, HAS_COLORS: tl.constexpr, ADAM: tl.constexpr,
+        SELECTIVE: tl.constexpr,
+    ):  # fmt: skip
+        """The backward of the Gaussians ``offs`` (``live``; ``act``: those some camera sees, their
+        visibility ``bits``): every parameter's gradient (or Adam step) stored at ``rows`` from row
+        ``start`` (int32 offsets within a block, or int64 row indices with start 0), the SH ones
+        for ``sh_live``."""
+        mx = tl.load(means_ptr + offs * 3, mask=act, other=0.0)
+        my = tl.load(means_ptr + offs * 3 + 1, mask=act, other=0.0)
+        mz = tl.load(means_ptr + offs * 3 + 2, mask=act, other=0.0)
+        s0 = tl.exp(tl.load(scales_ptr + offs * 3, mask=act, other=0.0))
+        s1 = tl.exp(tl.load(scales_ptr + offs * 3 + 1, mask=act, other=0.0))
+        s2 = tl.exp(tl.load(scales_ptr + offs * 3 + 2, mask=act, other=0.0))
+        op = 1.0 / (1.0 + tl.exp(-tl.load(opac_ptr + offs, mask=act, other=0.0)))
+        qw = tl.load(quats_ptr + offs * 4, mask=act, other=1.0)
+        qx = tl.load(quats_ptr + offs * 4 + 1, mask=act, other=0.0)
+        qy = tl.load(quats_ptr + offs * 4 + 2, mask=act, other=0.0)
+        qz = tl.load(quats_ptr + offs * 4 + 3, mask=act, other=0.0)
+        q00, q01, q02, q10, q11, q12, q20, q21, q22, w, x, y, z, inv = _rotation(qw, qx, qy, qz)
+        m00, m01, m02 = q00 * s0, q01 * s1, q02 * s2
+        m10, m11, m12 = q10 * s0, q11 * s1, q12 * s2
+        m20, m21, m22 = q20 * s0, q21 * s1, q22 * s2
+        zero = tl.zeros_like(mx)
+        vmx, vmy, vmz, vsig = zero, zero, zero, zero
+        g00, g01, g02, g10, g11, g12, g20, g21, g22 = zero, zero, zero, zero, zero, zero, zero, zero, zero  # dL/dM
+        for cam in range(C):
+            vis = act & (((bits >> cam) & 1) != 0)
+            r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, cx, fy, cy = _camera(vm_ptr, ks_ptr, cam)
+            xc = r00 * mx + r01 * my + r02 * mz + t0
+            yc = r10 * mx + r11 * my + r12 * mz + t1
+            zc = r20 * mx + r21 * my + r22 * mz + t2
+            zs = tl.where(vis, zc, 1.0)
+            rz, j00, j02, j11, j12, tx, ty, xin, yin, m2x, m2y = _jacobian(xc, yc, zs, fx, cx, fy, cy, W, H)
+            b00 = r00 * m00 + r01 * m10 + r02 * m20  # B = Rv M
+            b01 = r00 * m01 + r01 * m11 + r02 * m21
+            b02 = r00 * m02 + r01 * m12 + r02 * m22
+            b10 = r10 * m00 + r11 * m10 + r12 * m20
+            b11 = r10 * m01 + r11 * m11 + r12 * m21
+            b12 = r10 * m02 + r11 * m12 + r12 * m22
+            b20 = r20 * m00 + r21 * m10 + r22 * m20
+            b21 = r20 * m01 + r21 * m11 + r22 * m21
+            b22 = r20 * m02 + r21 * m12 + r22 * m22
+            a00, a01, a02 = j00 * b00 + j02 * b20, j00 * b01 + j02 * b21, j00 * b02 + j02 * b22  # A = J B
+            a10, a11, a12 = j11 * b10 + j12 * b20, j11 * b11 + j12 * b21, j11 * b12 + j12 * b22
+            e00 = a00 * a00 + a01 * a01 + a02 * a02
+            e01 = a00 * a10 + a01 * a11 + a02 * a12
+            e11 = a10 * a10 + a11 * a11 + a12 * a12
+            f00 = e00 + eps2d
+            f11 = e11 + eps2d
+            det_orig, det = _determinants(a00, a01, a02, a10, a11, a12, e00, e11, eps2d)
+            det = tl.where(vis, det, 1.0)
+            ca = f11 / det
+            cb = -e01 / det
+            cc = f00 / det
+            rec = cam * N.to(tl.int64) + offs
+            gx, gy, gd, ga, gb, gc, go = zero, zero, zero, zero, zero, zero, zero
+            if HAS_MEANS2D:
+                gx = tl.load(v_means2d_ptr + rec * 2, mask=vis, other=0.0)
+                gy = tl.load(v_means2d_ptr + rec * 2 + 1, mask=vis, other=0.0)
+            if HAS_DEPTHS:
+                gd = tl.load(v_depths_ptr + rec, mask=vis, other=0.0)
+            if HAS_CONICS:
+                ga = tl.load(v_conics_ptr + rec * 3, mask=vis, other=0.0)
+                gb = tl.load(v_conics_ptr + rec * 3 + 1, mask=vis, other=0.0)
+                gc = tl.load(v_conics_ptr + rec * 3 + 2, mask=vis, other=0.0)
+            if HAS_OPAC:
+                go = tl.load(v_opac_ptr + rec, mask=vis, other=0.0)
+            # conic = inverse(cov2d): dL/dcov2d = -P V P (inverse_vjp), V the symmetric conic gradient
+            hb = 0.5 * gb
+            p00 = ca * ga + cb * hb
+            p01 = ca * hb + cb * gc
+            p10 = cb * ga + cc * hb
+            p11 = cb * hb + cc * gc
+            h00 = -(p00 * ca + p01 * cb)
+            h01 = -(p00 * cb + p01 * cc)
+            h11 = -(p10 * cb + p11 * cc)
+            if AA:  # opacity x compensation, compensation = sqrt(max(0, det_orig / det))
+                ratio_raw = det_orig / det
+                ratio = tl.maximum(ratio_raw, 0.0)
+                comp = tl.sqrt(ratio)
+                vsig += go * comp
+                dr = tl.where(ratio_raw >= 0.0, go * op * 0.5 / (comp + 1e-6), 0.0) / det
+                h00 += dr * (e11 - ratio * f11)
+                h11 += dr * (e00 - ratio * f00)
+                h01 -= dr * e01 * (1.0 - ratio)
+            else:
+                vsig += go
+            # cov2d = A A^T
+            u00, u01, u02 = (
+                2.0 * (h00 * a00 + h01 * a10),
+                2.0 * (h00 * a01 + h01 * a11),
+                2.0 * (h00 * a02 + h01 * a12),
+            )
+            u10, u11, u12 = (
+                2.0 * (h01 * a00 + h11 * a10),
+                2.0 * (h01 * a01 + h11 * a11),
+                2.0 * (h01 * a02 + h11 * a12),
+            )
+            vj00 = u00 * b00 + u01 * b01 + u02 * b02
+            vj02 = u00 * b20 + u01 * b21 + u02 * b22
+            vj11 = u10 * b10 + u11 * b11 + u12 * b12
+            vj12 = u10 * b20 + u11 * b21 + u12 * b22
+            # persp_proj_vjp: J and means2d -> camera-space mean
+            rz2 = rz * rz
+            rz3 = rz2 * rz
+            vxc = gx * fx * rz + tl.where(xin, -fx * rz2 * vj02, 0.0)
+            vyc = gy * fy * rz + tl.where(yin, -fy * rz2 * vj12, 0.0)
+            vzc = (
+                gd
+                - (fx * xc * gx + fy * yc * gy) * rz2
+                - fx * rz2 * vj00
+                - fy * rz2 * vj11
+                + fx * tx * rz3 * vj02 * tl.where(xin, 2.0, 1.0)
+                + fy * ty * rz3 * vj12 * tl.where(yin, 2.0, 1.0)
+            )
+            vmx += r00 * vxc + r10 * vyc + r20 * vzc
+            vmy += r01 * vxc + r11 * vyc + r21 * vzc
+            vmz += r02 * vxc + r12 * vyc + r22 * vzc
+            # B = Rv M, rows of dL/dB: (u0 J00), (u1 J11), (u0 J02 + u1 J12)
+            w0, w1, w2 = u00 * j00, u01 * j00, u02 * j00
+            y0, y1, y2 = u10 * j11, u11 * j11, u12 * j11
+            z0, z1, z2 = u00 * j02 + u10 * j12, u01 * j02 + u11 * j12, u02 * j02 + u12 * j12
+            g00 += r00 * w0 + r10 * y0 + r20 * z0
+            g01 += r00 * w1 + r10 * y1 + r20 * z1
+            g02 += r00 * w2 + r10 * y2 + r20 * z2
+            g10 += r01 * w0 + r11 * y0 + r21 * z0
+            g11 += r01 * w1 + r11 * y1 + r21 * z1
+            g12 += r01 * w2 + r11 * y2 + r21 * z2
+            g20 += r02 * w0 + r12 * y0 + r22 * z0
+            g21 += r02 * w1 + r12 * y1 + r22 * z1
+            g22 += r02 * w2 + r12 * y2 + r22 * z2
+        # M = R S: dL/dS_j = sum_i dL/dM_ij R_ij, dL/dR_ij = dL/dM_ij S_j; log-scales through exp
+        q00, q01, q02, q10, q11, q12, q20, q21, q22, w, x, y, z, inv = _rotation(qw, qx, qy, qz)  # fewer live values
+        vs0 = (g00 * q00 + g10 * q10 + g20 * q20) * s0
+        vs1 = (g01 * q01 + g11 * q11 + g21 * q21) * s1
+        vs2 = (g02 * q02 + g12 * q12 + g22 * q22) * s2
+        e00, e01, e02 = g00 * s0, g01 * s1, g02 * s2  # dL/dR
+        e10, e11, e12 = g10 * s0, g11 * s1, g12 * s2
+        e20, e21, e22 = g20 * s0, g21 * s1, g22 * s2
+        vw = 2.0 * (z * (e10 - e01) + y * (e02 - e20) + x * (e21 - e12))
+        vx = 2.0 * (y * (e01 + e10) + z * (e02 + e20) + w * (e21 - e12) - 2.0 * x * (e11 + e22))
+        vy = 2.0 * (x * (e01 + e10) + z * (e12 + e21) + w * (e02 - e20) - 2.0 * y * (e00 + e22))
+        vz = 2.0 * (x * (e02 + e20) + y * (e12 + e21) + w * (e10 - e01) - 2.0 * z * (e00 + e11))
+        dot = vw * w + vx * x + vy * y + vz * z  # through the normalization of the quaternion
+        vw = tl.where(act, (vw - dot * w) * inv, 0.0)
+        vx = tl.where(act, (vx - dot * x) * inv, 0.0)
+        vy = tl.where(act, (vy - dot * y) * inv, 0.0)
+        vz = tl.where(act, (vz - dot * z) * inv, 0.0)
+        _store_rows(v_quats_ptr + start * 4, m1_quats_ptr + start * 4, m2_quats_ptr + start * 4, rows, live, act,
+                    _cols4(vw, vx, vy, vz), 4, hyp_ptr, 1, ADAM, SELECTIVE)  # fmt: skip
+        vs0, vs1, vs2 = tl.where(act, vs0, 0.0), tl.where(act, vs1, 0.0), tl.where(act, vs2, 0.0)
+        _store_rows(v_scales_ptr + start * 3, m1_scales_ptr + start * 3, m2_scales_ptr + start * 3, rows, live, act,
+                    _cols4(vs0, vs1, vs2, zero), 3, hyp_ptr, 2, ADAM, SELECTIVE)  # fmt: skip
+        _emit(v_logits_ptr, m1_logits_ptr, m2_logits_ptr, offs, live, act, tl.where(act, vsig * op * (1.0 - op), 0.0),
+              hyp_ptr, 3, ADAM, SELECTIVE)  # fmt: skip
+        # the SH after the rest: the geometry's values are no longer live
+        if HAS_COLORS:
+            c0, lo0, hi0, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
+                                                            v_colors_ptr, N, C, KR, 0, DEG, ADAM)  # fmt: skip
+            vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
+            c1, lo1, hi1, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
+                                                            v_colors_ptr, N, C, KR, 1, DEG, ADAM)  # fmt: skip
+            vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
+            c2, lo2, hi2, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
+                                                            v_colors_ptr, N, C, KR, 2, DEG, ADAM)  # fmt: skip
+            vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
+            _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, sh_live, act,
+                        _cols4(c0, c1, c2, zero), 3, hyp_ptr, 4, ADAM, SELECTIVE)  # fmt: skip
+            _store_shn(v_shn_ptr + start * (KR * 3), m1_shn_ptr + start * (KR * 3), m2_shn_ptr + start * (KR * 3),
+                       rows, sh_live, act, KR, lo0, lo1, lo2, hi0, hi1, hi2, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
+        else:
+            _store_sh_zeros(v_sh0_ptr, m1_sh0_ptr, m2_sh0_ptr, v_shn_ptr, m1_shn_ptr, m2_shn_ptr, start, rows,
+                            sh_live, act, zero, KR, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
+        vmx, vmy, vmz = tl.where(act, vmx, 0.0), tl.where(act, vmy, 0.0), tl.where(act, vmz, 0.0)
+        _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
+                    _cols4(vmx, vmy, vmz, zero), 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
+
+    @triton.jit
+    def _zero_rows(
+        v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
+        m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
+        m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
+        start, rows, offs, live, act, sh_live, KR, dtype: tl.constexpr, BLOCK: tl.constexpr, SH: tl.constexpr,
+        ADAM: tl.constexpr, SELECTIVE: tl.constexpr,
+    ):  # fmt: skip
+        """Zero gradients (with ADAM: zero-gradient Adam steps) for the rows ``live`` of a block
+        (``rows`` from row ``start``; ``offs`` = start + rows), with SH those of sh0 / shN's first 15
+        bases for ``sh_live``: the backward of Gaussians no camera sees, without its math."""
+        zero = tl.zeros([BLOCK], dtype=dtype)
+        tile = _cols4(zero, zero, zero, zero)
+        _store_rows(v_quats_ptr + start * 4, m1_quats_ptr + start * 4, m2_quats_ptr + start * 4, rows, live, act,
+                    tile, 4, hyp_ptr, 1, ADAM, SELECTIVE)  # fmt: skip
+        _store_rows(v_scales_ptr + start * 3, m1_scales_ptr + start * 3, m2_scales_ptr + start * 3, rows, live, act,
+                    tile, 3, hyp_ptr, 2, ADAM, SELECTIVE)  # fmt: skip
+        _emit(v_logits_ptr, m1_logits_ptr, m2_logits_ptr, offs, live, act, zero, hyp_ptr, 3, ADAM, SELECTIVE)
+        if SH:
+            _store_sh_zeros(v_sh0_ptr, m1_sh0_ptr, m2_sh0_ptr, v_shn_ptr, m1_shn_ptr, m2_shn_ptr, start, rows, sh_live,
+                            act, zero, KR, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
+        _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
+                    tile, 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
+
     @unspecialized_jit(["N", "KR"], VARYING_POINTERS + VARYING_GRADIENT_POINTERS)
     def _backward_kernel(
         means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr, bits_ptr,
         v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
         v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
         m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
-        m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
-        N, C, KR, W, H, eps2d,
+        m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr, list_ptr,
+        count_ptr, N, C, KR, W, H, eps2d,
         DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr,
         HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
         HAS_COLORS: tl.constexpr, ADAM: tl.constexpr = False, SELECTIVE: tl.constexpr = False,
-        SEEN_SH: tl.constexpr = False,
+        SEEN_SH: tl.constexpr = False, LISTED: tl.constexpr = False,
     ):  # fmt: skip
+        """One program per block of BLOCK Gaussians. LISTED (with SEEN_SH, without ADAM): the block's
+        unseen Gaussians get their zero gradients, and the seen ones (``list_ptr[:count]``, the
+        forward's list) take the math, the programs striding over the list: where few Gaussians
+        are seen, scattered over the blocks, a block no longer runs the math for all its rows."""
         start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
         rows = tl.arange(0, BLOCK)
         offs = start + rows
@@ -780,190 +995,55 @@ if triton is not None:
         bits = tl.load(bits_ptr + offs, mask=live, other=0)
         act = live & (bits != 0)
         sh_live = act if SEEN_SH else live  # --lazy_sh_adam: the SH gradient rows of unseen Gaussians unwritten
-        if tl.max(act.to(tl.int32), 0) == 0:  # no Gaussian of the block seen: every gradient 0, no math
-            zero = tl.zeros([BLOCK], dtype=means_ptr.dtype.element_ty)
-            tile = _cols4(zero, zero, zero, zero)
-            _store_rows(v_quats_ptr + start * 4, m1_quats_ptr + start * 4, m2_quats_ptr + start * 4, rows, live, act,
-                        tile, 4, hyp_ptr, 1, ADAM, SELECTIVE)  # fmt: skip
-            _store_rows(v_scales_ptr + start * 3, m1_scales_ptr + start * 3, m2_scales_ptr + start * 3, rows, live,
-                        act, tile, 3, hyp_ptr, 2, ADAM, SELECTIVE)  # fmt: skip
-            _emit(v_logits_ptr, m1_logits_ptr, m2_logits_ptr, offs, live, act, zero, hyp_ptr, 3, ADAM, SELECTIVE)
-            _store_sh_zeros(v_sh0_ptr, m1_sh0_ptr, m2_sh0_ptr, v_shn_ptr, m1_shn_ptr, m2_shn_ptr, start, rows, sh_live,
-                            act, zero, KR, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
-            _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
-                        tile, 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
-        else:
-            mx = tl.load(means_ptr + offs * 3, mask=act, other=0.0)
-            my = tl.load(means_ptr + offs * 3 + 1, mask=act, other=0.0)
-            mz = tl.load(means_ptr + offs * 3 + 2, mask=act, other=0.0)
-            s0 = tl.exp(tl.load(scales_ptr + offs * 3, mask=act, other=0.0))
-            s1 = tl.exp(tl.load(scales_ptr + offs * 3 + 1, mask=act, other=0.0))
-            s2 = tl.exp(tl.load(scales_ptr + offs * 3 + 2, mask=act, other=0.0))
-            op = 1.0 / (1.0 + tl.exp(-tl.load(opac_ptr + offs, mask=act, other=0.0)))
-            qw = tl.load(quats_ptr + offs * 4, mask=act, other=1.0)
-            qx = tl.load(quats_ptr + offs * 4 + 1, mask=act, other=0.0)
-            qy = tl.load(quats_ptr + offs * 4 + 2, mask=act, other=0.0)
-            qz = tl.load(quats_ptr + offs * 4 + 3, mask=act, other=0.0)
-            q00, q01, q02, q10, q11, q12, q20, q21, q22, w, x, y, z, inv = _rotation(qw, qx, qy, qz)
-            m00, m01, m02 = q00 * s0, q01 * s1, q02 * s2
-            m10, m11, m12 = q10 * s0, q11 * s1, q12 * s2
-            m20, m21, m22 = q20 * s0, q21 * s1, q22 * s2
-            zero = tl.zeros_like(mx)
-            vmx, vmy, vmz, vsig = zero, zero, zero, zero
-            g00, g01, g02, g10, g11, g12, g20, g21, g22 = zero, zero, zero, zero, zero, zero, zero, zero, zero  # dL/dM
-            for cam in range(C):
-                vis = act & (((bits >> cam) & 1) != 0)
-                r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, cx, fy, cy = _camera(vm_ptr, ks_ptr, cam)
-                xc = r00 * mx + r01 * my + r02 * mz + t0
-                yc = r10 * mx + r11 * my + r12 * mz + t1
-                zc = r20 * mx + r21 * my + r22 * mz + t2
-                zs = tl.where(vis, zc, 1.0)
-                rz, j00, j02, j11, j12, tx, ty, xin, yin, m2x, m2y = _jacobian(xc, yc, zs, fx, cx, fy, cy, W, H)
-                b00 = r00 * m00 + r01 * m10 + r02 * m20  # B = Rv M
-                b01 = r00 * m01 + r01 * m11 + r02 * m21
-                b02 = r00 * m02 + r01 * m12 + r02 * m22
-                b10 = r10 * m00 + r11 * m10 + r12 * m20
-                b11 = r10 * m01 + r11 * m11 + r12 * m21
-                b12 = r10 * m02 + r11 * m12 + r12 * m22
-                b20 = r20 * m00 + r21 * m10 + r22 * m20
-                b21 = r20 * m01 + r21 * m11 + r22 * m21
-                b22 = r20 * m02 + r21 * m12 + r22 * m22
-                a00, a01, a02 = j00 * b00 + j02 * b20, j00 * b01 + j02 * b21, j00 * b02 + j02 * b22  # A = J B
-                a10, a11, a12 = j11 * b10 + j12 * b20, j11 * b11 + j12 * b21, j11 * b12 + j12 * b22
-                e00 = a00 * a00 + a01 * a01 + a02 * a02
-                e01 = a00 * a10 + a01 * a11 + a02 * a12
-                e11 = a10 * a10 + a11 * a11 + a12 * a12
-                f00 = e00 + eps2d
-                f11 = e11 + eps2d
-                det_orig, det = _determinants(a00, a01, a02, a10, a11, a12, e00, e11, eps2d)
-                det = tl.where(vis, det, 1.0)
-                ca = f11 / det
-                cb = -e01 / det
-                cc = f00 / det
-                rec = cam * N.to(tl.int64) + offs
-                gx, gy, gd, ga, gb, gc, go = zero, zero, zero, zero, zero, zero, zero
-                if HAS_MEANS2D:
-                    gx = tl.load(v_means2d_ptr + rec * 2, mask=vis, other=0.0)
-                    gy = tl.load(v_means2d_ptr + rec * 2 + 1, mask=vis, other=0.0)
-                if HAS_DEPTHS:
-                    gd = tl.load(v_depths_ptr + rec, mask=vis, other=0.0)
-                if HAS_CONICS:
-                    ga = tl.load(v_conics_ptr + rec * 3, mask=vis, other=0.0)
-                    gb = tl.load(v_conics_ptr + rec * 3 + 1, mask=vis, other=0.0)
-                    gc = tl.load(v_conics_ptr + rec * 3 + 2, mask=vis, other=0.0)
-                if HAS_OPAC:
-                    go = tl.load(v_opac_ptr + rec, mask=vis, other=0.0)
-                # conic = inverse(cov2d): dL/dcov2d = -P V P (inverse_vjp), V the symmetric conic gradient
-                hb = 0.5 * gb
-                p00 = ca * ga + cb * hb
-                p01 = ca * hb + cb * gc
-                p10 = cb * ga + cc * hb
-                p11 = cb * hb + cc * gc
-                h00 = -(p00 * ca + p01 * cb)
-                h01 = -(p00 * cb + p01 * cc)
-                h11 = -(p10 * cb + p11 * cc)
-                if AA:  # opacity x compensation, compensation = sqrt(max(0, det_orig / det))
-                    ratio_raw = det_orig / det
-                    ratio = tl.maximum(ratio_raw, 0.0)
-                    comp = tl.sqrt(ratio)
-                    vsig += go * comp
-                    dr = tl.where(ratio_raw >= 0.0, go * op * 0.5 / (comp + 1e-6), 0.0) / det
-                    h00 += dr * (e11 - ratio * f11)
-                    h11 += dr * (e00 - ratio * f00)
-                    h01 -= dr * e01 * (1.0 - ratio)
+        if LISTED:
+            unseen = live & (bits == 0)
+            if tl.max(unseen.to(tl.int32), 0) != 0:
+                _zero_rows(
+                    v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
+                    m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
+                    m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
+                    start, rows, offs, unseen, act, sh_live, KR, means_ptr.dtype.element_ty, BLOCK, False,
+                    ADAM, SELECTIVE,
+                )  # fmt: skip
+            n = tl.load(count_ptr).to(tl.int64)
+            every = n == N  # a list of every row is the rows themselves, in order
+            for b in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+                i = (tl.full([], 0, tl.int64) + b) * BLOCK + rows  # b a tensor under the interpreter too
+                listed = i < n
+                if every:
+                    g = i
                 else:
-                    vsig += go
-                # cov2d = A A^T
-                u00, u01, u02 = (
-                    2.0 * (h00 * a00 + h01 * a10),
-                    2.0 * (h00 * a01 + h01 * a11),
-                    2.0 * (h00 * a02 + h01 * a12),
-                )
-                u10, u11, u12 = (
-                    2.0 * (h01 * a00 + h11 * a10),
-                    2.0 * (h01 * a01 + h11 * a11),
-                    2.0 * (h01 * a02 + h11 * a12),
-                )
-                vj00 = u00 * b00 + u01 * b01 + u02 * b02
-                vj02 = u00 * b20 + u01 * b21 + u02 * b22
-                vj11 = u10 * b10 + u11 * b11 + u12 * b12
-                vj12 = u10 * b20 + u11 * b21 + u12 * b22
-                # persp_proj_vjp: J and means2d -> camera-space mean
-                rz2 = rz * rz
-                rz3 = rz2 * rz
-                vxc = gx * fx * rz + tl.where(xin, -fx * rz2 * vj02, 0.0)
-                vyc = gy * fy * rz + tl.where(yin, -fy * rz2 * vj12, 0.0)
-                vzc = (
-                    gd
-                    - (fx * xc * gx + fy * yc * gy) * rz2
-                    - fx * rz2 * vj00
-                    - fy * rz2 * vj11
-                    + fx * tx * rz3 * vj02 * tl.where(xin, 2.0, 1.0)
-                    + fy * ty * rz3 * vj12 * tl.where(yin, 2.0, 1.0)
-                )
-                vmx += r00 * vxc + r10 * vyc + r20 * vzc
-                vmy += r01 * vxc + r11 * vyc + r21 * vzc
-                vmz += r02 * vxc + r12 * vyc + r22 * vzc
-                # B = Rv M, rows of dL/dB: (u0 J00), (u1 J11), (u0 J02 + u1 J12)
-                w0, w1, w2 = u00 * j00, u01 * j00, u02 * j00
-                y0, y1, y2 = u10 * j11, u11 * j11, u12 * j11
-                z0, z1, z2 = u00 * j02 + u10 * j12, u01 * j02 + u11 * j12, u02 * j02 + u12 * j12
-                g00 += r00 * w0 + r10 * y0 + r20 * z0
-                g01 += r00 * w1 + r10 * y1 + r20 * z1
-                g02 += r00 * w2 + r10 * y2 + r20 * z2
-                g10 += r01 * w0 + r11 * y0 + r21 * z0
-                g11 += r01 * w1 + r11 * y1 + r21 * z1
-                g12 += r01 * w2 + r11 * y2 + r21 * z2
-                g20 += r02 * w0 + r12 * y0 + r22 * z0
-                g21 += r02 * w1 + r12 * y1 + r22 * z1
-                g22 += r02 * w2 + r12 * y2 + r22 * z2
-            # M = R S: dL/dS_j = sum_i dL/dM_ij R_ij, dL/dR_ij = dL/dM_ij S_j; log-scales through exp
-            q00, q01, q02, q10, q11, q12, q20, q21, q22, w, x, y, z, inv = _rotation(
-                qw, qx, qy, qz
-            )  # fewer live values
-            vs0 = (g00 * q00 + g10 * q10 + g20 * q20) * s0
-            vs1 = (g01 * q01 + g11 * q11 + g21 * q21) * s1
-            vs2 = (g02 * q02 + g12 * q12 + g22 * q22) * s2
-            e00, e01, e02 = g00 * s0, g01 * s1, g02 * s2  # dL/dR
-            e10, e11, e12 = g10 * s0, g11 * s1, g12 * s2
-            e20, e21, e22 = g20 * s0, g21 * s1, g22 * s2
-            vw = 2.0 * (z * (e10 - e01) + y * (e02 - e20) + x * (e21 - e12))
-            vx = 2.0 * (y * (e01 + e10) + z * (e02 + e20) + w * (e21 - e12) - 2.0 * x * (e11 + e22))
-            vy = 2.0 * (x * (e01 + e10) + z * (e12 + e21) + w * (e02 - e20) - 2.0 * y * (e00 + e22))
-            vz = 2.0 * (x * (e02 + e20) + y * (e12 + e21) + w * (e10 - e01) - 2.0 * z * (e00 + e11))
-            dot = vw * w + vx * x + vy * y + vz * z  # through the normalization of the quaternion
-            vw = tl.where(act, (vw - dot * w) * inv, 0.0)
-            vx = tl.where(act, (vx - dot * x) * inv, 0.0)
-            vy = tl.where(act, (vy - dot * y) * inv, 0.0)
-            vz = tl.where(act, (vz - dot * z) * inv, 0.0)
-            _store_rows(v_quats_ptr + start * 4, m1_quats_ptr + start * 4, m2_quats_ptr + start * 4, rows, live, act,
-                        _cols4(vw, vx, vy, vz), 4, hyp_ptr, 1, ADAM, SELECTIVE)  # fmt: skip
-            vs0, vs1, vs2 = tl.where(act, vs0, 0.0), tl.where(act, vs1, 0.0), tl.where(act, vs2, 0.0)
-            _store_rows(v_scales_ptr + start * 3, m1_scales_ptr + start * 3, m2_scales_ptr + start * 3, rows, live, act,
-                        _cols4(vs0, vs1, vs2, zero), 3, hyp_ptr, 2, ADAM, SELECTIVE)  # fmt: skip
-            _emit(v_logits_ptr, m1_logits_ptr, m2_logits_ptr, offs, live, act, tl.where(act, vsig * op * (1.0 - op), 0.0),
-                  hyp_ptr, 3, ADAM, SELECTIVE)  # fmt: skip
-            # the SH after the rest: the geometry's values are no longer live
-            if HAS_COLORS:
-                c0, lo0, hi0, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
-                                                                v_colors_ptr, N, C, KR, 0, DEG, ADAM)  # fmt: skip
-                vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
-                c1, lo1, hi1, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
-                                                                v_colors_ptr, N, C, KR, 1, DEG, ADAM)  # fmt: skip
-                vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
-                c2, lo2, hi2, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
-                                                                v_colors_ptr, N, C, KR, 2, DEG, ADAM)  # fmt: skip
-                vmx, vmy, vmz = vmx + dx, vmy + dy, vmz + dz
-                _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, sh_live, act,
-                            _cols4(c0, c1, c2, zero), 3, hyp_ptr, 4, ADAM, SELECTIVE)  # fmt: skip
-                _store_shn(v_shn_ptr + start * (KR * 3), m1_shn_ptr + start * (KR * 3), m2_shn_ptr + start * (KR * 3),
-                           rows, sh_live, act, KR, lo0, lo1, lo2, hi0, hi1, hi2, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
+                    g = tl.load(list_ptr + i, mask=listed, other=0).to(tl.int64)
+                g_bits = tl.load(bits_ptr + g, mask=listed, other=0)
+                g_act = listed & (g_bits != 0)
+                _backward_rows(
+                    means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
+                    v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
+                    v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
+                    m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
+                    m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
+                    0, g, g, listed, g_act, g_act, g_bits, N, C, KR, W, H, eps2d,
+                    DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE,
+                )  # fmt: skip
+        else:
+            if tl.max(act.to(tl.int32), 0) == 0:  # no Gaussian of the block seen: every gradient 0, no math
+                _zero_rows(
+                    v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
+                    m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
+                    m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
+                    start, rows, offs, live, act, sh_live, KR, means_ptr.dtype.element_ty, BLOCK, True,
+                    ADAM, SELECTIVE,
+                )  # fmt: skip
             else:
-                _store_sh_zeros(v_sh0_ptr, m1_sh0_ptr, m2_sh0_ptr, v_shn_ptr, m1_shn_ptr, m2_shn_ptr, start, rows,
-                                sh_live, act, zero, KR, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
-            vmx, vmy, vmz = tl.where(act, vmx, 0.0), tl.where(act, vmy, 0.0), tl.where(act, vmz, 0.0)
-            _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
-                        _cols4(vmx, vmy, vmz, zero), 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
+                _backward_rows(
+                    means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
+                    v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
+                    v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
+                    m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
+                    m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
+                    start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
+                    DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE,
+                )  # fmt: skip
 
 
 def kernel_specs() -> dict:
@@ -974,6 +1054,7 @@ def kernel_specs() -> dict:
     bwd_flags = dict(HAS_MEANS2D=True, HAS_DEPTHS=False, HAS_CONICS=True, HAS_OPAC=True, HAS_COLORS=True)
     fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK)
     bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, **bwd_flags)
+    bwd_ints = {"bits_ptr": "*i32", "list_ptr": "*i32", "count_ptr": "*i32"}
     return {
         "projection_forward": (_forward_kernel, dict(fwd, AA=False), fwd_ints, floats, NUM_WARPS),
         "projection_forward_aa": (_forward_kernel, dict(fwd, AA=True), fwd_ints, floats, NUM_WARPS),
@@ -999,20 +1080,28 @@ def kernel_specs() -> dict:
             {},
             NUM_WARPS,
         ),
-        "projection_backward": (_backward_kernel, dict(bwd, AA=False), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
-        "projection_backward_aa": (_backward_kernel, dict(bwd, AA=True), {"bits_ptr": "*i32"}, floats, NUM_WARPS),
+        "projection_backward": (_backward_kernel, dict(bwd, AA=False), bwd_ints, floats, NUM_WARPS),
+        "projection_backward_aa": (_backward_kernel, dict(bwd, AA=True), bwd_ints, floats, NUM_WARPS),
+        # --lazy_sh_adam: the math over the forward's list of seen Gaussians, zeros for the others
+        "projection_backward_listed": (
+            _backward_kernel,
+            dict(bwd, AA=False, SEEN_SH=True, LISTED=True),
+            bwd_ints,
+            floats,
+            NUM_WARPS,
+        ),
         # --fused_adam: the backward takes the Adam step (selective: --visible_adam)
         "projection_backward_adam": (
             _backward_kernel,
             dict(bwd, AA=False, ADAM=True),
-            {"bits_ptr": "*i32"},
+            bwd_ints,
             floats,
             NUM_WARPS,
         ),
         "projection_backward_adam_selective": (
             _backward_kernel,
             dict(bwd, AA=False, ADAM=True, SELECTIVE=True),
-            {"bits_ptr": "*i32"},
+            bwd_ints,
             floats,
             NUM_WARPS,
         ),
@@ -1141,6 +1230,7 @@ def backward_into(
     out: dict,
     adam: "Optional[AdamStep]" = None,
     seen_sh: bool = False,
+    listed: "Optional[SeenRows]" = None,
 ) -> None:
     """Launch the backward kernel: ``grads`` maps the differentiable outputs of
     :data:`OUTPUT_KEYS` to their contiguous gradients (missing or None: zero); every element of
@@ -1149,9 +1239,15 @@ def backward_into(
     sh0 / shN rows of Gaussians with no bit in ``bits``, whose gradient is zero, are left as they
     were (stored bases beyond 16 excepted: written as zeros). With ``adam`` (:class:`AdamStep`) no gradient is written: each parameter of ``params``
     takes its Adam step in place, its moments ``adam.moments[k]`` updated with it (``out`` is not
-    read). Raises ValueError for ``adam`` with ``seen_sh``."""
+    read). ``listed`` (kernels/adam.SeenRows, the forward's list of the Gaussians with a bit in
+    ``bits``; with ``seen_sh`` only): the math runs over the listed Gaussians, and each block of
+    the others only stores their zeros (the same gradients; where the seen Gaussians are few and
+    scattered, most blocks hold one and ran the math for every row). Raises ValueError for
+    ``adam`` with ``seen_sh``, or ``listed`` without ``seen_sh``."""
     if adam is not None and seen_sh:
         raise ValueError("backward_into: seen_sh leaves gradient rows unwritten; Adam in the backward writes none")
+    if listed is not None and not seen_sh:
+        raise ValueError("backward_into: listed needs seen_sh (the unseen rows' SH gradients are left unwritten)")
     means = params["means"]
     N, C = means.shape[0], viewmats.shape[0]
     if N == 0:
@@ -1170,13 +1266,15 @@ def backward_into(
         *(params[k] for k in PARAM_KEYS), viewmats, Ks, campos, bits,
         *(g if g is not None else means for g in given),
         *targets, *moments, hyper,
+        *((listed.rows, listed.count) if listed is not None else (bits, bits)),
         N, C, params["shN"].shape[1], setup.width, setup.height, EPS2D,
     ]  # fmt: skip
     consts = dict(
         AA=setup.antialiased, BLOCK=BLOCK,
         HAS_MEANS2D=given[0] is not None, HAS_DEPTHS=given[1] is not None, HAS_CONICS=given[2] is not None,
         HAS_OPAC=given[3] is not None, HAS_COLORS=given[4] is not None,
-        ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, SEEN_SH=seen_sh, num_warps=NUM_WARPS,
+        ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, SEEN_SH=seen_sh,
+        LISTED=listed is not None, num_warps=NUM_WARPS,
     )  # fmt: skip
     _prewarm_degrees(_backward_kernel, args, consts, setup.sh_degree, params)
     _backward_kernel[(triton.cdiv(N, BLOCK),)](*args, DEG=setup.sh_degree, **consts)
@@ -1249,6 +1347,7 @@ class _ProjectShade(torch.autograd.Function):
         out = empty_outputs(means.shape[0], viewmats.shape[0], means.device)
         forward_into(params, viewmats, Ks, campos, setup, out, lazy)
         ctx.setup, ctx.adam, ctx.lazy = setup, adam, lazy is not None
+        ctx.seen = lazy.seen if lazy is not None else None  # listed by the forward, read by the backward
         ctx.save_for_backward(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos, out["bits"])
         ctx.mark_non_differentiable(out["radii"])
         ctx.set_materialize_grads(False)
@@ -1265,7 +1364,7 @@ class _ProjectShade(torch.autograd.Function):
             return (None,) * 12
         out = {k: torch.empty_like(params[k]) for k in PARAM_KEYS}
         # --lazy_sh_adam: the unseen Gaussians' SH gradient rows, which its Adam does not read, stay unwritten
-        backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out, seen_sh=ctx.lazy)
+        backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out, seen_sh=ctx.lazy, listed=ctx.seen)
         wanted = ctx.needs_input_grad[3:9]
         return (None, None, None, *(out[k] if w else None for k, w in zip(PARAM_KEYS, wanted)), None, None, None)
 

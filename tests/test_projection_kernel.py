@@ -180,6 +180,26 @@ def forwarded(scene, deg, aa):
     return p, cams, setup, out
 
 
+def run_listed(scene, deg, aa, grads):
+    """backward_into with seen_sh into NaN-filled gradients: (unlisted, listed over the seen
+    Gaussians in reverse order, listed over every row), the last through the kernel's path for a
+    list of every row (which takes the rows in order without reading the list)."""
+    from splat_train.kernels.adam import SeenRows
+
+    p, cams, setup, out = forwarded(scene, deg, aa)
+    N = p["means"].shape[0]
+    seen = SeenRows.from_mask(out["bits"] != 0)
+    count = int(seen.count)
+    seen.rows[:count] = seen.rows[:count].flip(0)
+    every = SeenRows.from_mask(torch.ones(N, dtype=torch.bool))
+    runs = []
+    for listed in (None, seen, every):
+        g = {k: torch.full_like(v, float("nan")) for k, v in p.items()}
+        projection.backward_into(p, *cams, out["bits"], setup, grads, g, seen_sh=True, listed=listed)
+        runs.append(g)
+    return out["bits"], runs
+
+
 def run_partial(scene, deg, aa, grads):
     """backward_into with some outputs' gradients missing (the kernel's HAS_* flags off) and with
     those gradients given as zeros: (missing, zeros) gradient dicts for no colour gradient, then
@@ -476,6 +496,25 @@ def test_missing_output_gradients_count_as_zeros(interpreted, case):
             assert torch.equal(missing[k], zeros[k]), k
     assert (no_colour[0]["sh0"] == 0).all() and (no_colour[0]["shN"] == 0).all()
     assert (colour_only[0]["shN"] != 0).any() and (colour_only[0]["quats"] == 0).all()
+
+
+@pytest.mark.parametrize("case", POISONED)
+def test_listed_backward_equals_the_blockwise_one(interpreted, case):
+    """The backward over the forward's list of seen Gaussians (--lazy_sh_adam) writes what the
+    blockwise one writes: every geometric gradient (zeros for the unseen Gaussians), the SH rows of
+    the seen ones, the stored bases beyond 16 as zeros, and leaves the unseen SH rows unwritten
+    (NaN here), whether the list is in any order or holds every row."""
+    _, _, _, out, _ = interpreted
+    bits, (plain, listed, every) = out["listed"][case]
+    seen = bits != 0
+    assert seen.any() and not seen.all()
+    for k in projection.PARAM_KEYS:
+        for got in (listed, every):
+            torch.testing.assert_close(got[k], plain[k], rtol=0, atol=0, equal_nan=True, msg=k)
+        if k in ("sh0", "shN"):
+            assert not torch.isnan(plain[k][seen]).any() and torch.isnan(plain[k][~seen][:, :15]).all(), k
+        else:
+            assert not torch.isnan(plain[k]).any() and (plain[k][~seen] == 0).all(), k
 
 
 @pytest.mark.parametrize("case", ADAM_CASES)
@@ -804,15 +843,19 @@ def test_gpu_bench_script_runs(tmp_path):
 
 if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
     data = torch.load(sys.argv[2])
-    fused, poisoned, partial, probe, exact, adam = [], {}, {}, [], [], {}
+    fused, poisoned, partial, probe, exact, adam, listed = [], {}, {}, [], [], {}, {}
     for i, (scene, grads, (N, C, K, deg, aa)) in enumerate(zip(data["scenes"], data["grads"], CASES)):
         ((out, unmasked),) = run_fused(scene, deg, aa, [grads], "cpu")
         fused.append(run_fused(scene, deg, aa, [masked(grads, out["radii"])], "cpu") + [(out, unmasked)])
         if i in POISONED:
             poisoned[i] = run_poisoned(scene, deg, aa, grads)
             partial[i] = run_partial(scene, deg, aa, masked(grads, out["radii"]))
+            listed[i] = run_listed(scene, deg, aa, masked(grads, out["radii"]))
         probe.append(run_probe(scene))
         exact.append(run_exact(scene, deg, aa, grads))
         if i in ADAM_CASES:
             adam[i] = run_adam(scene, deg, aa, masked(grads, out["radii"]), 200 + i)
-    torch.save(dict(fused=fused, poisoned=poisoned, partial=partial, probe=probe, exact=exact, adam=adam), sys.argv[3])
+    torch.save(
+        dict(fused=fused, poisoned=poisoned, partial=partial, probe=probe, exact=exact, adam=adam, listed=listed),
+        sys.argv[3],
+    )

@@ -6,8 +6,9 @@
 # Each bench-<scene>/: bench.json (phases, peak memory, the profile summary and the bytes model of
 # the per-Gaussian stages), bench.md, console.log; timeline.txt: each part's exit and ms/iter.
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go;
-# SCENES: the scenes (default "20m city-20m 2m 60m"); EXTRA: more bench arguments for every scene
-# (a --variant NAME="--flags" to compare).
+# SCENES: the scenes (default "20m city-20m 2m 60m"); VARIANTS: the bench variants (default
+# "gsplat-dist ours-dense ours-dense-fused"); EXTRA: more bench arguments for every scene (a
+# --variant NAME="--flags" to compare).
 # ../presort/ ran an earlier form of this script (cce9146: kernels/isect.py's presorted tile
 # lists, --tile_lists, in the default step, and a variant with gsplat's lists beside it).
 R=${R:-$OUT/r}; mkdir -p $R; t0=$(date +%s)
@@ -24,7 +25,7 @@ for scene in ${SCENES-20m city-20m 2m 60m}; do
     100m) args=(--synthetic_gaussians 100000000 --resolution 1920x1080 --num_cameras 4 --steps 8 --warmup 3
                 --phase_steps 2 --profile_steps 2 --world_sizes 1) ;;
   esac
-  variants=(gsplat-dist ours-dense ours-dense-fused); [ $scene = 100m ] && variants=(ours-dense-fused)
+  variants=(${VARIANTS:-gsplat-dist ours-dense ours-dense-fused}); [ $scene = 100m ] && variants=(ours-dense-fused)
   mkdir -p $R/bench-$scene
   eval "extra=(${EXTRA:-})"
   splat-train bench --variants "${variants[@]}" "${args[@]}" "${extra[@]}" --out $R/bench-$scene \
