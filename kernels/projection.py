@@ -761,12 +761,7 @@ if triton is not None:
 
     @triton.jit
     def _backward_rows(
-        means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
-        v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
-        v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
-        m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
-        m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
-        start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
+        ptrs, start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
         DEG: tl.constexpr, AA: tl.constexpr, HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr,
         HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr, HAS_COLORS: tl.constexpr, ADAM: tl.constexpr,
         SELECTIVE: tl.constexpr,
@@ -774,7 +769,13 @@ if triton is not None:
         """The backward of the Gaussians ``offs`` (``live``; ``act``: those some camera sees, their
         visibility ``bits``): every parameter's gradient (or Adam step) stored at ``rows`` from row
         ``start`` (int32 offsets within a block, or int64 row indices with start 0), the SH ones
-        for ``sh_live``."""
+        for ``sh_live``; ``ptrs``: the kernel's 34 pointers, parameters to Adam's constants, in its
+        order."""
+        (means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
+         v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
+         v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
+         m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
+         m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr) = ptrs  # fmt: skip
         mx = tl.load(means_ptr + offs * 3, mask=act, other=0.0)
         my = tl.load(means_ptr + offs * 3 + 1, mask=act, other=0.0)
         mz = tl.load(means_ptr + offs * 3 + 2, mask=act, other=0.0)
@@ -945,30 +946,6 @@ if triton is not None:
         _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
                     _cols4(vmx, vmy, vmz, zero), 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
 
-    @triton.jit
-    def _zero_rows(
-        v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
-        m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
-        m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
-        start, rows, offs, live, act, sh_live, KR, dtype: tl.constexpr, BLOCK: tl.constexpr, SH: tl.constexpr,
-        ADAM: tl.constexpr, SELECTIVE: tl.constexpr,
-    ):  # fmt: skip
-        """Zero gradients (with ADAM: zero-gradient Adam steps) for the rows ``live`` of a block
-        (``rows`` from row ``start``; ``offs`` = start + rows), with SH those of sh0 / shN's first 15
-        bases for ``sh_live``: the backward of Gaussians no camera sees, without its math."""
-        zero = tl.zeros([BLOCK], dtype=dtype)
-        tile = _cols4(zero, zero, zero, zero)
-        _store_rows(v_quats_ptr + start * 4, m1_quats_ptr + start * 4, m2_quats_ptr + start * 4, rows, live, act,
-                    tile, 4, hyp_ptr, 1, ADAM, SELECTIVE)  # fmt: skip
-        _store_rows(v_scales_ptr + start * 3, m1_scales_ptr + start * 3, m2_scales_ptr + start * 3, rows, live, act,
-                    tile, 3, hyp_ptr, 2, ADAM, SELECTIVE)  # fmt: skip
-        _emit(v_logits_ptr, m1_logits_ptr, m2_logits_ptr, offs, live, act, zero, hyp_ptr, 3, ADAM, SELECTIVE)
-        if SH:
-            _store_sh_zeros(v_sh0_ptr, m1_sh0_ptr, m2_sh0_ptr, v_shn_ptr, m1_shn_ptr, m2_shn_ptr, start, rows, sh_live,
-                            act, zero, KR, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
-        _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
-                    tile, 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
-
     @unspecialized_jit(["N", "KR"], VARYING_POINTERS + VARYING_GRADIENT_POINTERS)
     def _backward_kernel(
         means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr, bits_ptr,
@@ -982,68 +959,70 @@ if triton is not None:
         HAS_COLORS: tl.constexpr, ADAM: tl.constexpr = False, SELECTIVE: tl.constexpr = False,
         SEEN_SH: tl.constexpr = False, LISTED: tl.constexpr = False,
     ):  # fmt: skip
-        """One program per block of BLOCK Gaussians. LISTED (with SEEN_SH, without ADAM): the block's
-        unseen Gaussians get their zero gradients, and the seen ones (``list_ptr[:count]``, the
-        forward's list) take the math, the programs striding over the list: where few Gaussians
-        are seen, scattered over the blocks, a block no longer runs the math for all its rows."""
-        start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
-        rows = tl.arange(0, BLOCK)
-        offs = start + rows
-        live = offs < N
-        if not ADAM:  # with ADAM the host allows no bases beyond 16 (Adam would have to step them too)
-            _store_shn_tail(v_shn_ptr + start * (KR * 3), rows, live, KR)
+        """One program per block of BLOCK Gaussians; LISTED (with SEEN_SH, after
+        :func:`_zero_unseen_kernel`): per block of BLOCK entries of the forward's list of the seen
+        Gaussians (``list_ptr[:count]``; a list of every row is the rows in order, not read)."""
+        if LISTED:
+            i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            n = tl.load(count_ptr)
+            live = i < n
+            if n == N:
+                offs = i
+            else:
+                offs = tl.load(list_ptr + i, mask=live, other=0).to(tl.int64)
+            start = 0  # rows: the listed Gaussians' int64 indices
+            rows = offs
+        else:
+            start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
+            rows = tl.arange(0, BLOCK)
+            offs = start + rows
+            live = offs < N
+            if not ADAM:  # with ADAM the host allows no bases beyond 16 (Adam would have to step them too)
+                _store_shn_tail(v_shn_ptr + start * (KR * 3), rows, live, KR)
         bits = tl.load(bits_ptr + offs, mask=live, other=0)
         act = live & (bits != 0)
         sh_live = act if SEEN_SH else live  # --lazy_sh_adam: the SH gradient rows of unseen Gaussians unwritten
+        ptrs = (means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
+                v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
+                v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
+                m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
+                m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr)  # fmt: skip
         if LISTED:
-            unseen = live & (bits == 0)
-            if tl.max(unseen.to(tl.int32), 0) != 0:
-                _zero_rows(
-                    v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
-                    m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
-                    m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
-                    start, rows, offs, unseen, act, sh_live, KR, means_ptr.dtype.element_ty, BLOCK, False,
-                    ADAM, SELECTIVE,
-                )  # fmt: skip
-            n = tl.load(count_ptr).to(tl.int64)
-            every = n == N  # a list of every row is the rows themselves, in order
-            for b in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
-                i = (tl.full([], 0, tl.int64) + b) * BLOCK + rows  # b a tensor under the interpreter too
-                listed = i < n
-                if every:
-                    g = i
-                else:
-                    g = tl.load(list_ptr + i, mask=listed, other=0).to(tl.int64)
-                g_bits = tl.load(bits_ptr + g, mask=listed, other=0)
-                g_act = listed & (g_bits != 0)
+            if tl.max(act.to(tl.int32), 0) != 0:  # the programs past the list's end have nothing to do
                 _backward_rows(
-                    means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
-                    v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
-                    v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
-                    m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
-                    m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
-                    0, g, g, listed, g_act, g_act, g_bits, N, C, KR, W, H, eps2d,
+                    ptrs, start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
                     DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE,
                 )  # fmt: skip
         else:
-            if tl.max(act.to(tl.int32), 0) == 0:  # no Gaussian of the block seen: every gradient 0, no math
-                _zero_rows(
-                    v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
-                    m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
-                    m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
-                    start, rows, offs, live, act, sh_live, KR, means_ptr.dtype.element_ty, BLOCK, True,
-                    ADAM, SELECTIVE,
-                )  # fmt: skip
-            else:
-                _backward_rows(
-                    means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
-                    v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
-                    v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
-                    m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
-                    m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
-                    start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
-                    DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE,
-                )  # fmt: skip
+            _backward_rows(
+                ptrs, start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
+                DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE,
+            )  # fmt: skip
+
+    @triton.jit(do_not_specialize=["N", "KR"])
+    def _zero_unseen_kernel(
+        bits_ptr, v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_shn_ptr, N, KR, BLOCK: tl.constexpr
+    ):
+        """The zero gradients of the geometric parameters of the Gaussians no camera sees (no bit in
+        ``bits``), one program per block, and shN's stored bases beyond 16 for every Gaussian: what
+        the LISTED backward, which runs over the seen ones only, leaves to write (their SH rows stay
+        unwritten, as with SEEN_SH)."""
+        start = tl.program_id(0).to(tl.int64) * BLOCK
+        rows = tl.arange(0, BLOCK)
+        offs = start + rows
+        live = offs < N
+        _store_shn_tail(v_shn_ptr + start * (KR * 3), rows, live, KR)
+        unseen = live & (tl.load(bits_ptr + offs, mask=live, other=0) == 0)
+        if tl.max(unseen.to(tl.int32), 0) != 0:
+            zero = tl.zeros([BLOCK], dtype=v_means_ptr.dtype.element_ty)
+            tile = _cols4(zero, zero, zero, zero)
+            _store_rows(v_quats_ptr + start * 4, v_quats_ptr, v_quats_ptr, rows, unseen, unseen, tile, 4, v_quats_ptr, 1,
+                        False, False)  # fmt: skip
+            _store_rows(v_scales_ptr + start * 3, v_scales_ptr, v_scales_ptr, rows, unseen, unseen, tile, 3,
+                        v_scales_ptr, 2, False, False)  # fmt: skip
+            tl.store(v_logits_ptr + offs, zero, mask=unseen)
+            _store_rows(v_means_ptr + start * 3, v_means_ptr, v_means_ptr, rows, unseen, unseen, tile, 3, v_means_ptr, 0,
+                        False, False)  # fmt: skip
 
 
 def kernel_specs() -> dict:
@@ -1053,7 +1032,8 @@ def kernel_specs() -> dict:
     floats = {n: "fp32" for n in ("near", "far", "eps2d")}
     bwd_flags = dict(HAS_MEANS2D=True, HAS_DEPTHS=False, HAS_CONICS=True, HAS_OPAC=True, HAS_COLORS=True)
     fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK)
-    bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, **bwd_flags)
+    # every constexpr given (one left out compiles as an int argument: its branches both built)
+    bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, SEEN_SH=False, LISTED=False, **bwd_flags)
     bwd_ints = {"bits_ptr": "*i32", "list_ptr": "*i32", "count_ptr": "*i32"}
     return {
         "projection_forward": (_forward_kernel, dict(fwd, AA=False), fwd_ints, floats, NUM_WARPS),
@@ -1082,7 +1062,8 @@ def kernel_specs() -> dict:
         ),
         "projection_backward": (_backward_kernel, dict(bwd, AA=False), bwd_ints, floats, NUM_WARPS),
         "projection_backward_aa": (_backward_kernel, dict(bwd, AA=True), bwd_ints, floats, NUM_WARPS),
-        # --lazy_sh_adam: the math over the forward's list of seen Gaussians, zeros for the others
+        # --lazy_sh_adam: the math over the forward's list of seen Gaussians, zeros for the others first
+        "projection_zero_unseen": (_zero_unseen_kernel, dict(BLOCK=BLOCK), {"bits_ptr": "*i32"}, {}, NUM_WARPS),
         "projection_backward_listed": (
             _backward_kernel,
             dict(bwd, AA=False, SEEN_SH=True, LISTED=True),
@@ -1240,9 +1221,10 @@ def backward_into(
     were (stored bases beyond 16 excepted: written as zeros). With ``adam`` (:class:`AdamStep`) no gradient is written: each parameter of ``params``
     takes its Adam step in place, its moments ``adam.moments[k]`` updated with it (``out`` is not
     read). ``listed`` (kernels/adam.SeenRows, the forward's list of the Gaussians with a bit in
-    ``bits``; with ``seen_sh`` only): the math runs over the listed Gaussians, and each block of
-    the others only stores their zeros (the same gradients; where the seen Gaussians are few and
-    scattered, most blocks hold one and ran the math for every row). Raises ValueError for
+    ``bits``; with ``seen_sh`` only): one launch stores the others' zeros, and the backward's
+    programs take the listed Gaussians, a block of the list each (the same gradients; where the
+    seen Gaussians are few and scattered, most blocks of the shard hold one, and a block runs the
+    math for all its rows). Raises ValueError for
     ``adam`` with ``seen_sh``, or ``listed`` without ``seen_sh``."""
     if adam is not None and seen_sh:
         raise ValueError("backward_into: seen_sh leaves gradient rows unwritten; Adam in the backward writes none")
@@ -1276,8 +1258,14 @@ def backward_into(
         ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, SEEN_SH=seen_sh,
         LISTED=listed is not None, num_warps=NUM_WARPS,
     )  # fmt: skip
+    grid = (triton.cdiv(N, BLOCK),)
+    if listed is not None:  # the unseen Gaussians' zeros first; the backward then runs over the list
+        _zero_unseen_kernel[grid](
+            bits, *(out[k] for k in ("means", "quats", "scales", "opacities", "shN")), N, params["shN"].shape[1],
+            BLOCK=BLOCK, num_warps=NUM_WARPS,
+        )  # fmt: skip
     _prewarm_degrees(_backward_kernel, args, consts, setup.sh_degree, params)
-    _backward_kernel[(triton.cdiv(N, BLOCK),)](*args, DEG=setup.sh_degree, **consts)
+    _backward_kernel[grid](*args, DEG=setup.sh_degree, **consts)
 
 
 @dataclass

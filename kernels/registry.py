@@ -55,6 +55,7 @@ def kernel_specs() -> dict:
         "projection_listed_colors": proj["projection_listed_colors"],
         **la.kernel_specs(),
         "projection_backward": proj["projection_backward"],
+        "projection_zero_unseen": proj["projection_zero_unseen"],
         "projection_backward_listed": proj["projection_backward_listed"],
         "projection_backward_adam": proj["projection_backward_adam"],
         "projection_backward_adam_selective": proj["projection_backward_adam_selective"],
