@@ -1,8 +1,8 @@
-# The tree before the backward projection skipped its blocks of unseen Gaussians and before the
-# deferred SH rows' colours got their own kernel (BASE_SRC: `git archive --prefix=splat_train/
-# f71f057 | gzip`), its default step on the bench scenes, to set beside ../show/'s invocation of
-# the same scene on the same machine in the same device call; with the GPU tests of the changed
-# kernels first (gpu_tests.log). Each base-<scene>/: bench.json (phases, profile summary, bytes
+# A base tree's default step on the bench scenes (BASE_SRC: `git archive --prefix=splat_train/
+# <commit> | gzip`; f71f057, before the changes for unseen Gaussians, and 8664e0e, before the
+# backward over the list of seen ones), to set beside ../show/'s invocation of the same scene on
+# the same machine in the same device call; with the GPU tests of the changed kernels first
+# (gpu_tests.log). Each base-<scene>/: bench.json (phases, profile summary, bytes
 # model), bench.md, console.log; timeline.txt: each part's exit and ms/iter.
 # Run from the repository root after `source .whl/gpu-prelude.sh`; R: where the outputs go; SCENES
 # (default "city-20m"); TESTS=0 leaves the tests out.
@@ -13,7 +13,7 @@ if [ "${TESTS:-1}" = 1 ]; then
     tests/test_densify_stats.py > $R/gpu_tests.log 2>&1
   stamp "gpu tests rc=$? $(tail -1 $R/gpu_tests.log)"
 fi
-BASE_SRC=${BASE_SRC:-.whl/base-f71f057.tar.gz}
+BASE_SRC=${BASE_SRC:-.whl/base-8664e0e.tar.gz}
 mkdir -p /tmp/base && tar -xzf $BASE_SRC -C /tmp/base || exit 1
 V="--steps 12 --warmup 4 --phase_steps 3 --profile_steps 3 --world_sizes 1"
 for scene in ${SCENES-city-20m}; do
