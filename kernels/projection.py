@@ -80,7 +80,6 @@ from . import constants, prewarm
 from .reference import ALPHA_THRESHOLD, EXTENT_SIGMAS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .adam import SeenRows
     from .lazy_adam import LazyRows
 
 try:  # the CPU-only torch wheel may ship without Triton
@@ -946,39 +945,55 @@ if triton is not None:
         _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
                     _cols4(vmx, vmy, vmz, zero), 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
 
+    @triton.jit
+    def _zero_rows(
+        ptrs, start, rows, offs, live, act, sh_live, KR, dtype: tl.constexpr, BLOCK: tl.constexpr, SH: tl.constexpr,
+        ADAM: tl.constexpr, SELECTIVE: tl.constexpr,
+    ):  # fmt: skip
+        """Zero gradients (with ADAM: zero-gradient Adam steps) for the rows ``live`` of a block
+        (``rows`` from row ``start``; ``offs`` = start + rows), with SH those of sh0 / shN's first 15
+        bases for ``sh_live``: the backward of Gaussians no camera sees, without its math (``ptrs`` as
+        :func:`_backward_rows`'s)."""
+        (_, _, _, _, _, _, _, _, _, _, _, _, _, _,
+         v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
+         m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
+         m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr) = ptrs  # fmt: skip
+        zero = tl.zeros([BLOCK], dtype=dtype)
+        tile = _cols4(zero, zero, zero, zero)
+        _store_rows(v_quats_ptr + start * 4, m1_quats_ptr + start * 4, m2_quats_ptr + start * 4, rows, live, act,
+                    tile, 4, hyp_ptr, 1, ADAM, SELECTIVE)  # fmt: skip
+        _store_rows(v_scales_ptr + start * 3, m1_scales_ptr + start * 3, m2_scales_ptr + start * 3, rows, live, act,
+                    tile, 3, hyp_ptr, 2, ADAM, SELECTIVE)  # fmt: skip
+        _emit(v_logits_ptr, m1_logits_ptr, m2_logits_ptr, offs, live, act, zero, hyp_ptr, 3, ADAM, SELECTIVE)
+        if SH:
+            _store_sh_zeros(v_sh0_ptr, m1_sh0_ptr, m2_sh0_ptr, v_shn_ptr, m1_shn_ptr, m2_shn_ptr, start, rows, sh_live,
+                            act, zero, KR, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
+        _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
+                    tile, 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
+
     @unspecialized_jit(["N", "KR"], VARYING_POINTERS + VARYING_GRADIENT_POINTERS)
     def _backward_kernel(
         means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr, bits_ptr,
         v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
         v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
         m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
-        m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr, list_ptr,
-        count_ptr, N, C, KR, W, H, eps2d,
+        m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
+        N, C, KR, W, H, eps2d,
         DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr,
         HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
         HAS_COLORS: tl.constexpr, ADAM: tl.constexpr = False, SELECTIVE: tl.constexpr = False,
-        SEEN_SH: tl.constexpr = False, LISTED: tl.constexpr = False,
+        SEEN_SH: tl.constexpr = False,
     ):  # fmt: skip
-        """One program per block of BLOCK Gaussians; LISTED (with SEEN_SH, after
-        :func:`_zero_unseen_kernel`): per block of BLOCK entries of the forward's list of the seen
-        Gaussians (``list_ptr[:count]``; a list of every row is the rows in order, not read)."""
-        if LISTED:
-            i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-            n = tl.load(count_ptr)
-            live = i < n
-            if n == N:
-                offs = i
-            else:
-                offs = tl.load(list_ptr + i, mask=live, other=0).to(tl.int64)
-            start = 0  # rows: the listed Gaussians' int64 indices
-            rows = offs
-        else:
-            start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
-            rows = tl.arange(0, BLOCK)
-            offs = start + rows
-            live = offs < N
-            if not ADAM:  # with ADAM the host allows no bases beyond 16 (Adam would have to step them too)
-                _store_shn_tail(v_shn_ptr + start * (KR * 3), rows, live, KR)
+        """One program per block of BLOCK Gaussians. With SEEN_SH (--lazy_sh_adam, the large scenes
+        whose cameras may see few of them) a block none of whose Gaussians is seen stores its zero
+        gradients without the math; without it that early exit is not compiled in (it took the
+        kernel from 128 to 255 registers for sm_90, 166 with SEEN_SH)."""
+        start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
+        rows = tl.arange(0, BLOCK)
+        offs = start + rows
+        live = offs < N
+        if not ADAM:  # with ADAM the host allows no bases beyond 16 (Adam would have to step them too)
+            _store_shn_tail(v_shn_ptr + start * (KR * 3), rows, live, KR)
         bits = tl.load(bits_ptr + offs, mask=live, other=0)
         act = live & (bits != 0)
         sh_live = act if SEEN_SH else live  # --lazy_sh_adam: the SH gradient rows of unseen Gaussians unwritten
@@ -987,8 +1002,13 @@ if triton is not None:
                 v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
                 m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
                 m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr)  # fmt: skip
-        if LISTED:
-            if tl.max(act.to(tl.int32), 0) != 0:  # the programs past the list's end have nothing to do
+        if SEEN_SH:
+            if tl.max(act.to(tl.int32), 0) == 0:  # no Gaussian of the block seen: every gradient 0, no math
+                _zero_rows(
+                    ptrs, start, rows, offs, live, act, sh_live, KR, means_ptr.dtype.element_ty, BLOCK, True,
+                    ADAM, SELECTIVE,
+                )  # fmt: skip
+            else:
                 _backward_rows(
                     ptrs, start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
                     DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE,
@@ -999,31 +1019,6 @@ if triton is not None:
                 DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE,
             )  # fmt: skip
 
-    @triton.jit(do_not_specialize=["N", "KR"])
-    def _zero_unseen_kernel(
-        bits_ptr, v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_shn_ptr, N, KR, BLOCK: tl.constexpr
-    ):
-        """The zero gradients of the geometric parameters of the Gaussians no camera sees (no bit in
-        ``bits``), one program per block, and shN's stored bases beyond 16 for every Gaussian: what
-        the LISTED backward, which runs over the seen ones only, leaves to write (their SH rows stay
-        unwritten, as with SEEN_SH)."""
-        start = tl.program_id(0).to(tl.int64) * BLOCK
-        rows = tl.arange(0, BLOCK)
-        offs = start + rows
-        live = offs < N
-        _store_shn_tail(v_shn_ptr + start * (KR * 3), rows, live, KR)
-        unseen = live & (tl.load(bits_ptr + offs, mask=live, other=0) == 0)
-        if tl.max(unseen.to(tl.int32), 0) != 0:
-            zero = tl.zeros([BLOCK], dtype=v_means_ptr.dtype.element_ty)
-            tile = _cols4(zero, zero, zero, zero)
-            _store_rows(v_quats_ptr + start * 4, v_quats_ptr, v_quats_ptr, rows, unseen, unseen, tile, 4, v_quats_ptr, 1,
-                        False, False)  # fmt: skip
-            _store_rows(v_scales_ptr + start * 3, v_scales_ptr, v_scales_ptr, rows, unseen, unseen, tile, 3,
-                        v_scales_ptr, 2, False, False)  # fmt: skip
-            tl.store(v_logits_ptr + offs, zero, mask=unseen)
-            _store_rows(v_means_ptr + start * 3, v_means_ptr, v_means_ptr, rows, unseen, unseen, tile, 3, v_means_ptr, 0,
-                        False, False)  # fmt: skip
-
 
 def kernel_specs() -> dict:
     """This module's kernels at the configuration :func:`project_and_shade_fused` launches for
@@ -1033,8 +1028,8 @@ def kernel_specs() -> dict:
     bwd_flags = dict(HAS_MEANS2D=True, HAS_DEPTHS=False, HAS_CONICS=True, HAS_OPAC=True, HAS_COLORS=True)
     fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK)
     # every constexpr given (one left out compiles as an int argument: its branches both built)
-    bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, SEEN_SH=False, LISTED=False, **bwd_flags)
-    bwd_ints = {"bits_ptr": "*i32", "list_ptr": "*i32", "count_ptr": "*i32"}
+    bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, SEEN_SH=False, **bwd_flags)
+    bwd_ints = {"bits_ptr": "*i32"}
     return {
         "projection_forward": (_forward_kernel, dict(fwd, AA=False), fwd_ints, floats, NUM_WARPS),
         "projection_forward_aa": (_forward_kernel, dict(fwd, AA=True), fwd_ints, floats, NUM_WARPS),
@@ -1062,15 +1057,8 @@ def kernel_specs() -> dict:
         ),
         "projection_backward": (_backward_kernel, dict(bwd, AA=False), bwd_ints, floats, NUM_WARPS),
         "projection_backward_aa": (_backward_kernel, dict(bwd, AA=True), bwd_ints, floats, NUM_WARPS),
-        # --lazy_sh_adam: the math over the forward's list of seen Gaussians, zeros for the others first
-        "projection_zero_unseen": (_zero_unseen_kernel, dict(BLOCK=BLOCK), {"bits_ptr": "*i32"}, {}, NUM_WARPS),
-        "projection_backward_listed": (
-            _backward_kernel,
-            dict(bwd, AA=False, SEEN_SH=True, LISTED=True),
-            bwd_ints,
-            floats,
-            NUM_WARPS,
-        ),
+        # --lazy_sh_adam: the unseen Gaussians' SH rows unwritten, a block of unseen ones without the math
+        "projection_backward_lazy": (_backward_kernel, dict(bwd, AA=False, SEEN_SH=True), bwd_ints, floats, NUM_WARPS),
         # --fused_adam: the backward takes the Adam step (selective: --visible_adam)
         "projection_backward_adam": (
             _backward_kernel,
@@ -1211,7 +1199,6 @@ def backward_into(
     out: dict,
     adam: "Optional[AdamStep]" = None,
     seen_sh: bool = False,
-    listed: "Optional[SeenRows]" = None,
 ) -> None:
     """Launch the backward kernel: ``grads`` maps the differentiable outputs of
     :data:`OUTPUT_KEYS` to their contiguous gradients (missing or None: zero); every element of
@@ -1220,16 +1207,9 @@ def backward_into(
     sh0 / shN rows of Gaussians with no bit in ``bits``, whose gradient is zero, are left as they
     were (stored bases beyond 16 excepted: written as zeros). With ``adam`` (:class:`AdamStep`) no gradient is written: each parameter of ``params``
     takes its Adam step in place, its moments ``adam.moments[k]`` updated with it (``out`` is not
-    read). ``listed`` (kernels/adam.SeenRows, the forward's list of the Gaussians with a bit in
-    ``bits``; with ``seen_sh`` only): one launch stores the others' zeros, and the backward's
-    programs take the listed Gaussians, a block of the list each (the same gradients; where the
-    seen Gaussians are few and scattered, most blocks of the shard hold one, and a block runs the
-    math for all its rows). Raises ValueError for
-    ``adam`` with ``seen_sh``, or ``listed`` without ``seen_sh``."""
+    read). Raises ValueError for ``adam`` with ``seen_sh``."""
     if adam is not None and seen_sh:
         raise ValueError("backward_into: seen_sh leaves gradient rows unwritten; Adam in the backward writes none")
-    if listed is not None and not seen_sh:
-        raise ValueError("backward_into: listed needs seen_sh (the unseen rows' SH gradients are left unwritten)")
     means = params["means"]
     N, C = means.shape[0], viewmats.shape[0]
     if N == 0:
@@ -1248,24 +1228,16 @@ def backward_into(
         *(params[k] for k in PARAM_KEYS), viewmats, Ks, campos, bits,
         *(g if g is not None else means for g in given),
         *targets, *moments, hyper,
-        *((listed.rows, listed.count) if listed is not None else (bits, bits)),
         N, C, params["shN"].shape[1], setup.width, setup.height, EPS2D,
     ]  # fmt: skip
     consts = dict(
         AA=setup.antialiased, BLOCK=BLOCK,
         HAS_MEANS2D=given[0] is not None, HAS_DEPTHS=given[1] is not None, HAS_CONICS=given[2] is not None,
         HAS_OPAC=given[3] is not None, HAS_COLORS=given[4] is not None,
-        ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, SEEN_SH=seen_sh,
-        LISTED=listed is not None, num_warps=NUM_WARPS,
+        ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, SEEN_SH=seen_sh, num_warps=NUM_WARPS,
     )  # fmt: skip
-    grid = (triton.cdiv(N, BLOCK),)
-    if listed is not None:  # the unseen Gaussians' zeros first; the backward then runs over the list
-        _zero_unseen_kernel[grid](
-            bits, *(out[k] for k in ("means", "quats", "scales", "opacities", "shN")), N, params["shN"].shape[1],
-            BLOCK=BLOCK, num_warps=NUM_WARPS,
-        )  # fmt: skip
     _prewarm_degrees(_backward_kernel, args, consts, setup.sh_degree, params)
-    _backward_kernel[grid](*args, DEG=setup.sh_degree, **consts)
+    _backward_kernel[(triton.cdiv(N, BLOCK),)](*args, DEG=setup.sh_degree, **consts)
 
 
 @dataclass
@@ -1335,7 +1307,6 @@ class _ProjectShade(torch.autograd.Function):
         out = empty_outputs(means.shape[0], viewmats.shape[0], means.device)
         forward_into(params, viewmats, Ks, campos, setup, out, lazy)
         ctx.setup, ctx.adam, ctx.lazy = setup, adam, lazy is not None
-        ctx.seen = lazy.seen if lazy is not None else None  # listed by the forward, read by the backward
         ctx.save_for_backward(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos, out["bits"])
         ctx.mark_non_differentiable(out["radii"])
         ctx.set_materialize_grads(False)
@@ -1352,7 +1323,7 @@ class _ProjectShade(torch.autograd.Function):
             return (None,) * 12
         out = {k: torch.empty_like(params[k]) for k in PARAM_KEYS}
         # --lazy_sh_adam: the unseen Gaussians' SH gradient rows, which its Adam does not read, stay unwritten
-        backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out, seen_sh=ctx.lazy, listed=ctx.seen)
+        backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out, seen_sh=ctx.lazy)
         wanted = ctx.needs_input_grad[3:9]
         return (None, None, None, *(out[k] if w else None for k, w in zip(PARAM_KEYS, wanted)), None, None, None)
 

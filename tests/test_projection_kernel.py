@@ -180,22 +180,14 @@ def forwarded(scene, deg, aa):
     return p, cams, setup, out
 
 
-def run_listed(scene, deg, aa, grads):
-    """backward_into with seen_sh into NaN-filled gradients: (unlisted, listed over the seen
-    Gaussians in reverse order, listed over every row), the last through the kernel's path for a
-    list of every row (which takes the rows in order without reading the list)."""
-    from splat_train.kernels.adam import SeenRows
-
+def run_seen_sh(scene, deg, aa, grads):
+    """backward_into into NaN-filled gradients without and with seen_sh (--lazy_sh_adam, whose
+    kernel stores a block of unseen Gaussians' zeros without the math): (bits, [plain, seen_sh])."""
     p, cams, setup, out = forwarded(scene, deg, aa)
-    N = p["means"].shape[0]
-    seen = SeenRows.from_mask(out["bits"] != 0)
-    count = int(seen.count)
-    seen.rows[:count] = seen.rows[:count].flip(0)
-    every = SeenRows.from_mask(torch.ones(N, dtype=torch.bool))
     runs = []
-    for listed in (None, seen, every):
+    for seen_sh in (False, True):
         g = {k: torch.full_like(v, float("nan")) for k, v in p.items()}
-        projection.backward_into(p, *cams, out["bits"], setup, grads, g, seen_sh=True, listed=listed)
+        projection.backward_into(p, *cams, out["bits"], setup, grads, g, seen_sh=seen_sh)
         runs.append(g)
     return out["bits"], runs
 
@@ -499,22 +491,22 @@ def test_missing_output_gradients_count_as_zeros(interpreted, case):
 
 
 @pytest.mark.parametrize("case", POISONED)
-def test_listed_backward_equals_the_blockwise_one(interpreted, case):
-    """The backward over the forward's list of seen Gaussians (--lazy_sh_adam) writes what the
-    blockwise one writes: every geometric gradient (zeros for the unseen Gaussians), the SH rows of
-    the seen ones, the stored bases beyond 16 as zeros, and leaves the unseen SH rows unwritten
-    (NaN here), whether the list is in any order or holds every row."""
+def test_seen_sh_backward_writes_the_same_gradients_but_the_unseen_sh_rows(interpreted, case):
+    """With seen_sh (--lazy_sh_adam) the backward writes every geometric gradient as without it
+    (zeros for the unseen Gaussians, case 3's whole unseen program among them, stored without the
+    math), the SH rows of the seen Gaussians and the stored bases past 16 of shN (zeros), and leaves
+    the unseen Gaussians' SH rows unwritten (NaN here)."""
     _, _, _, out, _ = interpreted
-    bits, (plain, listed, every) = out["listed"][case]
+    bits, (plain, lazy) = out["seen_sh"][case]
     seen = bits != 0
     assert seen.any() and not seen.all()
     for k in projection.PARAM_KEYS:
-        for got in (listed, every):
-            torch.testing.assert_close(got[k], plain[k], rtol=0, atol=0, equal_nan=True, msg=k)
+        assert not torch.isnan(plain[k]).any(), k
         if k in ("sh0", "shN"):
-            assert not torch.isnan(plain[k][seen]).any() and torch.isnan(plain[k][~seen][:, :15]).all(), k
+            assert torch.equal(lazy[k][seen], plain[k][seen]), k
+            assert torch.isnan(lazy[k][~seen][:, :16]).all() and (lazy[k][~seen][:, 16:] == 0).all(), k
         else:
-            assert not torch.isnan(plain[k]).any() and (plain[k][~seen] == 0).all(), k
+            assert torch.equal(lazy[k], plain[k]) and (lazy[k][~seen] == 0).all(), k
 
 
 @pytest.mark.parametrize("case", ADAM_CASES)
@@ -843,19 +835,19 @@ def test_gpu_bench_script_runs(tmp_path):
 
 if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
     data = torch.load(sys.argv[2])
-    fused, poisoned, partial, probe, exact, adam, listed = [], {}, {}, [], [], {}, {}
+    fused, poisoned, partial, probe, exact, adam, seen_sh = [], {}, {}, [], [], {}, {}
     for i, (scene, grads, (N, C, K, deg, aa)) in enumerate(zip(data["scenes"], data["grads"], CASES)):
         ((out, unmasked),) = run_fused(scene, deg, aa, [grads], "cpu")
         fused.append(run_fused(scene, deg, aa, [masked(grads, out["radii"])], "cpu") + [(out, unmasked)])
         if i in POISONED:
             poisoned[i] = run_poisoned(scene, deg, aa, grads)
             partial[i] = run_partial(scene, deg, aa, masked(grads, out["radii"]))
-            listed[i] = run_listed(scene, deg, aa, masked(grads, out["radii"]))
+            seen_sh[i] = run_seen_sh(scene, deg, aa, masked(grads, out["radii"]))
         probe.append(run_probe(scene))
         exact.append(run_exact(scene, deg, aa, grads))
         if i in ADAM_CASES:
             adam[i] = run_adam(scene, deg, aa, masked(grads, out["radii"]), 200 + i)
     torch.save(
-        dict(fused=fused, poisoned=poisoned, partial=partial, probe=probe, exact=exact, adam=adam, listed=listed),
+        dict(fused=fused, poisoned=poisoned, partial=partial, probe=probe, exact=exact, adam=adam, seen_sh=seen_sh),
         sys.argv[3],
     )
