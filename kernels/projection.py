@@ -685,7 +685,7 @@ if triton is not None:
     @triton.jit
     def _store_sh_zeros(v_sh0_ptr, m1_sh0_ptr, m2_sh0_ptr, v_shn_ptr, m1_shn_ptr, m2_shn_ptr, start, rows, live, act,
                         zero, KR, hyp_ptr, ADAM: tl.constexpr, SELECTIVE: tl.constexpr):  # fmt: skip
-        """Zero gradients of sh0 and of shN's first 15 bases for rows ``rows`` (``live``) of the block
+        """Zero gradients of sh0 and of shN's bases up to 16 for rows ``rows`` (``live``) of the block
         starting at row ``start`` (``zero``: a [BLOCK] vector of the parameters' dtype), through
         :func:`_store_rows` and :func:`_store_shn` (with ADAM: zero-gradient Adam steps)."""
         _store_rows(v_sh0_ptr + start * 3, m1_sh0_ptr + start * 3, m2_sh0_ptr + start * 3, rows, live, act,
@@ -765,11 +765,10 @@ if triton is not None:
         HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr, HAS_COLORS: tl.constexpr, ADAM: tl.constexpr,
         SELECTIVE: tl.constexpr,
     ):  # fmt: skip
-        """The backward of the Gaussians ``offs`` (``live``; ``act``: those some camera sees, their
-        visibility ``bits``): every parameter's gradient (or Adam step) stored at ``rows`` from row
-        ``start`` (int32 offsets within a block, or int64 row indices with start 0), the SH ones
-        for ``sh_live``; ``ptrs``: the kernel's 34 pointers, parameters to Adam's constants, in its
-        order."""
+        """The backward of the block of Gaussians ``offs`` = ``start`` + ``rows`` (``live``; ``act``:
+        those some camera sees, their visibility ``bits``): every parameter's gradient (or Adam step)
+        stored at the int32 offsets ``rows`` from row ``start``, the SH ones for ``sh_live``;
+        ``ptrs``: :func:`_backward_kernel`'s 33 pointers, from means_ptr to hyp_ptr, in its order."""
         (means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
          v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
          v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
@@ -947,12 +946,12 @@ if triton is not None:
 
     @triton.jit
     def _zero_rows(
-        ptrs, start, rows, offs, live, act, sh_live, KR, dtype: tl.constexpr, BLOCK: tl.constexpr, SH: tl.constexpr,
+        ptrs, start, rows, offs, live, act, sh_live, KR, dtype: tl.constexpr, BLOCK: tl.constexpr,
         ADAM: tl.constexpr, SELECTIVE: tl.constexpr,
     ):  # fmt: skip
         """Zero gradients (with ADAM: zero-gradient Adam steps) for the rows ``live`` of a block
-        (``rows`` from row ``start``; ``offs`` = start + rows), with SH those of sh0 / shN's first 15
-        bases for ``sh_live``: the backward of Gaussians no camera sees, without its math (``ptrs`` as
+        (``rows`` from row ``start``; ``offs`` = start + rows), those of sh0 and of shN's bases up to
+        16 for ``sh_live``: the backward of Gaussians no camera sees, without its math (``ptrs`` as
         :func:`_backward_rows`'s)."""
         (_, _, _, _, _, _, _, _, _, _, _, _, _, _,
          v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
@@ -965,9 +964,8 @@ if triton is not None:
         _store_rows(v_scales_ptr + start * 3, m1_scales_ptr + start * 3, m2_scales_ptr + start * 3, rows, live, act,
                     tile, 3, hyp_ptr, 2, ADAM, SELECTIVE)  # fmt: skip
         _emit(v_logits_ptr, m1_logits_ptr, m2_logits_ptr, offs, live, act, zero, hyp_ptr, 3, ADAM, SELECTIVE)
-        if SH:
-            _store_sh_zeros(v_sh0_ptr, m1_sh0_ptr, m2_sh0_ptr, v_shn_ptr, m1_shn_ptr, m2_shn_ptr, start, rows, sh_live,
-                            act, zero, KR, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
+        _store_sh_zeros(v_sh0_ptr, m1_sh0_ptr, m2_sh0_ptr, v_shn_ptr, m1_shn_ptr, m2_shn_ptr, start, rows, sh_live, act,
+                        zero, KR, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
         _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
                     tile, 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
 
@@ -1005,8 +1003,7 @@ if triton is not None:
         if SEEN_SH:
             if tl.max(act.to(tl.int32), 0) == 0:  # no Gaussian of the block seen: every gradient 0, no math
                 _zero_rows(
-                    ptrs, start, rows, offs, live, act, sh_live, KR, means_ptr.dtype.element_ty, BLOCK, True,
-                    ADAM, SELECTIVE,
+                    ptrs, start, rows, offs, live, act, sh_live, KR, means_ptr.dtype.element_ty, BLOCK, ADAM, SELECTIVE,
                 )  # fmt: skip
             else:
                 _backward_rows(
