@@ -945,29 +945,26 @@ if triton is not None:
                     _cols4(vmx, vmy, vmz, zero), 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
 
     @triton.jit
-    def _zero_rows(
-        ptrs, start, rows, offs, live, act, sh_live, KR, dtype: tl.constexpr, BLOCK: tl.constexpr,
-        ADAM: tl.constexpr, SELECTIVE: tl.constexpr,
-    ):  # fmt: skip
-        """Zero gradients (with ADAM: zero-gradient Adam steps) for the rows ``live`` of a block
-        (``rows`` from row ``start``; ``offs`` = start + rows), those of sh0 and of shN's bases up to
-        16 for ``sh_live``: the backward of Gaussians no camera sees, without its math (``ptrs`` as
-        :func:`_backward_rows`'s)."""
+    def _zero_rows(ptrs, start, rows, offs, live, sh_live, KR, dtype: tl.constexpr, BLOCK: tl.constexpr):
+        """Zero gradients for the rows ``live`` of a block (``rows`` from row ``start``; ``offs`` =
+        start + rows), those of sh0 and of shN's bases up to 16 for ``sh_live``: the backward of
+        Gaussians no camera sees, without its math (``ptrs`` as :func:`_backward_rows`'s; never with
+        Adam in the backward, which the deferral excludes)."""
         (_, _, _, _, _, _, _, _, _, _, _, _, _, _,
          v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
-         m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
-         m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr) = ptrs  # fmt: skip
+         _, _, _, _, _, _, _, _, _, _, _, _, _) = ptrs  # fmt: skip
         zero = tl.zeros([BLOCK], dtype=dtype)
         tile = _cols4(zero, zero, zero, zero)
-        _store_rows(v_quats_ptr + start * 4, m1_quats_ptr + start * 4, m2_quats_ptr + start * 4, rows, live, act,
-                    tile, 4, hyp_ptr, 1, ADAM, SELECTIVE)  # fmt: skip
-        _store_rows(v_scales_ptr + start * 3, m1_scales_ptr + start * 3, m2_scales_ptr + start * 3, rows, live, act,
-                    tile, 3, hyp_ptr, 2, ADAM, SELECTIVE)  # fmt: skip
-        _emit(v_logits_ptr, m1_logits_ptr, m2_logits_ptr, offs, live, act, zero, hyp_ptr, 3, ADAM, SELECTIVE)
-        _store_sh_zeros(v_sh0_ptr, m1_sh0_ptr, m2_sh0_ptr, v_shn_ptr, m1_shn_ptr, m2_shn_ptr, start, rows, sh_live, act,
-                        zero, KR, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
-        _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
-                    tile, 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
+        no = live & False  # the Adam's row mask: unused without Adam
+        _store_rows(v_quats_ptr + start * 4, v_quats_ptr, v_quats_ptr, rows, live, no, tile, 4, v_quats_ptr, 1,
+                    False, False)  # fmt: skip
+        _store_rows(v_scales_ptr + start * 3, v_scales_ptr, v_scales_ptr, rows, live, no, tile, 3, v_scales_ptr, 2,
+                    False, False)  # fmt: skip
+        tl.store(v_logits_ptr + offs, zero, mask=live)
+        _store_sh_zeros(v_sh0_ptr, v_sh0_ptr, v_sh0_ptr, v_shn_ptr, v_shn_ptr, v_shn_ptr, start, rows, sh_live, no,
+                        zero, KR, v_sh0_ptr, False, False)  # fmt: skip
+        _store_rows(v_means_ptr + start * 3, v_means_ptr, v_means_ptr, rows, live, no, tile, 3, v_means_ptr, 0,
+                    False, False)  # fmt: skip
 
     @unspecialized_jit(["N", "KR"], VARYING_POINTERS + VARYING_GRADIENT_POINTERS)
     def _backward_kernel(
@@ -1000,16 +997,10 @@ if triton is not None:
                 v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
                 m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
                 m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr)  # fmt: skip
-        if SEEN_SH:
-            if tl.max(act.to(tl.int32), 0) == 0:  # no Gaussian of the block seen: every gradient 0, no math
-                _zero_rows(
-                    ptrs, start, rows, offs, live, act, sh_live, KR, means_ptr.dtype.element_ty, BLOCK, ADAM, SELECTIVE,
-                )  # fmt: skip
-            else:
-                _backward_rows(
-                    ptrs, start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
-                    DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE,
-                )  # fmt: skip
+        # with SEEN_SH a block none of whose Gaussians is seen skips the math; without it no such test
+        empty = tl.max(act.to(tl.int32), 0) == 0 if SEEN_SH else False
+        if empty:
+            _zero_rows(ptrs, start, rows, offs, live, sh_live, KR, means_ptr.dtype.element_ty, BLOCK)
         else:
             _backward_rows(
                 ptrs, start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
