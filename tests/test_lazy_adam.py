@@ -718,6 +718,75 @@ def test_plan_defers_the_sh_adam_where_it_applies():
         lazy_adam_mode(from_argv(["default", "--lazy_sh_adam", "on"]), "gsplat", False, False)
 
 
+def test_plan_defers_only_where_a_step_sees_little_of_the_shard():
+    """auto with a large shard: on at or under LAZY_MAX_SEEN_SHARE of it seen per step (or with no
+    estimate), off over it with the share in the reason; on and off are not asked."""
+    from splat_train.trainer.config import from_argv
+    from splat_train.trainer.step.plan import LAZY_MAX_SEEN_SHARE, lazy_adam_mode
+
+    cfg = from_argv(["default"])
+    on, why = lazy_adam_mode(cfg, "triton", False, False, 3_000_000, LAZY_MAX_SEEN_SHARE)
+    assert on and "3,000,000 Gaussians in the shard, a step sees about 10.0%" in why
+    assert lazy_adam_mode(cfg, "triton", False, False, 3_000_000, None) == (
+        True,
+        "--lazy_sh_adam auto: 3,000,000 Gaussians in the shard",
+    )
+    off, why = lazy_adam_mode(cfg, "triton", False, False, 3_000_000, 0.97)
+    assert not off and why.startswith("--lazy_sh_adam auto: a step sees about 97.0%") and why.endswith("over 10%")
+    assert lazy_adam_mode(cfg, "triton", False, False, 1000, 0.01)[0] is False  # the size first
+    assert lazy_adam_mode(from_argv(["default", "--lazy_sh_adam", "on"]), "triton", False, False, 3_000_000, 1.0)[0]
+
+
+def test_step_seen_share_equals_counting_the_frusta():
+    """step_seen_share against a direct count: points on a line along the z axis in front of and
+    behind cameras, seen by a known subset; a step of k cameras misses a point seen by s of V with
+    probability (1 - s / V)^k; the far plane and the image bounds cut."""
+    from splat_train.trainer.step.plan import step_seen_share
+
+    # 4 cameras at the origin looking down +z (identity world-to-camera), 100x100 pixels
+    V = 4
+    viewmats = torch.eye(4).repeat(V, 1, 1)
+    viewmats[1, 0, 3] = 1000.0  # camera 1 shifted: every point projects far outside its image
+    Ks = torch.tensor([[50.0, 0, 50], [0, 50, 50], [0, 0, 1]]).repeat(V, 1, 1)
+    sizes = torch.tensor([[100, 100]] * V)
+    means = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 5.0], [0.0, 0.0, -1.0], [0.0, 0.0, 50.0], [3.0, 0.0, 1.0]])
+    # point 0 and 1: seen by cameras 0, 2, 3; point 2 behind; point 3 beyond far = 10; point 4 off
+    # the image (u = 50 + 150)
+    v = torch.tensor([3 / 4, 3 / 4, 0.0, 0.0, 0.0])
+    for k in (1, 2, 4, 9):
+        want = float((1 - (1 - v) ** min(k, V)).mean())
+        got = step_seen_share(means, viewmats, Ks, sizes, 0.01, 10.0, k, chunk=3)
+        assert abs(got - want) < 1e-6, (k, got, want)
+    assert step_seen_share(means[:0], viewmats, Ks, sizes, 0.01, 10.0, 1) == 0.0
+    # a stride sample of 2 takes points 0 and 2 of the 5 (stride 2: 0, 2, 4 cut to 2)
+    got = step_seen_share(means, viewmats, Ks, sizes, 0.01, 10.0, 1, sample=2)
+    assert abs(got - (3 / 4 + 0.0) / 2) < 1e-6
+    with pytest.raises(ValueError, match="cameras_per_step >= 1"):
+        step_seen_share(means, viewmats, Ks, sizes, 0.01, 10.0, 0)
+
+
+def test_trainer_estimates_what_a_step_sees(monkeypatch, capsys):
+    """The trainer asks for the share only where auto and the size ask it; the city's cameras see
+    little of it, the orbit's most, and the step line says why the deferral is off."""
+    from splat_train.trainer import loop
+    from splat_train.trainer.step.plan import LAZY_MAX_SEEN_SHARE
+
+    from test_gsplat_flags import trainer
+
+    t = trainer("--max_steps", "3")
+    orbit = t.seen_share(t.shard.params["means"])
+    city = trainer(
+        "--synthetic_layout", "city", "--synthetic_num_gaussians", "3000", "--synthetic_num_cameras", "12",
+        "--synthetic_image_size", "64", "--synthetic_image_height", "36", "--max_steps", "3",
+    )  # fmt: skip
+    share = city.seen_share(city.shard.params["means"])
+    assert 0 < share <= LAZY_MAX_SEEN_SHARE < orbit, (share, orbit)
+    monkeypatch.setattr(loop, "LAZY_MIN_GAUSSIANS", 1)
+    assert t._lazy_auto_sized(10) and not t._lazy_auto_sized(0)
+    t.cfg = dataclasses.replace(t.cfg, step=dataclasses.replace(t.cfg.step, lazy_sh_adam="off"))
+    assert not t._lazy_auto_sized(10)
+
+
 def test_plan_leaves_auto_to_start_once_the_shard_is_large(monkeypatch):
     """auto under the threshold: off now, to start once the shard holds LAZY_MIN_GAUSSIANS
     (densification, a resumed checkpoint); not where the step cannot take it or the flag says."""
@@ -743,8 +812,9 @@ def test_plan_leaves_auto_to_start_once_the_shard_is_large(monkeypatch):
 
 def test_a_resumed_checkpoint_large_enough_starts_the_deferral(monkeypatch, capsys):
     """--resume (resume.resume_from) with auto left for later (a shard that started small) and the
-    checkpoint at the threshold: the deferral starts, the plan and the console say so; loading
-    alone (--ckpt's evaluation) does not start it."""
+    checkpoint at the threshold: the deferral starts where a step sees at most LAZY_MAX_SEEN_SHARE
+    of the shard (not on the orbit scene, whose cameras see most of it, until the share allows
+    it), the plan and the console say so; loading alone (--ckpt's evaluation) does not start it."""
     from pathlib import Path
 
     from splat_train.trainer import loop, resume
@@ -762,6 +832,9 @@ def test_a_resumed_checkpoint_large_enough_starts_the_deferral(monkeypatch, caps
     monkeypatch.setattr(loop, "LAZY_MIN_GAUSSIANS", t.shard.num)
     t.load_state_dict(state)
     assert t.shard.lazy is None  # loading alone
+    resume.resume_from(t, Path("ckpts"))
+    assert t.shard.lazy is None and t.plan.lazy_sh_adam_later  # the orbit's cameras see most of it
+    monkeypatch.setattr(loop, "LAZY_MAX_SEEN_SHARE", 1.0)
     resume.resume_from(t, Path("ckpts"))
     assert t.plan.lazy_sh_adam and not t.plan.lazy_sh_adam_later and t.shard.lazy is not None
     assert t.forward_backward.lazy_rows is not None and t.forward_backward.lazy_sync is not None

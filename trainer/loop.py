@@ -40,7 +40,14 @@ from .shard import GaussianShard
 from .step import Batches, ForwardBackward, plan_step
 from .step.plan import memory_tight
 from .step.backward_adam import BackwardAdam
-from .step.plan import LAZY_MIN_GAUSSIANS, check_pipeline, native_kernel_everywhere
+from .step.plan import (
+    LAZY_MAX_SEEN_SHARE,
+    LAZY_MIN_GAUSSIANS,
+    check_pipeline,
+    native_kernel_everywhere,
+    seen_share_words,
+    step_seen_share,
+)
 from .step.eager import unwrapped
 from .viewer import start_training_viewer
 
@@ -110,6 +117,7 @@ class Trainer:
         )
         self.aux, self.aux_optimizers, self.aux_schedulers = make_aux_modules(cfg, len(self.trainset), ctx)
         free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
+        num = int(params["means"].shape[0])
         self.plan = plan_step(
             cfg,
             self.device.type,
@@ -118,10 +126,11 @@ class Trainer:
             aux=tuple(self.aux),
             kernel_ready=lambda: native_kernel_everywhere(ctx, cfg.step.raster, self.report.warn),
             loopback=ctx.loopback,
-            tight=memory_tight(int(params["means"].shape[0]), free),
-            num_gaussians=int(params["means"].shape[0]),
+            tight=memory_tight(num, free),
+            num_gaussians=num,
             total_bytes=torch.cuda.get_device_properties(self.device).total_memory if free is not None else None,
             free_bytes=free,
+            seen_share=self.seen_share(params["means"]) if self._lazy_auto_sized(num) else None,
         )
         self._say_plan()
         self.batches = Batches(
@@ -171,6 +180,25 @@ class Trainer:
         self.last_info: Optional[Any] = None
         self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
 
+    def _lazy_auto_sized(self, num: int) -> bool:
+        """Whether --lazy_sh_adam auto asks how much of the shard a step sees: at its size."""
+        return self.cfg.step.lazy_sh_adam == "auto" and num >= LAZY_MIN_GAUSSIANS
+
+    def seen_share(self, means: torch.Tensor) -> float:
+        """The share of the shard ``means`` (float [N, 3]) that a step of --batch_size cameras per
+        rank sees, estimated from the training cameras (step.plan.step_seen_share): what
+        --lazy_sh_adam auto decides on."""
+        sizes = torch.tensor([self.trainset.size(i) for i in range(len(self.trainset))], device=means.device)
+        return step_seen_share(
+            means,
+            self.viewmats,
+            self.views.Ks,
+            sizes,
+            self.cfg.step.near_plane,
+            self.cfg.step.far_plane,
+            self.cfg.step.batch_size * self.ctx.world_size,
+        )
+
     def _defer_sh_adam(self) -> None:
         """The SH Adam of the Gaussians a step does not see waits from the next step on
         (--lazy_sh_adam; kernels/lazy_adam.py)."""
@@ -186,7 +214,10 @@ class Trainer:
         n = self.shard.num
         if not self.plan.lazy_sh_adam_later or n < LAZY_MIN_GAUSSIANS:
             return False
-        why = f"--lazy_sh_adam auto: {n:,} Gaussians in the shard after step {step}"
+        share = self.seen_share(self.shard.params["means"])
+        if share > LAZY_MAX_SEEN_SHARE:
+            return False  # a step sees too much of the shard: asked again at the next check
+        why = f"--lazy_sh_adam auto: {n:,} Gaussians in the shard after step {step}, {seen_share_words(share)}"
         self.plan = dataclasses.replace(self.plan, lazy_sh_adam=True, lazy_sh_adam_why=why, lazy_sh_adam_later=False)
         self._defer_sh_adam()
         self.report.print(f"the SH Adam of unseen Gaussians deferred from here on ({why})")

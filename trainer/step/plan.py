@@ -326,24 +326,87 @@ def switch(flag: str, setting: str, why_not: Optional[str], auto: tuple[bool, st
 # saves (juicebox f4: 1.84-2.24 against 1.56-1.61 ms/step; city 20 M: 16.88 against 19.50 ms/iter;
 # docs/large-scenes.md)
 LAZY_MIN_GAUSSIANS = 2_000_000
+# ... and only where a step sees at most this share of the shard (step_seen_share). A seen row that
+# waited costs the deferral its catch-up and its listed SH step, about ten times the dense Adam's
+# SH traffic per row (the city 20 M profile), so it pays where a step sees under about a tenth of
+# the Gaussians; where every Gaussian is seen nothing waits and the listing is pure cost
+# (docs/large-scenes.md, "Which scenes defer").
+LAZY_MAX_SEEN_SHARE = 0.1
 
 
 def lazy_adam_mode(
-    cfg: Config, projection: str, fused_adam: bool, selective: bool, num_gaussians: int = 0
+    cfg: Config,
+    projection: str,
+    fused_adam: bool,
+    selective: bool,
+    num_gaussians: int = 0,
+    seen_share: Optional[float] = None,
 ) -> tuple[bool, str]:
     """(whether the SH coefficients' Adam is deferred for unseen Gaussians, why) from
     --lazy_sh_adam: it needs the Triton projection (``projection``: its forward catches the rows
     up) and kernels/adam.py's separate launch (not ``fused_adam``, not the ``selective`` update of
     --visible_adam / --sparse_grad); auto takes it where the shard holds at least
-    :data:`LAZY_MIN_GAUSSIANS` (``num_gaussians``). Raises ValueError for --lazy_sh_adam on where
-    it cannot run."""
+    :data:`LAZY_MIN_GAUSSIANS` (``num_gaussians``) and a step sees at most
+    :data:`LAZY_MAX_SEEN_SHARE` of them (``seen_share``, :func:`step_seen_share`; None: not
+    estimated, the size alone decides). Raises ValueError for --lazy_sh_adam on where it cannot
+    run."""
     why_not = lazy_adam_blocker(projection, fused_adam, selective)
-    auto = (
-        (True, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians in the shard")
-        if num_gaussians >= LAZY_MIN_GAUSSIANS
-        else (False, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians, under {LAZY_MIN_GAUSSIANS:,}")
-    )
+    if num_gaussians < LAZY_MIN_GAUSSIANS:
+        auto = (False, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians, under {LAZY_MIN_GAUSSIANS:,}")
+    elif seen_share is not None and seen_share > LAZY_MAX_SEEN_SHARE:
+        auto = (False, f"--lazy_sh_adam auto: {seen_share_words(seen_share)}, over {LAZY_MAX_SEEN_SHARE:.0%}")
+    else:
+        seen = "" if seen_share is None else f", {seen_share_words(seen_share)}"
+        auto = (True, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians in the shard{seen}")
     return switch("--lazy_sh_adam", cfg.step.lazy_sh_adam, why_not, auto)
+
+
+def seen_share_words(share: float) -> str:
+    """The console's words for a :func:`step_seen_share` estimate."""
+    return f"a step sees about {share:.1%} of the shard's Gaussians (the training cameras' frusta)"
+
+
+def step_seen_share(
+    means: torch.Tensor,
+    viewmats: torch.Tensor,
+    Ks: torch.Tensor,
+    sizes: torch.Tensor,
+    near: float,
+    far: float,
+    cameras_per_step: int,
+    sample: int = 65536,
+    chunk: int = 64,
+) -> float:
+    """The expected share of the Gaussians ``means`` (float [N, 3], world units) that a step of
+    ``cameras_per_step`` training cameras, drawn from ``viewmats`` (float [V, 4, 4],
+    world-to-camera), ``Ks`` (float [V, 3, 3], pixels) and ``sizes`` (int [V, 2], width and height
+    in pixels), sees: each Gaussian's mean tested against every camera's pinhole frustum (depth in
+    (``near``, ``far``), pixel inside the image; extents and lens models ignored), on at most
+    ``sample`` Gaussians taken at an even stride, ``chunk`` cameras at a time. With v the share of
+    cameras seeing a Gaussian, a step of k cameras drawn at random misses it with probability
+    (1 - v)^k; the result is the mean of 1 - (1 - v)^k. No synchronization beyond the one .item().
+    Raises ValueError for an empty camera set or a camera count under 1."""
+    V = int(viewmats.shape[0])
+    if V == 0 or cameras_per_step < 1:
+        raise ValueError(f"step_seen_share needs cameras (got {V}) and cameras_per_step >= 1 (got {cameras_per_step})")
+    N = int(means.shape[0])
+    if N == 0:
+        return 0.0
+    pts = means.detach()[:: max(1, N // sample)][:sample].float()  # [S, 3]
+    seen = torch.zeros(pts.shape[0], device=pts.device, dtype=torch.float32)
+    for c0 in range(0, V, chunk):
+        vm = viewmats[c0 : c0 + chunk].to(pts)
+        K = Ks[c0 : c0 + chunk].to(pts)
+        wh = sizes[c0 : c0 + chunk].to(pts)
+        cam = torch.einsum("cij,sj->csi", vm[:, :3, :3], pts) + vm[:, None, :3, 3]  # [c, S, 3]
+        z = cam[..., 2]
+        zs = torch.where(z > 0, z, torch.ones_like(z))
+        u = K[:, None, 0, 0] * cam[..., 0] / zs + K[:, None, 0, 2]
+        v = K[:, None, 1, 1] * cam[..., 1] / zs + K[:, None, 1, 2]
+        inside = (z > near) & (z < far) & (u >= 0) & (u < wh[:, None, 0]) & (v >= 0) & (v < wh[:, None, 1])
+        seen += inside.float().sum(0)
+    k = min(int(cameras_per_step), V)
+    return float((1.0 - (1.0 - seen / V) ** k).mean().item())
 
 
 def lazy_adam_blocker(projection: str, fused_adam: bool, selective: bool) -> Optional[str]:
@@ -404,6 +467,7 @@ def plan_step(
     num_gaussians: int = 0,
     total_bytes: Optional[int] = None,
     free_bytes: Optional[int] = None,
+    seen_share: Optional[float] = None,
 ) -> StepPlan:
     """The :class:`StepPlan` of a run of ``cfg`` on ``device_type`` ("cuda" | "cpu") with
     ``world_size`` processes; ``masked``: the training views have loss masks; ``aux``: the
@@ -411,7 +475,8 @@ def plan_step(
     (asked only for a fused step on a GPU); ``loopback``: one process on the distributed path
     (launch.loopback_group); ``tight``: device memory is tight for the model (:func:`memory_tight`);
     ``num_gaussians``: the rank's shard at the start; ``total_bytes``, ``free_bytes``: the device's
-    memory and what is free of it (for the fused kernel's scratch, :func:`scratch_mode`).
+    memory and what is free of it (for the fused kernel's scratch, :func:`scratch_mode`);
+    ``seen_share``: the share of the shard a step sees (:func:`step_seen_share`; None: unknown).
     Raises ValueError as :func:`raster_mode`, :func:`adam_mode` and :func:`lazy_adam_mode`."""
     raster, raster_why = raster_mode(cfg, device_type, masked, kernel_ready)
     graphs, graphs_why = graphs_mode(cfg, device_type, world_size, raster, aux, loopback)
@@ -419,7 +484,7 @@ def plan_step(
     projection, projection_why = projection_mode(cfg, device_type, world_size, aux)
     fused_adam, fused_adam_why = adam_mode(cfg, projection, tight)
     selective = cfg.step.visible_adam or cfg.step.sparse_grad
-    lazy, lazy_why = lazy_adam_mode(cfg, projection, fused_adam, selective, num_gaussians)
+    lazy, lazy_why = lazy_adam_mode(cfg, projection, fused_adam, selective, num_gaussians, seen_share)
     later = (
         not lazy and cfg.step.lazy_sh_adam == "auto" and lazy_adam_blocker(projection, fused_adam, selective) is None
     )
