@@ -80,6 +80,7 @@ from . import constants, prewarm
 from .reference import ALPHA_THRESHOLD, EXTENT_SIGMAS
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .adam import SeenRows
     from .lazy_adam import LazyRows
 
 try:  # the CPU-only torch wheel may ship without Triton
@@ -100,6 +101,7 @@ MAX_CAMERAS = 32  # bits of the int32 visibility mask
 MAX_SH_DEGREE = 3
 CULL_SLACK = 1e-3  # relative widening of the conservative radius bound (plus one pixel)
 PARAM_KEYS = ("means", "quats", "scales", "opacities", "sh0", "shN")
+GEOMETRIC_KEYS = PARAM_KEYS[:4]  # what the projection needs of every Gaussian (the SH rows: of the seen ones)
 OUTPUT_KEYS = ("radii", "means2d", "depths", "conics", "opacities", "colors")
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -972,17 +974,61 @@ if triton is not None:
         v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
         v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
         m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
-        m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr,
-        N, C, KR, W, H, eps2d,
+        m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr, list_ptr,
+        count_ptr, N, C, KR, W, H, eps2d,
         DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr,
         HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
         HAS_COLORS: tl.constexpr, ADAM: tl.constexpr = False, SELECTIVE: tl.constexpr = False,
-        SEEN_SH: tl.constexpr = False,
+        SEEN_SH: tl.constexpr = False, LISTED: tl.constexpr = False,
     ):  # fmt: skip
         """One program per block of BLOCK Gaussians. With SEEN_SH (--lazy_sh_adam, the large scenes
         whose cameras may see few of them) a block none of whose Gaussians is seen stores its zero
         gradients without the math; without it that early exit is not compiled in (it took the
-        kernel from 128 to 255 registers for sm_90, 166 with SEEN_SH)."""
+        kernel from 128 to 255 registers for sm_90, 166 with SEEN_SH). LISTED (with SEEN_SH; the
+        unseen Gaussians' geometric gradients zeroed before the launch): one program per block of
+        BLOCK entries of the forward's list of the seen Gaussians (``list_ptr[:count]``), the
+        programs past its end idle; a list of every Gaussian runs the blockwise form instead (its
+        rows' int32 offsets within a block, where the list's int64 row indices cost a third more
+        time at 20 M Gaussians)."""
+        ptrs = (means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
+                v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
+                v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
+                m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
+                m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr)  # fmt: skip
+        if LISTED:
+            n = tl.load(count_ptr)
+            if n == N:  # every Gaussian seen: no block is empty
+                _backward_block(ptrs, bits_ptr, N, C, KR, W, H, eps2d, DEG, AA, BLOCK, HAS_MEANS2D, HAS_DEPTHS,
+                                HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE, SEEN_SH, False)  # fmt: skip
+            else:
+                i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+                live = i < n
+                if tl.max(live.to(tl.int32), 0) != 0:  # the programs past the list's end have nothing to do
+                    offs = tl.load(list_ptr + i, mask=live, other=0).to(tl.int64)
+                    bits = tl.load(bits_ptr + offs, mask=live, other=0)
+                    act = live & (bits != 0)  # every listed Gaussian (list_seen lists the set bits)
+                    _store_shn_tail(v_shn_ptr, offs, act, KR)
+                    # rows: the listed Gaussians' int64 indices from row 0
+                    _backward_rows(
+                        ptrs, 0, offs, offs, act, act, act, bits, N, C, KR, W, H, eps2d,
+                        DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE,
+                    )  # fmt: skip
+        else:
+            _backward_block(ptrs, bits_ptr, N, C, KR, W, H, eps2d, DEG, AA, BLOCK, HAS_MEANS2D, HAS_DEPTHS,
+                            HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE, SEEN_SH, SEEN_SH)  # fmt: skip
+
+    @triton.jit
+    def _backward_block(
+        ptrs, bits_ptr, N, C, KR, W, H, eps2d, DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr,
+        HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
+        HAS_COLORS: tl.constexpr, ADAM: tl.constexpr, SELECTIVE: tl.constexpr, SEEN_SH: tl.constexpr,
+        EXIT: tl.constexpr,
+    ):  # fmt: skip
+        """The program's block of BLOCK Gaussians (``ptrs`` as :func:`_backward_rows`'s), addressed
+        from the block's first row with int32 offsets; SEEN_SH: the SH gradient rows of unseen
+        Gaussians unwritten; EXIT: a block none of whose Gaussians is seen stores its zeros without
+        the math."""
+        v_shn_ptr = ptrs[19]
         start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
         rows = tl.arange(0, BLOCK)
         offs = start + rows
@@ -992,15 +1038,10 @@ if triton is not None:
         bits = tl.load(bits_ptr + offs, mask=live, other=0)
         act = live & (bits != 0)
         sh_live = act if SEEN_SH else live  # --lazy_sh_adam: the SH gradient rows of unseen Gaussians unwritten
-        ptrs = (means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
-                v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
-                v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
-                m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
-                m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr)  # fmt: skip
-        # with SEEN_SH a block none of whose Gaussians is seen skips the math; without it no such test
-        empty = tl.max(act.to(tl.int32), 0) == 0 if SEEN_SH else False
+        # with EXIT a block none of whose Gaussians is seen skips the math; without it no such test
+        empty = tl.max(act.to(tl.int32), 0) == 0 if EXIT else False
         if empty:
-            _zero_rows(ptrs, start, rows, offs, live, sh_live, KR, means_ptr.dtype.element_ty, BLOCK)
+            _zero_rows(ptrs, start, rows, offs, live, sh_live, KR, ptrs[0].dtype.element_ty, BLOCK)
         else:
             _backward_rows(
                 ptrs, start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
@@ -1016,8 +1057,8 @@ def kernel_specs() -> dict:
     bwd_flags = dict(HAS_MEANS2D=True, HAS_DEPTHS=False, HAS_CONICS=True, HAS_OPAC=True, HAS_COLORS=True)
     fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK)
     # every constexpr given (one left out compiles as an int argument: its branches both built)
-    bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, SEEN_SH=False, **bwd_flags)
-    bwd_ints = {"bits_ptr": "*i32"}
+    bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, SEEN_SH=False, LISTED=False, **bwd_flags)
+    bwd_ints = {"bits_ptr": "*i32", "list_ptr": "*i32", "count_ptr": "*i32"}
     return {
         "projection_forward": (_forward_kernel, dict(fwd, AA=False), fwd_ints, floats, NUM_WARPS),
         "projection_forward_aa": (_forward_kernel, dict(fwd, AA=True), fwd_ints, floats, NUM_WARPS),
@@ -1045,8 +1086,14 @@ def kernel_specs() -> dict:
         ),
         "projection_backward": (_backward_kernel, dict(bwd, AA=False), bwd_ints, floats, NUM_WARPS),
         "projection_backward_aa": (_backward_kernel, dict(bwd, AA=True), bwd_ints, floats, NUM_WARPS),
-        # --lazy_sh_adam: the unseen Gaussians' SH rows unwritten, a block of unseen ones without the math
-        "projection_backward_lazy": (_backward_kernel, dict(bwd, AA=False, SEEN_SH=True), bwd_ints, floats, NUM_WARPS),
+        # --lazy_sh_adam: the math over the forward's list of seen Gaussians (blockwise where it lists all)
+        "projection_backward_lazy": (
+            _backward_kernel,
+            dict(bwd, AA=False, SEEN_SH=True, LISTED=True),
+            bwd_ints,
+            floats,
+            NUM_WARPS,
+        ),
         # --fused_adam: the backward takes the Adam step (selective: --visible_adam)
         "projection_backward_adam": (
             _backward_kernel,
@@ -1187,17 +1234,25 @@ def backward_into(
     out: dict,
     adam: "Optional[AdamStep]" = None,
     seen_sh: bool = False,
+    listed: "Optional[SeenRows]" = None,
 ) -> None:
     """Launch the backward kernel: ``grads`` maps the differentiable outputs of
     :data:`OUTPUT_KEYS` to their contiguous gradients (missing or None: zero); every element of
     ``out`` (the raw parameters' gradients, keys :data:`PARAM_KEYS`) is written, but with
     ``seen_sh`` (--lazy_sh_adam, whose Adam reads the SH gradients of the seen Gaussians only) the
     sh0 / shN rows of Gaussians with no bit in ``bits``, whose gradient is zero, are left as they
-    were (stored bases beyond 16 excepted: written as zeros). With ``adam`` (:class:`AdamStep`) no gradient is written: each parameter of ``params``
+    were (stored bases beyond 16 excepted: written as zeros, but with ``listed``). With ``adam`` (:class:`AdamStep`) no gradient is written: each parameter of ``params``
     takes its Adam step in place, its moments ``adam.moments[k]`` updated with it (``out`` is not
-    read). Raises ValueError for ``adam`` with ``seen_sh``."""
+    read). ``listed`` (kernels/adam.SeenRows, the forward's list of the Gaussians with a bit in
+    ``bits``; with ``seen_sh`` only): the geometric gradients (means, quats, scales, opacities)
+    are zeroed first and the backward's programs take the listed Gaussians, a block of the list
+    each, so its math runs for the seen Gaussians alone (the same gradients; where the seen ones
+    are few and scattered, hardly a block of the shard is without one). Raises ValueError for
+    ``adam`` with ``seen_sh``, or ``listed`` without ``seen_sh``."""
     if adam is not None and seen_sh:
         raise ValueError("backward_into: seen_sh leaves gradient rows unwritten; Adam in the backward writes none")
+    if listed is not None and not seen_sh:
+        raise ValueError("backward_into: listed needs seen_sh (the unseen rows' SH gradients are left unwritten)")
     means = params["means"]
     N, C = means.shape[0], viewmats.shape[0]
     if N == 0:
@@ -1216,14 +1271,19 @@ def backward_into(
         *(params[k] for k in PARAM_KEYS), viewmats, Ks, campos, bits,
         *(g if g is not None else means for g in given),
         *targets, *moments, hyper,
+        *((listed.rows, listed.count) if listed is not None else (bits, bits)),  # bits: unused pointers
         N, C, params["shN"].shape[1], setup.width, setup.height, EPS2D,
     ]  # fmt: skip
     consts = dict(
         AA=setup.antialiased, BLOCK=BLOCK,
         HAS_MEANS2D=given[0] is not None, HAS_DEPTHS=given[1] is not None, HAS_CONICS=given[2] is not None,
         HAS_OPAC=given[3] is not None, HAS_COLORS=given[4] is not None,
-        ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, SEEN_SH=seen_sh, num_warps=NUM_WARPS,
+        ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, SEEN_SH=seen_sh,
+        LISTED=listed is not None, num_warps=NUM_WARPS,
     )  # fmt: skip
+    if listed is not None:  # the programs over the list write the seen Gaussians' rows only
+        for k in GEOMETRIC_KEYS:
+            out[k].zero_()
     _prewarm_degrees(_backward_kernel, args, consts, setup.sh_degree, params)
     _backward_kernel[(triton.cdiv(N, BLOCK),)](*args, DEG=setup.sh_degree, **consts)
 
@@ -1295,6 +1355,7 @@ class _ProjectShade(torch.autograd.Function):
         out = empty_outputs(means.shape[0], viewmats.shape[0], means.device)
         forward_into(params, viewmats, Ks, campos, setup, out, lazy)
         ctx.setup, ctx.adam, ctx.lazy = setup, adam, lazy is not None
+        ctx.seen = lazy.seen if lazy is not None else None  # listed by the forward, read by the backward
         ctx.save_for_backward(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos, out["bits"])
         ctx.mark_non_differentiable(out["radii"])
         ctx.set_materialize_grads(False)
@@ -1311,7 +1372,7 @@ class _ProjectShade(torch.autograd.Function):
             return (None,) * 12
         out = {k: torch.empty_like(params[k]) for k in PARAM_KEYS}
         # --lazy_sh_adam: the unseen Gaussians' SH gradient rows, which its Adam does not read, stay unwritten
-        backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out, seen_sh=ctx.lazy)
+        backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out, seen_sh=ctx.lazy, listed=ctx.seen)
         wanted = ctx.needs_input_grad[3:9]
         return (None, None, None, *(out[k] if w else None for k, w in zip(PARAM_KEYS, wanted)), None, None, None)
 

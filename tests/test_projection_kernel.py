@@ -181,13 +181,21 @@ def forwarded(scene, deg, aa):
 
 
 def run_seen_sh(scene, deg, aa, grads):
-    """backward_into into NaN-filled gradients without and with seen_sh (--lazy_sh_adam, whose
-    kernel stores a block of unseen Gaussians' zeros without the math): (bits, [plain, seen_sh])."""
+    """backward_into into NaN-filled gradients: (bits, [plain, seen_sh blockwise, seen_sh over the
+    forward's list of seen Gaussians in reverse order, seen_sh over a list of every row]), the last
+    through the kernel's blockwise path for a list of every row."""
+    from splat_train.kernels.adam import SeenRows
+
     p, cams, setup, out = forwarded(scene, deg, aa)
+    N = p["means"].shape[0]
+    seen = SeenRows.from_mask(out["bits"] != 0)
+    count = int(seen.count)
+    seen.rows[:count] = seen.rows[:count].flip(0)
+    every = SeenRows.from_mask(torch.ones(N, dtype=torch.bool))
     runs = []
-    for seen_sh in (False, True):
+    for seen_sh, listed in ((False, None), (True, None), (True, seen), (True, every)):
         g = {k: torch.full_like(v, float("nan")) for k, v in p.items()}
-        projection.backward_into(p, *cams, out["bits"], setup, grads, g, seen_sh=seen_sh)
+        projection.backward_into(p, *cams, out["bits"], setup, grads, g, seen_sh=seen_sh, listed=listed)
         runs.append(g)
     return out["bits"], runs
 
@@ -495,9 +503,11 @@ def test_seen_sh_backward_writes_the_same_gradients_but_the_unseen_sh_rows(inter
     """With seen_sh (--lazy_sh_adam) the backward writes every geometric gradient as without it
     (zeros for the unseen Gaussians, case 3's whole unseen program among them, stored without the
     math), the SH rows of the seen Gaussians and the stored bases past 16 of shN (zeros), and leaves
-    the unseen Gaussians' SH rows unwritten (NaN here)."""
+    the unseen Gaussians' SH rows unwritten (NaN here); over the forward's list of seen Gaussians
+    (in any order) it writes the same, the unseen SH rows' bases past 16 also unwritten, and with a list of every row (the blockwise form, the bits still saying which
+    rows are seen) it writes what the blockwise form writes."""
     _, _, _, out, _ = interpreted
-    bits, (plain, lazy) = out["seen_sh"][case]
+    bits, (plain, lazy, listed, every) = out["seen_sh"][case]
     seen = bits != 0
     assert seen.any() and not seen.all()
     for k in projection.PARAM_KEYS:
@@ -507,6 +517,11 @@ def test_seen_sh_backward_writes_the_same_gradients_but_the_unseen_sh_rows(inter
             assert torch.isnan(lazy[k][~seen][:, :16]).all() and (lazy[k][~seen][:, 16:] == 0).all(), k
         else:
             assert torch.equal(lazy[k], plain[k]) and (lazy[k][~seen] == 0).all(), k
+        if k in ("sh0", "shN"):  # the list form leaves the unseen rows' stored bases past 16 unwritten too
+            assert torch.equal(listed[k][seen], lazy[k][seen]) and torch.isnan(listed[k][~seen]).all(), k
+        else:
+            assert torch.equal(listed[k], lazy[k]), k
+        torch.testing.assert_close(every[k], lazy[k], rtol=0, atol=0, equal_nan=True, msg=k)
 
 
 @pytest.mark.parametrize("case", ADAM_CASES)

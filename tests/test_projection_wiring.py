@@ -112,12 +112,13 @@ def check_lazy_sh_adam() -> None:
     model._uses_adam_kernel = lambda device: True  # the Triton Adam on CPU tensors, interpreted
     real_backward, poisoned = projection.backward_into, []
 
-    def backward_into(params, viewmats, Ks, campos, bits, setup, grads, out, adam=None, seen_sh=False):
+    def backward_into(params, viewmats, Ks, campos, bits, setup, grads, out, adam=None, seen_sh=False, listed=None):
         if seen_sh:
-            for k in ("sh0", "shN"):
+            for k in projection.PARAM_KEYS:  # the geometric rows: zeroed by the listed backward
                 out[k].fill_(float("nan"))
             poisoned.append(k)
-        return real_backward(params, viewmats, Ks, campos, bits, setup, grads, out, adam, seen_sh)
+            assert listed is not None, "the deferred run's backward took the blockwise path"
+        return real_backward(params, viewmats, Ks, campos, bits, setup, grads, out, adam, seen_sh, listed)
 
     projection.backward_into = backward_into
     from splat_train.trainer import loop

@@ -190,7 +190,9 @@ def stage_traffic(
     4-byte applied counts; the ``waiting`` ones are listed again (4 B written, 4 B read back), their
     count read and written (8 B), their SH rows caught up (parameter and both moments read and
     written, 24 B a coefficient), their bits and means read (16 B) and their colours written again
-    (12 B a camera); the backward writes no SH gradient rows of the others. optimizer: 28 B per float (parameter and both moments read and written,
+    (12 B a camera); the backward reads the list and the listed Gaussians' bits (8 B each) instead
+    of every bit, and writes no SH gradient rows of the others (where every Gaussian is seen it
+    reads the bits blockwise, as without ``lazy``). optimizer: 28 B per float (parameter and both moments read and written,
     the gradient read); with ``lazy`` the SH floats of the listed Gaussians only (and their list
     and count, 8 B each). With ``fused_adam`` the backward takes Adam: neither the backward nor
     the optimizer is modelled (None)."""
@@ -204,6 +206,8 @@ def stage_traffic(
         caught_up = visible if waiting is None else waiting
         forward += 4 * n + visible * (4 + 4) + caught_up * (8 + 8 + 24 * sh_floats + 16 + 12 * cameras)
         backward -= 4 * sh_floats * (n - visible)
+        if visible < n:
+            backward += 8 * visible - 4 * n
         optimizer = 28 * geometry_floats * n + (28 * sh_floats + 8) * visible
     return dict(
         projection=forward,
