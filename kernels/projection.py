@@ -986,24 +986,27 @@ if triton is not None:
         gradients without the math; without it that early exit is not compiled in (it took the
         kernel from 128 to 255 registers for sm_90, 166 with SEEN_SH). LISTED (with SEEN_SH; the
         unseen Gaussians' geometric gradients zeroed before the launch): one program per block of
-        BLOCK entries of the forward's list of the seen Gaussians (``list_ptr[:count]``), the
-        programs past its end idle; a list of every Gaussian runs the blockwise form instead (its
-        rows' int32 offsets within a block, where the list's int64 row indices cost a third more
-        time at 20 M Gaussians)."""
+        BLOCK entries of the forward's list of the seen Gaussians (``list_ptr[:count]``), a fixed
+        grid striding over them (a program per block of the shard, most of them idle past the
+        list's end, costs a launch per program); a list of every Gaussian runs the blockwise form
+        instead (its rows' int32 offsets within a block, where the list's int64 row indices cost a
+        third more time at 20 M Gaussians)."""
         ptrs = (means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
                 v_means2d_ptr, v_depths_ptr, v_conics_ptr, v_opac_ptr, v_colors_ptr,
                 v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
                 m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
                 m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr)  # fmt: skip
-        if LISTED:
+        if LISTED:  # a fixed grid striding over the blocks: idle programs cost a launch each
             n = tl.load(count_ptr)
             if n == N:  # every Gaussian seen: no block is empty
-                _backward_block(ptrs, bits_ptr, N, C, KR, W, H, eps2d, DEG, AA, BLOCK, HAS_MEANS2D, HAS_DEPTHS,
-                                HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE, SEEN_SH, False)  # fmt: skip
+                for b in range(tl.program_id(0), tl.cdiv(N, BLOCK), tl.num_programs(0)):
+                    _backward_block(ptrs, bits_ptr, b, N, C, KR, W, H, eps2d, DEG, AA, BLOCK, HAS_MEANS2D,
+                                    HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE, SEEN_SH,
+                                    False)  # fmt: skip
             else:
-                i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-                live = i < n
-                if tl.max(live.to(tl.int32), 0) != 0:  # the programs past the list's end have nothing to do
+                for b in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+                    i = (tl.full([], 0, tl.int64) + b) * BLOCK + tl.arange(0, BLOCK)
+                    live = i < n
                     offs = tl.load(list_ptr + i, mask=live, other=0).to(tl.int64)
                     bits = tl.load(bits_ptr + offs, mask=live, other=0)
                     act = live & (bits != 0)  # every listed Gaussian (list_seen lists the set bits)
@@ -1014,22 +1017,23 @@ if triton is not None:
                         DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE,
                     )  # fmt: skip
         else:
-            _backward_block(ptrs, bits_ptr, N, C, KR, W, H, eps2d, DEG, AA, BLOCK, HAS_MEANS2D, HAS_DEPTHS,
-                            HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE, SEEN_SH, SEEN_SH)  # fmt: skip
+            _backward_block(ptrs, bits_ptr, tl.program_id(0), N, C, KR, W, H, eps2d, DEG, AA, BLOCK, HAS_MEANS2D,
+                            HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE, SEEN_SH,
+                            SEEN_SH)  # fmt: skip
 
     @triton.jit
     def _backward_block(
-        ptrs, bits_ptr, N, C, KR, W, H, eps2d, DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr,
+        ptrs, bits_ptr, block, N, C, KR, W, H, eps2d, DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr,
         HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
         HAS_COLORS: tl.constexpr, ADAM: tl.constexpr, SELECTIVE: tl.constexpr, SEEN_SH: tl.constexpr,
         EXIT: tl.constexpr,
     ):  # fmt: skip
-        """The program's block of BLOCK Gaussians (``ptrs`` as :func:`_backward_rows`'s), addressed
+        """Block ``block`` of BLOCK Gaussians (``ptrs`` as :func:`_backward_rows`'s), addressed
         from the block's first row with int32 offsets; SEEN_SH: the SH gradient rows of unseen
         Gaussians unwritten; EXIT: a block none of whose Gaussians is seen stores its zeros without
         the math."""
         v_shn_ptr = ptrs[19]
-        start = tl.program_id(0).to(tl.int64) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
+        start = (tl.full([], 0, tl.int64) + block) * BLOCK  # the tiles' addresses: the block's row + int32 offsets
         rows = tl.arange(0, BLOCK)
         offs = start + rows
         live = offs < N
@@ -1285,7 +1289,10 @@ def backward_into(
         for k in GEOMETRIC_KEYS:
             out[k].zero_()
     _prewarm_degrees(_backward_kernel, args, consts, setup.sh_degree, params)
-    _backward_kernel[(triton.cdiv(N, BLOCK),)](*args, DEG=setup.sh_degree, **consts)
+    grid = triton.cdiv(N, BLOCK)
+    if listed is not None:  # programs striding over the list (its length is on the device)
+        grid = min(grid, constants.LISTED_PROGRAMS)
+    _backward_kernel[(grid,)](*args, DEG=setup.sh_degree, **consts)
 
 
 @dataclass

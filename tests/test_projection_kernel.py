@@ -182,8 +182,8 @@ def forwarded(scene, deg, aa):
 
 def run_seen_sh(scene, deg, aa, grads):
     """backward_into into NaN-filled gradients: (bits, [plain, seen_sh blockwise, seen_sh over the
-    forward's list of seen Gaussians in reverse order, seen_sh over a list of every row]), the last
-    through the kernel's blockwise path for a list of every row."""
+    forward's list of seen Gaussians in reverse order, seen_sh over a list of every row (the
+    kernel's blockwise path for it), the two lists again with one program striding over them])."""
     from splat_train.kernels.adam import SeenRows
 
     p, cams, setup, out = forwarded(scene, deg, aa)
@@ -193,10 +193,16 @@ def run_seen_sh(scene, deg, aa, grads):
     seen.rows[:count] = seen.rows[:count].flip(0)
     every = SeenRows.from_mask(torch.ones(N, dtype=torch.bool))
     runs = []
-    for seen_sh, listed in ((False, None), (True, None), (True, seen), (True, every)):
+    from splat_train.kernels import constants
+
+    programs = constants.LISTED_PROGRAMS
+    for seen_sh, listed, grid in ((False, None, 0), (True, None, 0), (True, seen, 0), (True, every, 0), (True, seen, 1),
+                                  (True, every, 1)):  # fmt: skip
+        constants.LISTED_PROGRAMS = grid or programs  # 1: one program striding over every block
         g = {k: torch.full_like(v, float("nan")) for k, v in p.items()}
         projection.backward_into(p, *cams, out["bits"], setup, grads, g, seen_sh=seen_sh, listed=listed)
         runs.append(g)
+    constants.LISTED_PROGRAMS = programs
     return out["bits"], runs
 
 
@@ -507,7 +513,10 @@ def test_seen_sh_backward_writes_the_same_gradients_but_the_unseen_sh_rows(inter
     (in any order) it writes the same, the unseen SH rows' bases past 16 also unwritten, and with a list of every row (the blockwise form, the bits still saying which
     rows are seen) it writes what the blockwise form writes."""
     _, _, _, out, _ = interpreted
-    bits, (plain, lazy, listed, every) = out["seen_sh"][case]
+    bits, (plain, lazy, listed, every, listed1, every1) = out["seen_sh"][case]
+    for k in projection.PARAM_KEYS:  # one program striding over the blocks writes what one per block writes
+        torch.testing.assert_close(listed1[k], listed[k], rtol=0, atol=0, equal_nan=True, msg=k)
+        torch.testing.assert_close(every1[k], every[k], rtol=0, atol=0, equal_nan=True, msg=k)
     seen = bits != 0
     assert seen.any() and not seen.all()
     for k in projection.PARAM_KEYS:
