@@ -25,14 +25,16 @@ Deferred variant (``lazy_rows``: a :class:`SeenRows`, ``--lazy_sh_adam``): the t
 named in kernels/lazy_adam.SH_KEYS update only the rows it lists (the Gaussians some camera saw,
 whose earlier zero-gradient steps the projection caught up), with the plain Adam update above; the
 others' zero-gradient steps wait. The list's length stays on the device: a fixed number of programs
-per deferred tensor strides over the listed rows. The other tensors step densely in the same launch.
+per deferred tensor strides over the listed rows. The other tensors step densely in the same launch;
+where the projection's backward left the unseen Gaussians' gradient rows unwritten (``SeenRows.bits``
+set), they read those rows as the zeros they are, by the visibility bits.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 
@@ -95,33 +97,41 @@ if triton is not None:
         row,
         cnt_ptr,
         nprog,
+        seen_ptr,
         BLOCK: tl.constexpr,
         SELECTIVE: tl.constexpr,
         MASKED: tl.constexpr,
+        SEEN: tl.constexpr,
     ):
         if MASKED:
             if row > 0:  # a deferred tensor: the listed rows only (lazy_rows)
                 _update_listed(p_ptr, g_ptr, m_ptr, v_ptr, n, block, step_size, inv_bc2_sqrt, beta1, beta2, eps,
                                vis_ptr, row, cnt_ptr, nprog, BLOCK)  # fmt: skip
-            else:
+            else:  # SEEN: the gradient rows of unseen Gaussians (-row elements each) read as zeros
                 _update_block(p_ptr, g_ptr, m_ptr, v_ptr, n, block, step_size, inv_bc2_sqrt, beta1, beta2, eps,
-                              vis_ptr, row, BLOCK, False)  # fmt: skip
+                              seen_ptr, -row, BLOCK, False, SEEN)  # fmt: skip
         else:
             _update_block(p_ptr, g_ptr, m_ptr, v_ptr, n, block, step_size, inv_bc2_sqrt, beta1, beta2, eps, vis_ptr,
-                          row, BLOCK, SELECTIVE)  # fmt: skip
+                          row, BLOCK, SELECTIVE, False)  # fmt: skip
 
     @triton.jit
     def _update_block(
         p_ptr, g_ptr, m_ptr, v_ptr, n, block, step_size, inv_bc2_sqrt, beta1, beta2, eps, vis_ptr, row,
-        BLOCK: tl.constexpr, SELECTIVE: tl.constexpr,
+        BLOCK: tl.constexpr, SELECTIVE: tl.constexpr, SEEN: tl.constexpr,
     ):  # fmt: skip
-        """Block ``block`` of a tensor of ``n`` elements (SELECTIVE: of the rows marked in vis_ptr)."""
+        """Block ``block`` of a tensor of ``n`` elements (SELECTIVE: of the rows marked in vis_ptr;
+        SEEN: every row, the gradient read only for the rows with a bit in vis_ptr, the others'
+        taken as zero); row = elements per Gaussian."""
         # 64-bit offsets: shN alone passes 2^31 elements at about 48 M Gaussians on one rank
         offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        if SELECTIVE:  # only the rows (Gaussians) marked visible; row = elements per Gaussian
+        if SELECTIVE:  # only the rows (Gaussians) marked visible
             mask = mask & (tl.load(vis_ptr + _row_of(block, offs, row, BLOCK), mask=mask, other=0) != 0)
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+        if SEEN:
+            read = mask & (tl.load(vis_ptr + _row_of(block, offs, row, BLOCK), mask=mask, other=0) != 0)
+        else:
+            read = mask
+        g = tl.load(g_ptr + offs, mask=read, other=0.0)
         adam_in_place(p_ptr, m_ptr, v_ptr, offs, mask, g, step_size, inv_bc2_sqrt, beta1, beta2, eps)
 
     @triton.jit
@@ -212,48 +222,57 @@ if triton is not None:
         r4,
         r5,
         cnt,
+        seen,
         BLOCK: tl.constexpr,
         SELECTIVE: tl.constexpr,
         MASKED: tl.constexpr = False,
+        SEEN: tl.constexpr = False,
     ):
         """Program pid updates block pid - e_i of tensor i, where e_i (e_0 = 0) is the first
         program of tensor i; s_i = lr_i / (1 - beta1^t_i), c_i = 1 / sqrt(1 - beta2^t_i)
         (selective: s_i = lr_i, c_i = 1); r_i: elements per Gaussian of tensor i (selective; with
-        MASKED, 0 for a tensor that steps densely, whose programs then take one block each; a
-        deferred tensor's programs stride over the rows listed in vis[:cnt])."""
+        MASKED, 0 for a tensor that steps densely, whose programs then take one block each, or
+        with SEEN minus its elements per Gaussian, the gradient rows of Gaussians with no bit in
+        ``seen`` (int32 [N]) read as zeros; a deferred tensor's programs stride over the rows
+        listed in vis[:cnt])."""
         pid = tl.program_id(0)
         if pid < e1:
-            _update(p0, g0, m0, v0, n0, pid, s0, c0, beta1, beta2, eps, vis, r0, cnt, e1, BLOCK, SELECTIVE, MASKED)
+            _update(p0, g0, m0, v0, n0, pid, s0, c0, beta1, beta2, eps, vis, r0, cnt, e1, seen, BLOCK, SELECTIVE,
+                    MASKED, SEEN)  # fmt: skip
         elif pid < e2:
-            _update(p1, g1, m1, v1, n1, pid - e1, s1, c1, beta1, beta2, eps, vis, r1, cnt, e2 - e1, BLOCK, SELECTIVE,
-                    MASKED)  # fmt: skip
+            _update(p1, g1, m1, v1, n1, pid - e1, s1, c1, beta1, beta2, eps, vis, r1, cnt, e2 - e1, seen, BLOCK,
+                    SELECTIVE, MASKED, SEEN)  # fmt: skip
         elif pid < e3:
-            _update(p2, g2, m2, v2, n2, pid - e2, s2, c2, beta1, beta2, eps, vis, r2, cnt, e3 - e2, BLOCK, SELECTIVE,
-                    MASKED)  # fmt: skip
+            _update(p2, g2, m2, v2, n2, pid - e2, s2, c2, beta1, beta2, eps, vis, r2, cnt, e3 - e2, seen, BLOCK,
+                    SELECTIVE, MASKED, SEEN)  # fmt: skip
         elif pid < e4:
-            _update(p3, g3, m3, v3, n3, pid - e3, s3, c3, beta1, beta2, eps, vis, r3, cnt, e4 - e3, BLOCK, SELECTIVE,
-                    MASKED)  # fmt: skip
+            _update(p3, g3, m3, v3, n3, pid - e3, s3, c3, beta1, beta2, eps, vis, r3, cnt, e4 - e3, seen, BLOCK,
+                    SELECTIVE, MASKED, SEEN)  # fmt: skip
         elif pid < e5:
-            _update(p4, g4, m4, v4, n4, pid - e4, s4, c4, beta1, beta2, eps, vis, r4, cnt, e5 - e4, BLOCK, SELECTIVE,
-                    MASKED)  # fmt: skip
+            _update(p4, g4, m4, v4, n4, pid - e4, s4, c4, beta1, beta2, eps, vis, r4, cnt, e5 - e4, seen, BLOCK,
+                    SELECTIVE, MASKED, SEEN)  # fmt: skip
         else:
             _update(p5, g5, m5, v5, n5, pid - e5, s5, c5, beta1, beta2, eps, vis, r5, cnt, tl.num_programs(0) - e5,
-                    BLOCK, SELECTIVE, MASKED)  # fmt: skip
+                    seen, BLOCK, SELECTIVE, MASKED, SEEN)  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclass
 class SeenRows:
     """Rows as a list on the device (the deferred variant's: the Gaussians a step's projection
     saw, listed by kernels/lazy_adam.list_seen): ``rows`` (int32 [capacity]) holds their indices
     in its first ``count`` (int32 [1]) entries, in any order. Kernels read the count on the
     device, so a step needs no host synchronization to learn it. ``waiting_rows`` (int32
     [capacity]) lists, in its first ``waiting`` (int32 [1]) entries, those of them whose deferred SH
-    steps wait (the projection's forward catches them up; the bench's bytes model counts them)."""
+    steps wait (the projection's forward catches them up; the bench's bytes model counts them).
+    ``bits``: where the projection's backward over the list left the other Gaussians' gradient
+    rows unwritten (kernels/projection.backward_into), the visibility bits (int32 [N]) the list was
+    made from, by which the Adam reads those rows as zeros; None: every gradient row was written."""
 
     rows: torch.Tensor
     count: torch.Tensor
     waiting_rows: torch.Tensor
     waiting: torch.Tensor
+    bits: Optional[torch.Tensor] = None
 
     @staticmethod
     def empty(capacity: int, device) -> "SeenRows":
@@ -401,7 +420,7 @@ def _launch(
     slots = entries + [pad] * (MAX_TENSORS - len(entries))
     tensors = [t for e in slots for t in e[:4]]
     sizes = [e[0].numel() for e in slots]
-    cnt = entries[0][0]  # unused pointer, but with lazy_rows
+    cnt = seen = entries[0][0]  # unused pointers, but with lazy_rows (and its bits)
     if visible is not None:
         assert all(e[0].shape[0] == visible.shape[0] for e in entries), "visible must have one entry per Gaussian"
         rows = [max(e[0][:1].numel(), 1) for e in slots]
@@ -411,7 +430,12 @@ def _launch(
         lazy = [e[7] in lazy_names for e in slots]
         room = lazy_rows.rows.numel()
         assert all(e[0].shape[0] <= room for e, on in zip(slots, lazy) if on), "room for every row"
-        rows = [max(e[0][:1].numel(), 1) if on else 0 for e, on in zip(slots, lazy)]
+        bits = lazy_rows.bits  # the unseen Gaussians' gradient rows unwritten: read as zeros by these bits
+        if bits is not None:
+            assert all(e[0].shape[0] == bits.shape[0] for e in slots), "a bit for every row"
+            seen = bits
+        # listed: elements per Gaussian; dense: 0, or minus them where the bits say which rows to read
+        rows = [max(e[0][:1].numel(), 1) * (1 if on else -1 if bits is not None else 0) for e, on in zip(slots, lazy)]
         vis, cnt = lazy_rows.rows, lazy_rows.count
     else:
         rows, vis = [1] * MAX_TENSORS, entries[0][0]  # unused pointer
@@ -427,7 +451,9 @@ def _launch(
         vis,
         *rows,
         cnt,
+        seen,
         BLOCK=BLOCK,
         SELECTIVE=visible is not None,
         MASKED=masked,
+        SEEN=masked and lazy_rows is not None and lazy_rows.bits is not None,
     )

@@ -328,7 +328,9 @@ class LazyRows:
     ``lazy``): ``applied`` int32 [N], ``count`` int32 [1], ``tables`` float64 [TABLE_ROWS + 2,
     T + 1] (the step sizes last), ``lr`` float64 [2] (sh0's, shN's), ``moments`` (exp_avg, exp_avg_sq of sh0, then of shN),
     beta1, beta2, eps as float32 values, and ``seen`` (capacity N), where the forward lists the
-    Gaussians it saw for the step's Adam."""
+    Gaussians it saw for the step's Adam; ``unseen_zeros``: the backward writes the other
+    Gaussians' zero geometric gradients (a loss term outside the projection adds to them), else
+    leaves them unwritten for the Adam to read as zeros (kernels/projection.backward_into)."""
 
     applied: torch.Tensor
     count: torch.Tensor
@@ -339,6 +341,7 @@ class LazyRows:
     beta2: float
     eps: float
     seen: SeenRows
+    unseen_zeros: bool = True
 
     def key(self) -> tuple:
         """The storage a captured forward reads and writes."""
@@ -352,11 +355,18 @@ class LazyShAdam:
     (and the other parameters) to their torch.optim.Adam of one tensor (model.create_optimizers),
     ``num`` the shard's Gaussians, ``max_count`` the largest Adam count the run reaches (its
     --max_steps). Holds ``applied`` (int32 [num]), ``count`` (int32 [1], the SH Adams' count) and
-    the tables on ``device``.
+    the tables on ``device``; ``unseen_zeros``: :class:`LazyRows`'.
 
     Raises ValueError where the two SH Adams differ in betas or eps (one table serves both)."""
 
-    def __init__(self, optimizers: Mapping[str, torch.optim.Optimizer], num: int, max_count: int, device):
+    def __init__(
+        self,
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        num: int,
+        max_count: int,
+        device,
+        unseen_zeros: bool = True,
+    ):
         groups = [self._group(optimizers, k) for k in SH_KEYS]
         hyper = {(tuple(map(float, g["betas"])), float(g["eps"])) for g in groups}
         if len(hyper) != 1:
@@ -365,6 +375,7 @@ class LazyShAdam:
         self.beta1, self.beta2, self.eps = betas[0], betas[1], eps
         self.device = torch.device(device)
         self.max_count = int(max_count)
+        self.unseen_zeros = unseen_zeros
         self.lrs = [float(g["lr"]) for g in groups]
         self.tables = self._tables()
         self.lr = torch.tensor(self.lrs, dtype=torch.float64, device=self.device)
@@ -428,7 +439,9 @@ class LazyShAdam:
     def rows(self, optimizers) -> LazyRows:
         """The projection forward's view of this state (its tensors, not copies)."""
         moments = tuple(m for k in SH_KEYS for m in self.moments(optimizers, k))
-        return LazyRows(self.applied, self.count, self.tables, self.lr, moments, *self.scalars(), seen=self.seen)
+        return LazyRows(
+            self.applied, self.count, self.tables, self.lr, moments, *self.scalars(), self.seen, self.unseen_zeros
+        )
 
     def check_lrs(self, params, optimizers) -> None:
         """Where an SH learning rate changed since the last step, catch every row up at the old

@@ -1239,6 +1239,7 @@ def backward_into(
     adam: "Optional[AdamStep]" = None,
     seen_sh: bool = False,
     listed: "Optional[SeenRows]" = None,
+    unseen_zeros: bool = True,
 ) -> None:
     """Launch the backward kernel: ``grads`` maps the differentiable outputs of
     :data:`OUTPUT_KEYS` to their contiguous gradients (missing or None: zero); every element of
@@ -1248,11 +1249,14 @@ def backward_into(
     were (stored bases beyond 16 excepted: written as zeros, but with ``listed``). With ``adam`` (:class:`AdamStep`) no gradient is written: each parameter of ``params``
     takes its Adam step in place, its moments ``adam.moments[k]`` updated with it (``out`` is not
     read). ``listed`` (kernels/adam.SeenRows, the forward's list of the Gaussians with a bit in
-    ``bits``; with ``seen_sh`` only): the geometric gradients (means, quats, scales, opacities)
-    are zeroed first and the backward's programs take the listed Gaussians, a block of the list
-    each, so its math runs for the seen Gaussians alone (the same gradients; where the seen ones
-    are few and scattered, hardly a block of the shard is without one). Raises ValueError for
-    ``adam`` with ``seen_sh``, or ``listed`` without ``seen_sh``."""
+    ``bits``; with ``seen_sh`` only): the backward's programs take the listed Gaussians, a block of
+    the list each, so its math runs for the seen Gaussians alone (the same gradients; where the
+    seen ones are few and scattered, hardly a block of the shard is without one); the other
+    Gaussians' geometric gradients (means, quats, scales, opacities) are zeroed first with
+    ``unseen_zeros`` (a loss term outside the projection adds to them), else left unwritten too,
+    and ``listed.bits`` set to ``bits`` so that kernels/adam.py reads them as the zeros they are
+    (``listed.bits`` None otherwise). Raises ValueError for ``adam`` with ``seen_sh``, or
+    ``listed`` without ``seen_sh``."""
     if adam is not None and seen_sh:
         raise ValueError("backward_into: seen_sh leaves gradient rows unwritten; Adam in the backward writes none")
     if listed is not None and not seen_sh:
@@ -1286,8 +1290,10 @@ def backward_into(
         LISTED=listed is not None, num_warps=NUM_WARPS,
     )  # fmt: skip
     if listed is not None:  # the programs over the list write the seen Gaussians' rows only
-        for k in GEOMETRIC_KEYS:
-            out[k].zero_()
+        listed.bits = None if unseen_zeros else bits
+        if unseen_zeros:
+            for k in GEOMETRIC_KEYS:
+                out[k].zero_()
     _prewarm_degrees(_backward_kernel, args, consts, setup.sh_degree, params)
     grid = triton.cdiv(N, BLOCK)
     if listed is not None:  # programs striding over the list (its length is on the device)
@@ -1363,6 +1369,7 @@ class _ProjectShade(torch.autograd.Function):
         forward_into(params, viewmats, Ks, campos, setup, out, lazy)
         ctx.setup, ctx.adam, ctx.lazy = setup, adam, lazy is not None
         ctx.seen = lazy.seen if lazy is not None else None  # listed by the forward, read by the backward
+        ctx.unseen_zeros = lazy.unseen_zeros if lazy is not None else True
         ctx.save_for_backward(means, quats, scales, opacities, sh0, shN, viewmats, Ks, campos, out["bits"])
         ctx.mark_non_differentiable(out["radii"])
         ctx.set_materialize_grads(False)
@@ -1379,7 +1386,10 @@ class _ProjectShade(torch.autograd.Function):
             return (None,) * 12
         out = {k: torch.empty_like(params[k]) for k in PARAM_KEYS}
         # --lazy_sh_adam: the unseen Gaussians' SH gradient rows, which its Adam does not read, stay unwritten
-        backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out, seen_sh=ctx.lazy, listed=ctx.seen)
+        backward_into(
+            params, viewmats, Ks, campos, bits, ctx.setup, given, out, seen_sh=ctx.lazy, listed=ctx.seen,
+            unseen_zeros=ctx.unseen_zeros,
+        )  # fmt: skip
         wanted = ctx.needs_input_grad[3:9]
         return (None, None, None, *(out[k] if w else None for k, w in zip(PARAM_KEYS, wanted)), None, None, None)
 

@@ -28,20 +28,41 @@ def kernel_specs() -> dict:
         eps="fp32",
         vis="*u8",
         cnt="*fp32",  # unused but with MASKED
+        seen="*fp32",  # unused but with SEEN
     )
     ssim = fs.kernel_specs()
     proj = pj.kernel_specs()
     return {
         **{k: ssim[k] for k in ("ssim_forward", "ssim_backward", "l1_ssim_forward", "l1_ssim_backward")},
-        "adam": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=False, MASKED=False), {}, adam_args, 4),
+        "adam": (
+            adam._adam_kernel,
+            dict(BLOCK=adam.BLOCK, SELECTIVE=False, MASKED=False, SEEN=False),
+            {},
+            adam_args,
+            4,
+        ),
         # --visible_adam: gsplat's SelectiveAdam update, visible Gaussians only
-        "adam_selective": (adam._adam_kernel, dict(BLOCK=adam.BLOCK, SELECTIVE=True, MASKED=False), {}, adam_args, 4),
+        "adam_selective": (
+            adam._adam_kernel,
+            dict(BLOCK=adam.BLOCK, SELECTIVE=True, MASKED=False, SEEN=False),
+            {},
+            adam_args,
+            4,
+        ),
         # --lazy_sh_adam: sh0 / shN step their seen rows only, the rest densely
         "adam_lazy": (
             adam._adam_kernel,
-            dict(BLOCK=adam.BLOCK, SELECTIVE=False, MASKED=True),
+            dict(BLOCK=adam.BLOCK, SELECTIVE=False, MASKED=True, SEEN=False),
             {},
             dict(adam_args, vis="*i32", cnt="*i32"),
+            4,
+        ),
+        # ... and the unseen Gaussians' geometric gradient rows, left unwritten, read as zeros by their bits
+        "adam_lazy_seen": (
+            adam._adam_kernel,
+            dict(BLOCK=adam.BLOCK, SELECTIVE=False, MASKED=True, SEEN=True),
+            {},
+            dict(adam_args, vis="*i32", cnt="*i32", seen="*i32"),
             4,
         ),
         "densify_dense": (ds._dense_kernel, dict(BLOCK=ds.BLOCK), {"radii_ptr": "*i32"}, {}, 4),

@@ -146,26 +146,32 @@ def run_sequence(
     kernels/adam.py's lazy_rows, LazyShAdam.stepped; step 5 as a step that caught every row up and
     stepped them all), the deferred one flushed at the end; returns both runs' parameters and
     moments. ``programs``: the listed rows' grid (constants.LISTED_PROGRAMS) for this run;
-    ``every_step``: a step that sees every row (its list is the whole tensor)."""
+    ``every_step``: a step that sees every row (its list is the whole tensor). A dense tensor
+    ("means") steps beside them, its gradient rows of unseen Gaussians zero in the dense run and
+    NaN in the deferred one, whose list carries the visibility bits (SeenRows.bits, as the
+    projection's backward leaves those rows unwritten) by which the Adam reads them as zeros."""
     gen = torch.Generator().manual_seed(seed)
     sh0, shn = torch.randn(N, 1, 3, generator=gen), torch.randn(N, 15, 3, generator=gen)
     visible = [torch.rand(N, generator=gen) < share for _ in range(steps)]
     visible[every_step][:] = True
     bits = [vis.int() * torch.randint(1, 1 << 20, (N,), generator=gen, dtype=torch.int32) for vis in visible]
     grads = [[torch.randn(p.shape, generator=gen) * 1e-3 * vis[:, None, None] for p in (sh0, shn)] for vis in visible]
+    means = torch.randn(N, 3, generator=gen)
+    means_grads = [torch.randn(N, 3, generator=gen) * 1e-3 * vis[:, None] for vis in visible]
     runs = {}
     with listed_programs(programs):
         for mode in ("dense", "lazy"):
             opts = {}
-            for key, p, lr in (("sh0", sh0, LRS[0]), ("shN", shn, LRS[1])):
+            for key, p, lr in (("sh0", sh0, LRS[0]), ("shN", shn, LRS[1]), ("means", means, 1e-3)):
                 leaf = torch.nn.Parameter(p.clone().to(device))
                 opts[key] = torch.optim.Adam([{"params": [leaf], "lr": lr, "name": key}], betas=BETAS, eps=EPS)
-            params = {k: opts[k].param_groups[0]["params"][0] for k in lazy_adam.SH_KEYS}
+            params = {k: opts[k].param_groups[0]["params"][0] for k in opts}
             lazy = lazy_adam.LazyShAdam(opts, N, 100, device) if mode == "lazy" else None
             for step, (vis, step_bits, step_grads) in enumerate(zip(visible, bits, grads)):
                 vis = vis.to(device)
                 for k, g in zip(lazy_adam.SH_KEYS, step_grads):
                     params[k].grad = g.to(device)
+                params["means"].grad = means_grads[step].to(device)
                 if lazy is None:
                     adam.adam_step(list(opts.values()))
                 elif step == 5:  # the trainer's step through another projection: every row caught up first
@@ -175,9 +181,12 @@ def run_sequence(
                 else:
                     lazy_adam.list_seen(step_bits.to(device), lazy.seen)  # the projection's list
                     shuffle(lazy.seen, seed + step)  # in any order, as a GPU's blocks append
+                    lazy.seen.bits = step_bits.to(device)  # the unseen rows' gradients left unwritten:
+                    params["means"].grad = torch.where(vis[:, None], params["means"].grad, float("nan"))
                     lazy.flush(params, opts, vis)  # what the projection's forward does for the rows it sees
                     adam.adam_step(list(opts.values()), lazy_rows=lazy.seen)
                     lazy.stepped(opts, lazy.seen)
+                    lazy.seen.bits = None
             if lazy is not None:
                 lazy.flush(params, opts)
             runs[mode] = {
@@ -186,7 +195,7 @@ def run_sequence(
                     exp_avg=opts[k].state[params[k]]["exp_avg"].cpu(),
                     exp_avg_sq=opts[k].state[params[k]]["exp_avg_sq"].cpu(),
                 )
-                for k in lazy_adam.SH_KEYS
+                for k in opts
             }
     return runs
 
@@ -239,6 +248,8 @@ def check_list_seen(res):
 
 
 def check_sequence(runs):
+    for name in ("param", "exp_avg", "exp_avg_sq"):  # the dense tensor: the same kernel, the same zeros
+        assert torch.equal(runs["dense"]["means"][name], runs["lazy"]["means"][name]), name
     for k in lazy_adam.SH_KEYS:
         for name in ("param", "exp_avg", "exp_avg_sq"):
             dense, lazy = runs["dense"][k][name].double(), runs["lazy"][k][name].double()
@@ -785,6 +796,18 @@ def test_trainer_estimates_what_a_step_sees(monkeypatch, capsys):
     assert t._lazy_auto_sized(10) and not t._lazy_auto_sized(0)
     t.cfg = dataclasses.replace(t.cfg, step=dataclasses.replace(t.cfg.step, lazy_sh_adam="off"))
     assert not t._lazy_auto_sized(10)
+
+
+def test_a_loss_term_on_the_parameters_keeps_the_unseen_rows_zeros():
+    """--opacity_reg / --scale_reg give every Gaussian a gradient outside the projection: the
+    deferral's backward then writes the unseen Gaussians' geometric zeros for them to add to
+    (LazyRows.unseen_zeros); without such a term it leaves them for the Adam to read by bits."""
+    from test_gsplat_flags import trainer
+
+    for flags, zeros in (((), False), (("--opacity_reg", "0.01"), True), (("--scale_reg", "0.01"), True)):
+        t = trainer("--max_steps", "3", *flags)
+        t._defer_sh_adam()
+        assert t.shard.lazy.rows(t.optimizers).unseen_zeros == zeros, flags
 
 
 def test_plan_leaves_auto_to_start_once_the_shard_is_large(monkeypatch):

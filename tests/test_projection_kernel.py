@@ -183,7 +183,8 @@ def forwarded(scene, deg, aa):
 def run_seen_sh(scene, deg, aa, grads):
     """backward_into into NaN-filled gradients: (bits, [plain, seen_sh blockwise, seen_sh over the
     forward's list of seen Gaussians in reverse order, seen_sh over a list of every row (the
-    kernel's blockwise path for it), the two lists again with one program striding over them])."""
+    kernel's blockwise path for it), the two lists again with one program striding over them, the
+    list again without the unseen Gaussians' zeros])."""
     from splat_train.kernels.adam import SeenRows
 
     p, cams, setup, out = forwarded(scene, deg, aa)
@@ -196,11 +197,15 @@ def run_seen_sh(scene, deg, aa, grads):
     from splat_train.kernels import constants
 
     programs = constants.LISTED_PROGRAMS
-    for seen_sh, listed, grid in ((False, None, 0), (True, None, 0), (True, seen, 0), (True, every, 0), (True, seen, 1),
-                                  (True, every, 1)):  # fmt: skip
+    for seen_sh, listed, grid, zeros in ((False, None, 0, True), (True, None, 0, True), (True, seen, 0, True),
+                                         (True, every, 0, True), (True, seen, 1, True), (True, every, 1, True),
+                                         (True, seen, 0, False)):  # fmt: skip
         constants.LISTED_PROGRAMS = grid or programs  # 1: one program striding over every block
         g = {k: torch.full_like(v, float("nan")) for k, v in p.items()}
-        projection.backward_into(p, *cams, out["bits"], setup, grads, g, seen_sh=seen_sh, listed=listed)
+        projection.backward_into(p, *cams, out["bits"], setup, grads, g, seen_sh=seen_sh, listed=listed,
+                                 unseen_zeros=zeros)  # fmt: skip
+        if listed is not None:  # the bits the Adam reads the unwritten rows by, or None
+            g["bits"] = listed.bits
         runs.append(g)
     constants.LISTED_PROGRAMS = programs
     return out["bits"], runs
@@ -511,9 +516,14 @@ def test_seen_sh_backward_writes_the_same_gradients_but_the_unseen_sh_rows(inter
     math), the SH rows of the seen Gaussians and the stored bases past 16 of shN (zeros), and leaves
     the unseen Gaussians' SH rows unwritten (NaN here); over the forward's list of seen Gaussians
     (in any order) it writes the same, the unseen SH rows' bases past 16 also unwritten, and with a list of every row (the blockwise form, the bits still saying which
-    rows are seen) it writes what the blockwise form writes."""
+    rows are seen) it writes what the blockwise form writes; without the unseen Gaussians' zeros it
+    leaves their geometric rows unwritten too and hands the Adam the bits to read them by."""
     _, _, _, out, _ = interpreted
-    bits, (plain, lazy, listed, every, listed1, every1) = out["seen_sh"][case]
+    bits, (plain, lazy, listed, every, listed1, every1, unwritten) = out["seen_sh"][case]
+    assert listed["bits"] is None and torch.equal(unwritten["bits"], bits)  # for the Adam: rows to read as zeros
+    for k in projection.PARAM_KEYS:  # without the zeros: the seen rows as with them, the others untouched
+        seen = bits != 0
+        assert torch.equal(unwritten[k][seen], listed[k][seen]) and torch.isnan(unwritten[k][~seen]).all(), k
     for k in projection.PARAM_KEYS:  # one program striding over the blocks writes what one per block writes
         torch.testing.assert_close(listed1[k], listed[k], rtol=0, atol=0, equal_nan=True, msg=k)
         torch.testing.assert_close(every1[k], every[k], rtol=0, atol=0, equal_nan=True, msg=k)

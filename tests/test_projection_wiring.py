@@ -112,13 +112,16 @@ def check_lazy_sh_adam() -> None:
     model._uses_adam_kernel = lambda device: True  # the Triton Adam on CPU tensors, interpreted
     real_backward, poisoned = projection.backward_into, []
 
-    def backward_into(params, viewmats, Ks, campos, bits, setup, grads, out, adam=None, seen_sh=False, listed=None):
+    def backward_into(
+        params, viewmats, Ks, campos, bits, setup, grads, out, adam=None, seen_sh=False, listed=None, unseen_zeros=True
+    ):
         if seen_sh:
-            for k in projection.PARAM_KEYS:  # the geometric rows: zeroed by the listed backward
+            for k in projection.PARAM_KEYS:  # the geometric rows too: no loss term here, the Adam reads them by bits
                 out[k].fill_(float("nan"))
             poisoned.append(k)
             assert listed is not None, "the deferred run's backward took the blockwise path"
-        return real_backward(params, viewmats, Ks, campos, bits, setup, grads, out, adam, seen_sh, listed)
+            assert not unseen_zeros, "no loss term outside the projection, yet the unseen rows' zeros were asked"
+        return real_backward(params, viewmats, Ks, campos, bits, setup, grads, out, adam, seen_sh, listed, unseen_zeros)
 
     projection.backward_into = backward_into
     from splat_train.trainer import loop

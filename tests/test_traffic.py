@@ -35,6 +35,10 @@ def test_deferred_sh_adam_moves_the_listed_rows_only():
     assert lazy["projection"] == dense["projection"] + 10 * 4 + 4 * (8 + 24 * 48 + 32 + 12)
     assert lazy["backward_projection"] == dense["backward_projection"] + 8 * 4 - 10 * 4 - 6 * 48 * 4
     assert lazy["optimizer"] == 28 * 11 * 10 + (28 * 48 + 8) * 4
+    # without a loss term outside the projection: the 6 unseen rows' geometry neither written nor read
+    bare = stage_traffic(*CASE, lazy=True, unseen_zeros=False)
+    assert bare["backward_projection"] == lazy["backward_projection"] - 6 * 44
+    assert bare["optimizer"] == lazy["optimizer"] + 10 * 4 - 6 * 44
     # of the 4 listed, the forward caught up the `waiting` ones: the others' rows only listed and checked
     for waiting in (0, 3):
         got = stage_traffic(*CASE, lazy=True, waiting=waiting)
@@ -54,6 +58,7 @@ def _fake_trainer(**plan):
     return SimpleNamespace(
         plan=SimpleNamespace(**dict(dict(projection="triton", lazy_sh_adam=False, fused_adam=False), **plan)),
         params=params,
+        shard=SimpleNamespace(lazy=None),  # no deferral: the unseen rows' zeros as written
         cfg=SimpleNamespace(step=SimpleNamespace(batch_size=1)),
         ctx=SimpleNamespace(world_size=1),
         sh_degree_at=lambda step: 3,

@@ -202,7 +202,9 @@ class Trainer:
     def _defer_sh_adam(self) -> None:
         """The SH Adam of the Gaussians a step does not see waits from the next step on
         (--lazy_sh_adam; kernels/lazy_adam.py)."""
-        self.shard.defer_sh_adam(self.cfg.schedule.max_steps)
+        # a loss term on the parameters themselves gives the unseen Gaussians gradients: their zeros are written
+        regularized = self.cfg.step.opacity_reg > 0 or self.cfg.step.scale_reg > 0
+        self.shard.defer_sh_adam(self.cfg.schedule.max_steps, unseen_zeros=regularized)
         self.forward_backward.defer_sh_adam(lambda: self.shard.lazy.rows(self.optimizers), self.shard.sync)
 
     def defer_sh_adam_if_large(self, step: int) -> bool:

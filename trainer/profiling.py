@@ -175,6 +175,7 @@ def stage_traffic(
     lazy: bool = False,
     fused_adam: bool = False,
     waiting: Optional[int] = None,
+    unseen_zeros: bool = True,
 ) -> dict:
     """Bytes model of the per-Gaussian stages of one step on kernels/projection.py's and
     kernels/adam.py's kernels, as the bench's phases name them: {"projection", "backward_projection",
@@ -183,7 +184,9 @@ def stage_traffic(
     ``visible`` Gaussians with a radius in some camera and ``visible_records`` such (camera,
     Gaussian) pairs (render.visibility_counts); ``lazy`` (--lazy_sh_adam), ``fused_adam``
     (--fused_adam) as the step plan's; ``waiting``: with ``lazy``, how many of the visible
-    Gaussians the forward caught up (kernels/adam.SeenRows.waiting; None: all of them).
+    Gaussians the forward caught up (kernels/adam.SeenRows.waiting; None: all of them);
+    ``unseen_zeros``: with ``lazy``, whether the backward writes the unseen Gaussians' geometric
+    zeros (kernels/lazy_adam.LazyRows.unseen_zeros).
 
     projection and backward_projection: kernels.projection.traffic. With ``lazy`` the forward also
     reads the visibility bits (4 B a Gaussian) to list the visible ones (4 B each) and reads their
@@ -192,8 +195,10 @@ def stage_traffic(
     written, 24 B a coefficient), their bits and means read (16 B) and their colours written again
     (12 B a camera); the backward reads the list and the listed Gaussians' bits (8 B each) instead
     of every bit, and writes no SH gradient rows of the others (where every Gaussian is seen it
-    reads the bits blockwise, as without ``lazy``). optimizer: 28 B per float (parameter and both moments read and written,
-    the gradient read); with ``lazy`` the SH floats of the listed Gaussians only (and their list
+    reads the bits blockwise, as without ``lazy``); without ``unseen_zeros`` it leaves the unseen
+    Gaussians' geometric rows (44 B) unwritten, and the optimizer reads the visibility bits (4 B a
+    Gaussian) instead of those rows' gradients. optimizer: 28 B per float (parameter and both
+    moments read and written, the gradient read); with ``lazy`` the SH floats of the listed Gaussians only (and their list
     and count, 8 B each). With ``fused_adam`` the backward takes Adam: neither the backward nor
     the optimizer is modelled (None)."""
     from ..kernels.projection import traffic
@@ -206,9 +211,12 @@ def stage_traffic(
         caught_up = visible if waiting is None else waiting
         forward += 4 * n + visible * (4 + 4) + caught_up * (8 + 8 + 24 * sh_floats + 16 + 12 * cameras)
         backward -= 4 * sh_floats * (n - visible)
+        optimizer = 28 * geometry_floats * n + (28 * sh_floats + 8) * visible
         if visible < n:
             backward += 8 * visible - 4 * n
-        optimizer = 28 * geometry_floats * n + (28 * sh_floats + 8) * visible
+            if not unseen_zeros:
+                backward -= 4 * geometry_floats * (n - visible)
+                optimizer += 4 * n - 4 * geometry_floats * (n - visible)
     return dict(
         projection=forward,
         backward_projection=None if fused_adam else backward,

@@ -41,13 +41,13 @@ class GaussianShard:
         """Gaussians in this shard."""
         return int(self.params["means"].shape[0])
 
-    def defer_sh_adam(self, max_count: int) -> None:
+    def defer_sh_adam(self, max_count: int, unseen_zeros: bool = True) -> None:
         """From now on the training step defers the SH Adam of the Gaussians it does not see
-        (--lazy_sh_adam; kernels/lazy_adam.py, up to Adam count ``max_count``); :meth:`sync`
-        catches them up."""
+        (--lazy_sh_adam; kernels/lazy_adam.py, up to Adam count ``max_count``; ``unseen_zeros``:
+        its LazyRows'); :meth:`sync` catches them up."""
         from ..kernels.lazy_adam import LazyShAdam
 
-        self.lazy = LazyShAdam(self.optimizers, self.num, max_count, self.params["means"].device)
+        self.lazy = LazyShAdam(self.optimizers, self.num, max_count, self.params["means"].device, unseen_zeros)
 
     def sync(self) -> None:
         """Catch up the deferred SH Adam steps of every Gaussian (--lazy_sh_adam): afterwards the
