@@ -748,6 +748,25 @@ def test_plan_defers_only_where_a_step_sees_little_of_the_shard():
     assert lazy_adam_mode(from_argv(["default", "--lazy_sh_adam", "on"]), "triton", False, False, 3_000_000, 1.0)[0]
 
 
+def test_step_line_says_why_the_sh_adam_stays_dense(monkeypatch):
+    """Where the share a step sees decided against the deferral, the plan's console line says so
+    (and with it deferred, why); where it was not asked, the line says nothing of the SH Adam."""
+    from splat_train.kernels import projection
+    from splat_train.trainer.config import from_argv
+    from splat_train.trainer.step.plan import plan_step
+
+    monkeypatch.setattr(projection, "available", lambda: True)
+    monkeypatch.setattr(lazy_adam, "available", lambda: True)
+    cfg = from_argv(["default"])
+    dense = plan_step(cfg, "cuda", 1, masked=False, num_gaussians=3_000_000, seen_share=0.97).describe()
+    assert "the SH Adam dense (--lazy_sh_adam auto: a step sees about 97.0%" in dense
+    lazy = plan_step(cfg, "cuda", 1, masked=False, num_gaussians=3_000_000, seen_share=0.03).describe()
+    assert "the SH Adam of unseen Gaussians deferred (--lazy_sh_adam auto: 3,000,000 Gaussians" in lazy
+    assert "about 3.0%" in lazy
+    small = plan_step(cfg, "cuda", 1, masked=False, num_gaussians=1000).describe()
+    assert "SH Adam" not in small
+
+
 def test_step_seen_share_equals_counting_the_frusta():
     """step_seen_share against a direct count: points on a line along the z axis in front of and
     behind cameras, seen by a known subset; a step of k cameras misses a point seen by s of V with

@@ -58,6 +58,8 @@ class StepPlan:
     lazy_sh_adam_why: str = ""
     # --lazy_sh_adam auto left off only for the shard's size: deferred once it holds LAZY_MIN_GAUSSIANS
     lazy_sh_adam_later: bool = False
+    # the share of the shard a step sees, where --lazy_sh_adam auto estimated it (step_seen_share)
+    lazy_sh_adam_share: Optional[float] = None
     # MiB of checkpoint scratch one launch of the fused kernel may take (kernels/fused_raster.py)
     fused_scratch_mb: float = 2048.0
 
@@ -80,6 +82,8 @@ class StepPlan:
         adam = "Adam in the projection's backward" if self.fused_adam else "Adam after the backward"
         scratch = f"; checkpoints up to {self.scratch_gib():.1f} GiB a launch" if self.fused else ""
         lazy = f", the SH Adam of unseen Gaussians deferred ({self.lazy_sh_adam_why})" if self.lazy_sh_adam else ""
+        if not self.lazy_sh_adam and self.lazy_sh_adam_share is not None:  # the share decided: say so
+            lazy = f", the SH Adam dense ({self.lazy_sh_adam_why})"
         return (
             f"step: {path} ({self.distributed_why}), {self.projection} projection ({self.projection_why}), "
             f"{self.raster} rasterization "
@@ -506,5 +510,6 @@ def plan_step(
         lazy_sh_adam=lazy,
         lazy_sh_adam_why=lazy_why,
         lazy_sh_adam_later=later,
+        lazy_sh_adam_share=seen_share if cfg.step.lazy_sh_adam == "auto" else None,
         fused_scratch_mb=scratch_mode(device_type, total_bytes, free_bytes, num_gaussians, lean=fused_adam),
     )
