@@ -336,18 +336,27 @@ def run_backward(seed: int, device="cpu"):
         k: torch.randn(out[k].shape, generator=gen).to(device) for k in ("means2d", "conics", "opacities", "colors")
     }
     res = dict(bits=out["bits"].cpu())
-    for name, seen_sh in (("plain", False), ("seen_sh", True)):
+    listed = adam.SeenRows.empty(100, device)
+    lazy_adam.list_seen(out["bits"], listed)
+    shuffle(listed, seed)
+    for name, seen_sh, rows, zeros in (("plain", False, None, True), ("seen_sh", True, None, True),
+                                       ("listed", True, listed, True), ("unwritten", True, listed, False)):  # fmt: skip
         got = {k: torch.full_like(params[k], float("nan")) for k in projection.PARAM_KEYS}
-        projection.backward_into(params, *cams, out["bits"], setup, grads, got, seen_sh=seen_sh)
+        projection.backward_into(params, *cams, out["bits"], setup, grads, got, seen_sh=seen_sh, listed=rows,
+                                 unseen_zeros=zeros)  # fmt: skip
         res[name] = {k: v.cpu() for k, v in got.items()}
+    res["handed_bits"] = None if listed.bits is None else listed.bits.cpu()
     return res
 
 
 def check_backward(res):
     """Plain: every row written. seen_sh: the rows of the Gaussians seen as the plain backward's,
-    bit for bit; the sh0 / shN rows of the others unwritten (still NaN), their geometry zero."""
+    bit for bit; the sh0 / shN rows of the others unwritten (still NaN), their geometry zero. Over
+    the forward's list (shuffled): what seen_sh writes; without the unseen zeros the others'
+    geometry unwritten too, and the bits handed to the Adam."""
     seen = res["bits"] != 0
     assert seen.any() and not seen.all()
+    assert torch.equal(res["handed_bits"], res["bits"])
     for k, plain in res["plain"].items():
         got = res["seen_sh"][k]
         assert not plain.isnan().any(), k
@@ -356,6 +365,9 @@ def check_backward(res):
             assert got[~seen].isnan().all(), k
         else:
             assert torch.equal(got[~seen], torch.zeros_like(got[~seen])), k
+        torch.testing.assert_close(res["listed"][k], got, rtol=0, atol=0, equal_nan=True, msg=k)
+        bare = res["unwritten"][k]
+        assert torch.equal(bare[seen], plain[seen]) and bare[~seen].isnan().all(), k
 
 
 @pytest.fixture(scope="module")
