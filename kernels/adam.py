@@ -266,7 +266,8 @@ class SeenRows:
     steps wait (the projection's forward catches them up; the bench's bytes model counts them).
     ``bits``: where the projection's backward over the list left the other Gaussians' gradient
     rows unwritten (kernels/projection.backward_into), the visibility bits (int32 [N]) the list was
-    made from, by which the Adam reads those rows as zeros; None: every gradient row was written."""
+    made from, by which the Adam reads those rows as zeros; None: every geometric gradient row was
+    written (the unseen SH rows, deferred, are never read)."""
 
     rows: torch.Tensor
     count: torch.Tensor
@@ -405,7 +406,8 @@ def _launch(
     lazy_rows: SeenRows | None = None,
     lazy_names: tuple = (),
 ) -> None:
-    masked = lazy_rows is not None and any(e[7] in lazy_names for e in entries)
+    # a launch with a deferred tensor, or any launch where the unseen rows' gradients are unwritten
+    masked = lazy_rows is not None and (any(e[7] in lazy_names for e in entries) or lazy_rows.bits is not None)
     listed = [masked and e[7] in lazy_names for e in entries]
     # a deferred tensor: programs that stride over its listed rows (at most constants.LISTED_PROGRAMS)
     blocks = [

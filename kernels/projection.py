@@ -982,11 +982,12 @@ if triton is not None:
         SEEN_SH: tl.constexpr = False, LISTED: tl.constexpr = False,
     ):  # fmt: skip
         """One program per block of BLOCK Gaussians. With SEEN_SH (--lazy_sh_adam, the large scenes
-        whose cameras may see few of them) a block none of whose Gaussians is seen stores its zero
-        gradients without the math; without it that early exit is not compiled in (it took the
-        kernel from 128 to 255 registers for sm_90, 166 with SEEN_SH). LISTED (with SEEN_SH; the
-        unseen Gaussians' geometric gradients zeroed before the launch): one program per block of
-        BLOCK entries of the forward's list of the seen Gaussians (``list_ptr[:count]``), a fixed
+        whose cameras may see few of them) and without LISTED a block none of whose Gaussians is
+        seen stores its zero gradients without the math; without SEEN_SH that early exit is not
+        compiled in (it took the kernel from 128 to 255 registers for sm_90, 166 with SEEN_SH).
+        LISTED (with SEEN_SH; the unseen Gaussians' geometric gradient rows zeroed before the launch
+        or left unwritten, as backward_into decides): one program per block of BLOCK entries of the
+        forward's list of the seen Gaussians (``list_ptr[:count]``), a fixed
         grid striding over them (a program per block of the shard, most of them idle past the
         list's end, costs a launch per program); a list of every Gaussian runs the blockwise form
         instead (its rows' int32 offsets within a block, where the list's int64 row indices cost a

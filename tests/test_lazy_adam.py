@@ -149,7 +149,8 @@ def run_sequence(
     ``every_step``: a step that sees every row (its list is the whole tensor). A dense tensor
     ("means") steps beside them, its gradient rows of unseen Gaussians zero in the dense run and
     NaN in the deferred one, whose list carries the visibility bits (SeenRows.bits, as the
-    projection's backward leaves those rows unwritten) by which the Adam reads them as zeros."""
+    projection's backward leaves those rows unwritten) by which the Adam reads them as zeros; its
+    eps differs, so it steps in a launch of its own, without a deferred tensor."""
     gen = torch.Generator().manual_seed(seed)
     sh0, shn = torch.randn(N, 1, 3, generator=gen), torch.randn(N, 15, 3, generator=gen)
     visible = [torch.rand(N, generator=gen) < share for _ in range(steps)]
@@ -164,7 +165,8 @@ def run_sequence(
             opts = {}
             for key, p, lr in (("sh0", sh0, LRS[0]), ("shN", shn, LRS[1]), ("means", means, 1e-3)):
                 leaf = torch.nn.Parameter(p.clone().to(device))
-                opts[key] = torch.optim.Adam([{"params": [leaf], "lr": lr, "name": key}], betas=BETAS, eps=EPS)
+                eps = EPS if key != "means" else 2 * EPS  # its own launch: one without a deferred tensor
+                opts[key] = torch.optim.Adam([{"params": [leaf], "lr": lr, "name": key}], betas=BETAS, eps=eps)
             params = {k: opts[k].param_groups[0]["params"][0] for k in opts}
             lazy = lazy_adam.LazyShAdam(opts, N, 100, device) if mode == "lazy" else None
             for step, (vis, step_bits, step_grads) in enumerate(zip(visible, bits, grads)):
@@ -781,8 +783,11 @@ def test_step_line_says_why_the_sh_adam_stays_dense(monkeypatch):
 
 def test_step_seen_share_equals_counting_the_frusta():
     """step_seen_share against a direct count: points on a line along the z axis in front of and
-    behind cameras, seen by a known subset; a step of k cameras misses a point seen by s of V with
-    probability (1 - s / V)^k; the far plane and the image bounds cut."""
+    behind cameras, seen by a known subset; a step of W ranks, each drawing B distinct cameras,
+    misses a point where every rank's B-subset of the cameras misses it (enumerated here); the far
+    plane and the image bounds cut."""
+    import itertools
+
     from splat_train.trainer.step.plan import step_seen_share
 
     # 4 cameras at the origin looking down +z (identity world-to-camera), 100x100 pixels
@@ -792,19 +797,24 @@ def test_step_seen_share_equals_counting_the_frusta():
     Ks = torch.tensor([[50.0, 0, 50], [0, 50, 50], [0, 0, 1]]).repeat(V, 1, 1)
     sizes = torch.tensor([[100, 100]] * V)
     means = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 5.0], [0.0, 0.0, -1.0], [0.0, 0.0, 50.0], [3.0, 0.0, 1.0]])
-    # point 0 and 1: seen by cameras 0, 2, 3; point 2 behind; point 3 beyond far = 10; point 4 off
-    # the image (u = 50 + 150)
-    v = torch.tensor([3 / 4, 3 / 4, 0.0, 0.0, 0.0])
-    for k in (1, 2, 4, 9):
-        want = float((1 - (1 - v) ** min(k, V)).mean())
-        got = step_seen_share(means, viewmats, Ks, sizes, 0.01, 10.0, k, chunk=3)
-        assert abs(got - want) < 1e-6, (k, got, want)
+    # points 0 and 1: seen by cameras 0, 2, 3; point 2 behind them; point 3 beyond far = 10; point
+    # 4 off the image (u = 50 + 150)
+    seen_by = [{0, 2, 3}, {0, 2, 3}, set(), set(), set()]
+    for B, W in ((1, 1), (1, 2), (2, 1), (3, 2), (9, 1)):
+        subsets = list(itertools.combinations(range(V), min(B, V)))
+        miss = [sum(not (cams & set(sub)) for sub in subsets) / len(subsets) for cams in seen_by]
+        want = sum(1 - m**W for m in miss) / len(seen_by)
+        got = step_seen_share(means, viewmats, Ks, sizes, 0.01, 10.0, B, W, chunk=3)
+        assert abs(got - want) < 1e-6, (B, W, got, want)
+    assert step_seen_share(means, viewmats, Ks, sizes, 0.01, 10.0, 1) == pytest.approx(0.3)
     assert step_seen_share(means[:0], viewmats, Ks, sizes, 0.01, 10.0, 1) == 0.0
-    # a stride sample of 2 takes points 0 and 2 of the 5 (stride 2: 0, 2, 4 cut to 2)
+    # a sample of 2 of the 5 at an even stride: points 0 and 2
     got = step_seen_share(means, viewmats, Ks, sizes, 0.01, 10.0, 1, sample=2)
     assert abs(got - (3 / 4 + 0.0) / 2) < 1e-6
-    with pytest.raises(ValueError, match="cameras_per_step >= 1"):
+    with pytest.raises(ValueError, match="batch_size >= 1"):
         step_seen_share(means, viewmats, Ks, sizes, 0.01, 10.0, 0)
+    with pytest.raises(ValueError, match="world_size >= 1"):
+        step_seen_share(means, viewmats, Ks, sizes, 0.01, 10.0, 1, 0)
 
 
 def test_trainer_estimates_what_a_step_sees(monkeypatch, capsys):

@@ -185,8 +185,8 @@ class Trainer:
         return self.cfg.step.lazy_sh_adam == "auto" and num >= LAZY_MIN_GAUSSIANS
 
     def seen_share(self, means: torch.Tensor) -> float:
-        """The share of the shard ``means`` (float [N, 3]) that a step of --batch_size cameras per
-        rank sees, estimated from the training cameras (step.plan.step_seen_share): what
+        """The share of the shard ``means`` (float [N, 3]) that a step of --batch_size cameras on
+        each rank sees, estimated from the training cameras (step.plan.step_seen_share): what
         --lazy_sh_adam auto decides on."""
         sizes = torch.tensor([self.trainset.size(i) for i in range(len(self.trainset))], device=means.device)
         return step_seen_share(
@@ -196,7 +196,8 @@ class Trainer:
             sizes,
             self.cfg.step.near_plane,
             self.cfg.step.far_plane,
-            self.cfg.step.batch_size * self.ctx.world_size,
+            self.cfg.step.batch_size,
+            self.ctx.world_size,
         )
 
     def _defer_sh_adam(self) -> None:
@@ -208,8 +209,9 @@ class Trainer:
         self.forward_backward.defer_sh_adam(lambda: self.shard.lazy.rows(self.optimizers), self.shard.sync)
 
     def defer_sh_adam_if_large(self, step: int) -> bool:
-        """--lazy_sh_adam auto where the shard started under plan.LAZY_MIN_GAUSSIANS: once it holds
-        that many (densification; a resumed checkpoint: resume.resume_from and the bench's --ckpt
+        """--lazy_sh_adam auto where the shard started under plan.LAZY_MIN_GAUSSIANS, or a step saw
+        more than plan.LAZY_MAX_SEEN_SHARE of it: once it holds that many and a step sees at most
+        that share (densification; a resumed checkpoint: resume.resume_from and the bench's --ckpt
         call it after loading; checked after ``step`` steps), the SH Adam
         of unseen Gaussians is deferred from the next step on, and the console says so. Returns
         whether it started now. Each rank decides for its own shard (the deferral is local)."""

@@ -195,9 +195,10 @@ def stage_traffic(
     written, 24 B a coefficient), their bits and means read (16 B) and their colours written again
     (12 B a camera); the backward reads the list and the listed Gaussians' bits (8 B each) instead
     of every bit, and writes no SH gradient rows of the others (where every Gaussian is seen it
-    reads the bits blockwise, as without ``lazy``); without ``unseen_zeros`` it leaves the unseen
-    Gaussians' geometric rows (44 B) unwritten, and the optimizer reads the visibility bits (4 B a
-    Gaussian) instead of those rows' gradients. optimizer: 28 B per float (parameter and both
+    reads the bits blockwise, as without ``lazy``); with ``unseen_zeros`` a fill writes every
+    Gaussian's geometric gradient rows (44 B) before the kernel writes the seen ones, without it the
+    unseen ones stay unwritten and the optimizer reads the visibility bits instead of their
+    gradients (4 B a Gaussian for each of the four dense tensors: at 20 M the bits outgrow the L2). optimizer: 28 B per float (parameter and both
     moments read and written, the gradient read); with ``lazy`` the SH floats of the listed Gaussians only (and their list
     and count, 8 B each). With ``fused_adam`` the backward takes Adam: neither the backward nor
     the optimizer is modelled (None)."""
@@ -214,9 +215,11 @@ def stage_traffic(
         optimizer = 28 * geometry_floats * n + (28 * sh_floats + 8) * visible
         if visible < n:
             backward += 8 * visible - 4 * n
-            if not unseen_zeros:
+            if unseen_zeros:  # a fill writes every geometric row first, the kernel the seen ones again
+                backward += 4 * geometry_floats * visible
+            else:  # each of the four dense tensors' programs reads the bits of its rows
                 backward -= 4 * geometry_floats * (n - visible)
-                optimizer += 4 * n - 4 * geometry_floats * (n - visible)
+                optimizer += 4 * 4 * n - 4 * geometry_floats * (n - visible)
     return dict(
         projection=forward,
         backward_projection=None if fused_adam else backward,

@@ -56,7 +56,8 @@ class StepPlan:
     fused_adam_why: str = ""
     lazy_sh_adam: bool = False  # the SH Adam of unseen Gaussians deferred (kernels/lazy_adam.py)
     lazy_sh_adam_why: str = ""
-    # --lazy_sh_adam auto left off only for the shard's size: deferred once it holds LAZY_MIN_GAUSSIANS
+    # --lazy_sh_adam auto left off for the shard's size or the share a step sees: asked again at each
+    # later check (Trainer.defer_sh_adam_if_large)
     lazy_sh_adam_later: bool = False
     # the share of the shard a step sees, where --lazy_sh_adam auto estimated it (step_seen_share)
     lazy_sh_adam_share: Optional[float] = None
@@ -377,26 +378,34 @@ def step_seen_share(
     sizes: torch.Tensor,
     near: float,
     far: float,
-    cameras_per_step: int,
+    batch_size: int,
+    world_size: int = 1,
     sample: int = 65536,
     chunk: int = 64,
 ) -> float:
-    """The expected share of the Gaussians ``means`` (float [N, 3], world units) that a step of
-    ``cameras_per_step`` training cameras, drawn from ``viewmats`` (float [V, 4, 4],
-    world-to-camera), ``Ks`` (float [V, 3, 3], pixels) and ``sizes`` (int [V, 2], width and height
-    in pixels), sees: each Gaussian's mean tested against every camera's pinhole frustum (depth in
-    (``near``, ``far``), pixel inside the image; extents and lens models ignored), on at most
-    ``sample`` Gaussians taken at an even stride, ``chunk`` cameras at a time. With v the share of
-    cameras seeing a Gaussian, a step of k cameras drawn at random misses it with probability
-    (1 - v)^k; the result is the mean of 1 - (1 - v)^k. No synchronization beyond the one .item().
-    Raises ValueError for an empty camera set or a camera count under 1."""
+    """The expected share of the Gaussians ``means`` (float [N, 3], world units) that a step sees,
+    each of its ``world_size`` ranks drawing ``batch_size`` distinct training cameras (data.
+    CameraSampler: a rank's batch from a permutation of the views, the ranks' independent) from
+    ``viewmats`` (float [V, 4, 4], world-to-camera), ``Ks`` (float [V, 3, 3], pixels) and ``sizes``
+    (int [V, 2], width and height in pixels): each Gaussian's mean tested against every camera's
+    pinhole frustum (depth in (``near``, ``far``), pixel inside the image; extents and lens models
+    ignored), on at most ``sample`` Gaussians taken at an even stride, ``chunk`` cameras at a
+    time. A Gaussian seen by m of the V cameras escapes a rank's B = min(batch_size, V) cameras
+    with probability C(V - m, B) / C(V, B) = prod_{j < B} (V - m - j) / (V - j), and the step with
+    that to the power world_size; the result is the mean of one minus it. No synchronization beyond
+    the one .item(). Raises ValueError for an empty camera set, or batch_size or world_size under 1."""
     V = int(viewmats.shape[0])
-    if V == 0 or cameras_per_step < 1:
-        raise ValueError(f"step_seen_share needs cameras (got {V}) and cameras_per_step >= 1 (got {cameras_per_step})")
+    if V == 0 or batch_size < 1 or world_size < 1:
+        raise ValueError(
+            f"step_seen_share needs cameras (got {V}), batch_size >= 1 (got {batch_size}) and world_size >= 1 "
+            f"(got {world_size})"
+        )
     N = int(means.shape[0])
     if N == 0:
         return 0.0
-    pts = means.detach()[:: max(1, N // sample)][:sample].float()  # [S, 3]
+    S = min(N, sample)
+    idx = torch.arange(S, device=means.device) * N // S  # an even stride over the whole shard
+    pts = means.detach()[idx].float()  # [S, 3]
     seen = torch.zeros(pts.shape[0], device=pts.device, dtype=torch.float32)
     for c0 in range(0, V, chunk):
         vm = viewmats[c0 : c0 + chunk].to(pts)
@@ -409,8 +418,10 @@ def step_seen_share(
         v = K[:, None, 1, 1] * cam[..., 1] / zs + K[:, None, 1, 2]
         inside = (z > near) & (z < far) & (u >= 0) & (u < wh[:, None, 0]) & (v >= 0) & (v < wh[:, None, 1])
         seen += inside.float().sum(0)
-    k = min(int(cameras_per_step), V)
-    return float((1.0 - (1.0 - seen / V) ** k).mean().item())
+    miss = torch.ones_like(seen)
+    for j in range(min(int(batch_size), V)):
+        miss = miss * ((V - seen - j) / (V - j)).clamp_min(0.0)
+    return float((1.0 - miss**world_size).mean().item())
 
 
 def lazy_adam_blocker(projection: str, fused_adam: bool, selective: bool) -> Optional[str]:
