@@ -437,6 +437,20 @@ if triton is not None:
             pre = pre | (ok.to(tl.int32) << cam)
         return pre
 
+    @triton.jit
+    def _activated_geometry(means_ptr, scales_ptr, opac_ptr, offs, mask):
+        """The rows ``offs`` (``mask``) of the means, exp of the log-scales and sigmoid of the
+        opacity logits: (mx, my, mz, s0, s1, s2, opacity), what the forward and the backward both
+        start from."""
+        mx = tl.load(means_ptr + offs * 3, mask=mask, other=0.0)
+        my = tl.load(means_ptr + offs * 3 + 1, mask=mask, other=0.0)
+        mz = tl.load(means_ptr + offs * 3 + 2, mask=mask, other=0.0)
+        s0 = tl.exp(tl.load(scales_ptr + offs * 3, mask=mask, other=0.0))
+        s1 = tl.exp(tl.load(scales_ptr + offs * 3 + 1, mask=mask, other=0.0))
+        s2 = tl.exp(tl.load(scales_ptr + offs * 3 + 2, mask=mask, other=0.0))
+        op = 1.0 / (1.0 + tl.exp(-tl.load(opac_ptr + offs, mask=mask, other=0.0)))
+        return mx, my, mz, s0, s1, s2, op
+
     @unspecialized_jit(["N", "KR"], VARYING_POINTERS)
     def _forward_kernel(
         means_ptr, quats_ptr, scales_ptr, opac_ptr, sh0_ptr, shn_ptr, vm_ptr, ks_ptr, campos_ptr,
@@ -447,13 +461,7 @@ if triton is not None:
         thr: tl.constexpr = THRESHOLD
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         live = offs < N
-        mx = tl.load(means_ptr + offs * 3, mask=live, other=0.0)
-        my = tl.load(means_ptr + offs * 3 + 1, mask=live, other=0.0)
-        mz = tl.load(means_ptr + offs * 3 + 2, mask=live, other=0.0)
-        s0 = tl.exp(tl.load(scales_ptr + offs * 3, mask=live, other=0.0))
-        s1 = tl.exp(tl.load(scales_ptr + offs * 3 + 1, mask=live, other=0.0))
-        s2 = tl.exp(tl.load(scales_ptr + offs * 3 + 2, mask=live, other=0.0))
-        op = 1.0 / (1.0 + tl.exp(-tl.load(opac_ptr + offs, mask=live, other=0.0)))
+        mx, my, mz, s0, s1, s2, op = _activated_geometry(means_ptr, scales_ptr, opac_ptr, offs, live)
         pre = _precull(mx, my, mz, tl.maximum(tl.maximum(s0, s1), s2), op, live, vm_ptr, ks_ptr, C, W, H, near, far,
                        eps2d, SLACK)  # fmt: skip
         maybe = pre != 0
@@ -776,13 +784,7 @@ if triton is not None:
          v_means_ptr, v_quats_ptr, v_scales_ptr, v_logits_ptr, v_sh0_ptr, v_shn_ptr,
          m1_means_ptr, m1_quats_ptr, m1_scales_ptr, m1_logits_ptr, m1_sh0_ptr, m1_shn_ptr,
          m2_means_ptr, m2_quats_ptr, m2_scales_ptr, m2_logits_ptr, m2_sh0_ptr, m2_shn_ptr, hyp_ptr) = ptrs  # fmt: skip
-        mx = tl.load(means_ptr + offs * 3, mask=act, other=0.0)
-        my = tl.load(means_ptr + offs * 3 + 1, mask=act, other=0.0)
-        mz = tl.load(means_ptr + offs * 3 + 2, mask=act, other=0.0)
-        s0 = tl.exp(tl.load(scales_ptr + offs * 3, mask=act, other=0.0))
-        s1 = tl.exp(tl.load(scales_ptr + offs * 3 + 1, mask=act, other=0.0))
-        s2 = tl.exp(tl.load(scales_ptr + offs * 3 + 2, mask=act, other=0.0))
-        op = 1.0 / (1.0 + tl.exp(-tl.load(opac_ptr + offs, mask=act, other=0.0)))
+        mx, my, mz, s0, s1, s2, op = _activated_geometry(means_ptr, scales_ptr, opac_ptr, offs, act)
         qw = tl.load(quats_ptr + offs * 4, mask=act, other=1.0)
         qx = tl.load(quats_ptr + offs * 4 + 1, mask=act, other=0.0)
         qy = tl.load(quats_ptr + offs * 4 + 2, mask=act, other=0.0)
