@@ -240,3 +240,17 @@ def test_create_shard_takes_precomputed_neighbour_distances():
     params = create_shard(pts, Config(model=ModelConfig(init_scale=2.0)), 1, 4, torch.device("cpu"))
     assert params["scales"].shape == (10, 3)
     assert torch.allclose(params["scales"], torch.full((10, 3), math.log(0.5)))
+
+
+def test_the_trainer_starts_without_importing_scipy():
+    """scipy's KD-tree serves the CPU's initial scales only (a GPU run takes the Morton form), so
+    importing the trainer leaves scipy out: its import took about a second of every start-up."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, splat_train.trainer.cli, splat_train.trainer.loop; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

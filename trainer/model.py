@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Mapping, Optional, Union, cast
 
 import numpy as np
 import torch
-from scipy.spatial import cKDTree
 
 from .config import Config
 from .data import Scene
@@ -79,6 +78,8 @@ def knn_mean_distance(points: np.ndarray, query: np.ndarray, k: int = 3) -> np.n
     """
     if len(points) < 2:
         return np.full(len(query), 0.01, dtype=np.float32)
+    from scipy.spatial import cKDTree  # here: a GPU run takes the Morton form and skips scipy's import (about 1 s)
+
     k_eff = min(k, len(points) - 1)
     dists, _ = cKDTree(points).query(query, k=k_eff + 1, workers=-1)  # first neighbour: the point itself
     dists = np.asarray(dists, dtype=np.float64).reshape(len(query), -1)[:, 1:]
