@@ -198,10 +198,12 @@ def stage_traffic(
     reads the bits blockwise, as without ``lazy``); with ``unseen_zeros`` a fill writes every
     Gaussian's geometric gradient rows (44 B) before the kernel writes the seen ones, without it the
     unseen ones stay unwritten and the optimizer reads the visibility bits instead of their
-    gradients (4 B a Gaussian for each of the four dense tensors: at 20 M the bits outgrow the L2). optimizer: 28 B per float (parameter and both
-    moments read and written, the gradient read); with ``lazy`` the SH floats of the listed Gaussians only (and their list
-    and count, 8 B each). With ``fused_adam`` the backward takes Adam: neither the backward nor
-    the optimizer is modelled (None)."""
+    gradients (4 B a Gaussian for each of the four dense tensors: at 20 M the bits outgrow the L2).
+
+    optimizer: 28 B per float (parameter and both moments read and written, the gradient read);
+    with ``lazy`` the SH floats of the listed Gaussians only (and their list and count, 8 B each).
+    With ``fused_adam`` the backward takes Adam: neither the backward nor the optimizer is
+    modelled (None)."""
     from ..kernels.projection import traffic
 
     t = traffic(n, cameras, num_bases, sh_degree, visible, visible_records)
