@@ -143,3 +143,58 @@ def test_the_fused_kernels_scratch_size(monkeypatch):
     monkeypatch.setenv("SPLAT_TRAIN_FUSED_SCRATCH_MB", "0")
     with pytest.raises(ValueError, match="SPLAT_TRAIN_FUSED_SCRATCH_MB"):
         fr.fits_one_launch(1, 1, 10 * 1024)
+
+
+def test_geometry_only_prepares_and_counts_the_geometry_and_leaves_the_sh_to_the_optimizer():
+    """BackwardAdam(geometry=True): constants for every row (the kernel reads the geometric ones),
+    the moments of the four geometric parameters only; commit advances their counts alone and
+    returns False, so the caller's optimizer steps the SH coefficients, which have gradients."""
+    from splat_train.kernels.projection import GEOMETRIC_KEYS
+    from splat_train.trainer.model import optimizer_step
+
+    opts = _optimizers()
+    adam = BackwardAdam("cpu", geometry=True)
+    step = adam.prepare(opts)
+    assert step.geometry_only and set(step.moments) == set(GEOMETRIC_KEYS)
+    for k in ("sh0", "shN"):  # the kernel writes their gradients
+        opts[k].param_groups[0]["params"][0].grad = torch.ones_like(opts[k].param_groups[0]["params"][0])
+    assert not adam.commit(opts)
+    counts = {k: float(next(iter(o.state.values()))["step"]) for k, o in opts.items()}
+    assert counts == dict(means=1.0, quats=1.0, scales=1.0, opacities=1.0, sh0=0.0, shN=0.0)
+    optimizer_step(opts)  # the SH coefficients' step: only they have gradients
+    counts = {k: float(next(iter(o.state.values()))["step"]) for k, o in opts.items()}
+    assert set(counts.values()) == {1.0}
+    assert (opts["sh0"].param_groups[0]["params"][0] < 0).all()  # stepped against the gradient
+    assert (opts["means"].param_groups[0]["params"][0] == 0).all()  # left to the kernel
+    adam.prepare(opts)
+    opts["means"].param_groups[0]["params"][0].grad = torch.ones(5, 3)  # another projection ran
+    assert not adam.commit(opts)
+    assert float(next(iter(opts["means"].state.values()))["step"]) == 1.0
+
+
+def test_geometry_adam_mode_is_the_flags_and_blocks_the_deferral():
+    """--fused_adam geometry: the geometry's Adam in the backward (auto leaves it off); it blocks
+    the deferral and is refused (naming the flag and why) where the backward cannot take Adam."""
+    from splat_train.trainer.step.plan import geometry_adam_mode, lazy_adam_blocker, plan_step
+
+    assert geometry_adam_mode(_cfg(), "triton", False, False) == (False, "")
+    assert geometry_adam_mode(_cfg(), "triton", True, False) == (False, "")  # every parameter's already
+    assert geometry_adam_mode(_cfg(), "triton", False, True) == (False, "")  # the SH Adam deferred
+    assert geometry_adam_mode(_cfg(), "gsplat", False, False) == (False, "")
+    assert geometry_adam_mode(_cfg("--opacity_reg", "0.1"), "triton", False, False) == (False, "")
+    assert geometry_adam_mode(_cfg("--fused_adam", "off"), "triton", False, False) == (False, "")
+    assert geometry_adam_mode(_cfg("--fused_adam", "on"), "triton", False, False) == (False, "")
+    assert geometry_adam_mode(_cfg("--fused_adam", "geometry"), "triton", False, False) == (
+        True,
+        "--fused_adam geometry",
+    )
+    with pytest.raises(ValueError, match="--fused_adam geometry cannot run this step.*--scale_reg"):
+        geometry_adam_mode(_cfg("--fused_adam", "geometry", "--scale_reg", "0.1"), "triton", False, False)
+    assert adam_mode(_cfg("--fused_adam", "geometry"), "triton", tight=True) == (False, "--fused_adam geometry")
+    assert "--fused_adam geometry" in lazy_adam_blocker("triton", False, False, geometry=True)
+    with pytest.raises(ValueError, match="--lazy_sh_adam on cannot run.*--fused_adam geometry"):
+        plan_step(_cfg("--fused_adam", "geometry", "--lazy_sh_adam", "on"), "cuda", 1, masked=False)
+    line = plan_step(_cfg("--fused_adam", "geometry"), "cuda", 1, masked=False).describe()
+    assert "the geometry's Adam in the projection's backward, the SH coefficients' after it" in line
+    cpu = plan_step(_cfg(), "cpu", 1, masked=False)
+    assert not cpu.geometry_adam and not cpu.fused_adam
