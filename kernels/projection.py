@@ -96,9 +96,6 @@ BLOCK = 128  # Gaussians per program: one per lane of 4 warps
 NUM_WARPS = 4
 CATCH_UP_LANES = 512  # lanes of a program of the listed catch-up (rows x lanes per row)
 CATCH_UP_WARPS = 8  # its warps: two lanes a thread (64 registers for sm_90; four lanes a thread took 146)
-# registers per thread of the backward taking the geometry's Adam (--fused_adam geometry): 128, as the plain
-# backward's, keeps four blocks an SM where the compiler's own choice (164 for sm_90) leaves three; it spills 48 bytes
-GEOMETRY_ADAM_MAXNREG = 128
 EPS2D = 0.3  # px^2 low-pass blur (gsplat's eps2d default, as render._project uses)
 MAX_CAMERAS = 32  # bits of the int32 visibility mask
 MAX_SH_DEGREE = 3
@@ -776,7 +773,7 @@ if triton is not None:
         ptrs, start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
         DEG: tl.constexpr, AA: tl.constexpr, HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr,
         HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr, HAS_COLORS: tl.constexpr, ADAM: tl.constexpr,
-        SELECTIVE: tl.constexpr, GEOM_ADAM: tl.constexpr = False,
+        SELECTIVE: tl.constexpr,
     ):  # fmt: skip
         """The backward of the block of Gaussians ``offs`` = ``start`` + ``rows`` (``live``; ``act``:
         those some camera sees, their visibility ``bits``): every parameter's gradient (or Adam step)
@@ -923,12 +920,12 @@ if triton is not None:
         vy = tl.where(act, (vy - dot * y) * inv, 0.0)
         vz = tl.where(act, (vz - dot * z) * inv, 0.0)
         _store_rows(v_quats_ptr + start * 4, m1_quats_ptr + start * 4, m2_quats_ptr + start * 4, rows, live, act,
-                    _cols4(vw, vx, vy, vz), 4, hyp_ptr, 1, ADAM or GEOM_ADAM, SELECTIVE)  # fmt: skip
+                    _cols4(vw, vx, vy, vz), 4, hyp_ptr, 1, ADAM, SELECTIVE)  # fmt: skip
         vs0, vs1, vs2 = tl.where(act, vs0, 0.0), tl.where(act, vs1, 0.0), tl.where(act, vs2, 0.0)
         _store_rows(v_scales_ptr + start * 3, m1_scales_ptr + start * 3, m2_scales_ptr + start * 3, rows, live, act,
-                    _cols4(vs0, vs1, vs2, zero), 3, hyp_ptr, 2, ADAM or GEOM_ADAM, SELECTIVE)  # fmt: skip
+                    _cols4(vs0, vs1, vs2, zero), 3, hyp_ptr, 2, ADAM, SELECTIVE)  # fmt: skip
         _emit(v_logits_ptr, m1_logits_ptr, m2_logits_ptr, offs, live, act, tl.where(act, vsig * op * (1.0 - op), 0.0),
-              hyp_ptr, 3, ADAM or GEOM_ADAM, SELECTIVE)  # fmt: skip
+              hyp_ptr, 3, ADAM, SELECTIVE)  # fmt: skip
         # the SH after the rest: the geometry's values are no longer live
         if HAS_COLORS:
             c0, lo0, hi0, dx, dy, dz = _sh_backward(mx, my, mz, act, bits, offs, sh0_ptr, shn_ptr, campos_ptr,
@@ -949,7 +946,7 @@ if triton is not None:
                             sh_live, act, zero, KR, hyp_ptr, ADAM, SELECTIVE)  # fmt: skip
         vmx, vmy, vmz = tl.where(act, vmx, 0.0), tl.where(act, vmy, 0.0), tl.where(act, vmz, 0.0)
         _store_rows(v_means_ptr + start * 3, m1_means_ptr + start * 3, m2_means_ptr + start * 3, rows, live, act,
-                    _cols4(vmx, vmy, vmz, zero), 3, hyp_ptr, 0, ADAM or GEOM_ADAM, SELECTIVE)  # fmt: skip
+                    _cols4(vmx, vmy, vmz, zero), 3, hyp_ptr, 0, ADAM, SELECTIVE)  # fmt: skip
 
     @triton.jit
     def _zero_rows(ptrs, start, rows, offs, live, sh_live, KR, dtype: tl.constexpr, BLOCK: tl.constexpr):
@@ -984,7 +981,7 @@ if triton is not None:
         DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr,
         HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
         HAS_COLORS: tl.constexpr, ADAM: tl.constexpr = False, SELECTIVE: tl.constexpr = False,
-        SEEN_SH: tl.constexpr = False, LISTED: tl.constexpr = False, GEOM_ADAM: tl.constexpr = False,
+        SEEN_SH: tl.constexpr = False, LISTED: tl.constexpr = False,
     ):  # fmt: skip
         """One program per block of BLOCK Gaussians. With SEEN_SH (--lazy_sh_adam, the large scenes
         whose cameras may see few of them) and without LISTED a block none of whose Gaussians is
@@ -1008,7 +1005,7 @@ if triton is not None:
                 for b in range(tl.program_id(0), tl.cdiv(N, BLOCK), tl.num_programs(0)):
                     _backward_block(ptrs, bits_ptr, b, N, C, KR, W, H, eps2d, DEG, AA, BLOCK, HAS_MEANS2D,
                                     HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE, SEEN_SH,
-                                    False, GEOM_ADAM)  # fmt: skip
+                                    False)  # fmt: skip
             else:
                 for b in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
                     i = (tl.full([], 0, tl.int64) + b) * BLOCK + tl.arange(0, BLOCK)
@@ -1021,19 +1018,18 @@ if triton is not None:
                     _backward_rows(
                         ptrs, 0, offs, offs, act, act, act, bits, N, C, KR, W, H, eps2d,
                         DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE,
-                        GEOM_ADAM,
                     )  # fmt: skip
         else:
             _backward_block(ptrs, bits_ptr, tl.program_id(0), N, C, KR, W, H, eps2d, DEG, AA, BLOCK, HAS_MEANS2D,
                             HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE, SEEN_SH,
-                            SEEN_SH, GEOM_ADAM)  # fmt: skip
+                            SEEN_SH)  # fmt: skip
 
     @triton.jit
     def _backward_block(
         ptrs, bits_ptr, block, N, C, KR, W, H, eps2d, DEG: tl.constexpr, AA: tl.constexpr, BLOCK: tl.constexpr,
         HAS_MEANS2D: tl.constexpr, HAS_DEPTHS: tl.constexpr, HAS_CONICS: tl.constexpr, HAS_OPAC: tl.constexpr,
         HAS_COLORS: tl.constexpr, ADAM: tl.constexpr, SELECTIVE: tl.constexpr, SEEN_SH: tl.constexpr,
-        EXIT: tl.constexpr, GEOM_ADAM: tl.constexpr = False,
+        EXIT: tl.constexpr,
     ):  # fmt: skip
         """Block ``block`` of BLOCK Gaussians (``ptrs`` as :func:`_backward_rows`'s), addressed
         from the block's first row with int32 offsets; SEEN_SH: the SH gradient rows of unseen
@@ -1056,7 +1052,7 @@ if triton is not None:
         else:
             _backward_rows(
                 ptrs, start, rows, offs, live, act, sh_live, bits, N, C, KR, W, H, eps2d,
-                DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE, GEOM_ADAM,
+                DEG, AA, HAS_MEANS2D, HAS_DEPTHS, HAS_CONICS, HAS_OPAC, HAS_COLORS, ADAM, SELECTIVE,
             )  # fmt: skip
 
 
@@ -1068,8 +1064,7 @@ def kernel_specs() -> dict:
     bwd_flags = dict(HAS_MEANS2D=True, HAS_DEPTHS=False, HAS_CONICS=True, HAS_OPAC=True, HAS_COLORS=True)
     fwd = dict(DEG=3, BLOCK=BLOCK, SLACK=CULL_SLACK)
     # every constexpr given (one left out compiles as an int argument: its branches both built)
-    bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, SEEN_SH=False, LISTED=False, GEOM_ADAM=False,
-               **bwd_flags)  # fmt: skip
+    bwd = dict(DEG=3, BLOCK=BLOCK, ADAM=False, SELECTIVE=False, SEEN_SH=False, LISTED=False, **bwd_flags)
     bwd_ints = {"bits_ptr": "*i32", "list_ptr": "*i32", "count_ptr": "*i32"}
     return {
         "projection_forward": (_forward_kernel, dict(fwd, AA=False), fwd_ints, floats, NUM_WARPS),
@@ -1117,14 +1112,6 @@ def kernel_specs() -> dict:
         "projection_backward_adam_selective": (
             _backward_kernel,
             dict(bwd, AA=False, ADAM=True, SELECTIVE=True),
-            bwd_ints,
-            floats,
-            NUM_WARPS,
-        ),
-        # the geometry's Adam (means, quats, scales, opacities) in the backward, the SH gradients stored
-        "projection_backward_geometry_adam": (
-            _backward_kernel,
-            dict(bwd, AA=False, GEOM_ADAM=True),
             bwd_ints,
             floats,
             NUM_WARPS,
@@ -1262,10 +1249,9 @@ def backward_into(
     ``out`` (the raw parameters' gradients, keys :data:`PARAM_KEYS`) is written, but with
     ``seen_sh`` (--lazy_sh_adam, whose Adam reads the SH gradients of the seen Gaussians only) the
     sh0 / shN rows of Gaussians with no bit in ``bits``, whose gradient is zero, are left as they
-    were (stored bases beyond 16 excepted: written as zeros, but with ``listed``). With ``adam``
-    (:class:`AdamStep`) each parameter of ``adam.keys`` takes its Adam step in place instead of a
-    gradient being written, its moments ``adam.moments[k]`` updated with it (``out`` is read for
-    the other keys only: the SH where ``adam.geometry_only``). ``listed`` (kernels/adam.SeenRows, the forward's list of the Gaussians with a bit in
+    were (stored bases beyond 16 excepted: written as zeros, but with ``listed``). With ``adam`` (:class:`AdamStep`) no gradient is written: each parameter of ``params``
+    takes its Adam step in place, its moments ``adam.moments[k]`` updated with it (``out`` is not
+    read). ``listed`` (kernels/adam.SeenRows, the forward's list of the Gaussians with a bit in
     ``bits``; with ``seen_sh`` only): the backward's programs take the listed Gaussians, a block of
     the list each, so its math runs for the seen Gaussians alone (the same gradients; where the
     seen ones are few and scattered, hardly a block of the shard is without one); the other
@@ -1286,8 +1272,8 @@ def backward_into(
     given = [grads.get(k) for k in names]
     if adam is not None:
         adam.check(params)
-        targets = [params[k] if k in adam.keys else out[k] for k in PARAM_KEYS]
-        moments = [adam.moments[k][i] if k in adam.keys else means for i in (0, 1) for k in PARAM_KEYS]
+        targets = [params[k] for k in PARAM_KEYS]
+        moments = [adam.moments[k][i] for i in (0, 1) for k in PARAM_KEYS]
         hyper = adam.hyper
     else:
         targets = [out[k] for k in PARAM_KEYS]
@@ -1303,12 +1289,9 @@ def backward_into(
         AA=setup.antialiased, BLOCK=BLOCK,
         HAS_MEANS2D=given[0] is not None, HAS_DEPTHS=given[1] is not None, HAS_CONICS=given[2] is not None,
         HAS_OPAC=given[3] is not None, HAS_COLORS=given[4] is not None,
-        ADAM=adam is not None and not adam.geometry_only, SELECTIVE=adam is not None and adam.selective,
-        SEEN_SH=seen_sh, LISTED=listed is not None, GEOM_ADAM=adam is not None and adam.geometry_only,
-        num_warps=NUM_WARPS,
+        ADAM=adam is not None, SELECTIVE=adam is not None and adam.selective, SEEN_SH=seen_sh,
+        LISTED=listed is not None, num_warps=NUM_WARPS,
     )  # fmt: skip
-    if adam is not None and adam.geometry_only and GEOMETRY_ADAM_MAXNREG and torch.version.hip is None:
-        consts["maxnreg"] = GEOMETRY_ADAM_MAXNREG  # an option of Triton's CUDA backend (and its interpreter)
     if listed is not None:  # the programs over the list write the seen Gaussians' rows only
         listed.bits = None if unseen_zeros else bits
         if unseen_zeros:
@@ -1334,39 +1317,24 @@ class AdamStep:
     for parameter i of :data:`PARAM_KEYS`: step size (lr / (1 - beta1^t); selective: lr),
     1 / sqrt(1 - beta2^t) (selective: 1), beta1, beta2, eps, read by the kernel at run time (a
     CUDA graph's replay reads the step's values); ``selective``: gsplat's SelectiveAdam, only the
-    Gaussians some camera sees (bit set in the visibility mask) step; ``keys``: the parameters
-    the kernel steps, :data:`PARAM_KEYS` (all) or :data:`GEOMETRIC_KEYS` (means, quats, scales,
-    opacities: the kernel then writes the SH coefficients' gradients for kernels/adam.py's launch,
-    and ``moments`` needs only the geometric keys; raises ValueError for any other tuple). The
-    update is kernels/adam.py's, formula for formula. Stepping the SH, stored bases beyond 16 are
-    not supported (raises ValueError in :meth:`check`)."""
+    Gaussians some camera sees (bit set in the visibility mask) step. The update is
+    kernels/adam.py's, formula for formula. Stored SH bases beyond 16 are not supported (raises
+    ValueError in :meth:`check`)."""
 
     moments: dict
     hyper: Tensor
     selective: bool = False
-    keys: tuple = PARAM_KEYS
-
-    def __post_init__(self):
-        if self.keys not in (PARAM_KEYS, GEOMETRIC_KEYS):
-            raise ValueError(f"AdamStep: keys must be {PARAM_KEYS} or {GEOMETRIC_KEYS}, got {self.keys}")
-
-    @property
-    def geometry_only(self) -> bool:
-        """Whether the kernel steps the geometric parameters alone (:data:`GEOMETRIC_KEYS`) and
-        writes the SH coefficients' gradients for the separate Adam."""
-        return self.keys == GEOMETRIC_KEYS
 
     def check(self, params: Mapping[str, Tensor]) -> None:
-        """Raise ValueError unless every moment of :attr:`keys` is a contiguous float32 tensor
-        shaped as its parameter, ``hyper`` is [6, 5] float32, and (stepping the SH too) shN holds
-        at most 15 bases."""
-        if not self.geometry_only and params["shN"].shape[1] > 15:
+        """Raise ValueError unless every moment is a contiguous float32 tensor shaped as its
+        parameter, ``hyper`` is [6, 5] float32, and shN holds at most 15 bases."""
+        if params["shN"].shape[1] > 15:
             raise ValueError(f"AdamStep: shN holds {params['shN'].shape[1]} bases; Adam in the backward takes <= 15")
         if tuple(self.hyper.shape) != (len(PARAM_KEYS), 5) or self.hyper.dtype != torch.float32:
             raise ValueError(
                 f"AdamStep: hyper must be float32 [6, 5], got {self.hyper.dtype} {tuple(self.hyper.shape)}"
             )
-        for k in self.keys:
+        for k in PARAM_KEYS:
             for m in self.moments[k]:
                 if m.shape != params[k].shape or m.dtype != torch.float32 or not m.is_contiguous():
                     raise ValueError(
@@ -1375,7 +1343,7 @@ class AdamStep:
 
     def key(self) -> tuple:
         """The moments' and constants' storage (what a captured graph reads)."""
-        return (self.hyper.data_ptr(), tuple(m.data_ptr() for k in self.keys for m in self.moments[k]))
+        return (self.hyper.data_ptr(), tuple(m.data_ptr() for k in PARAM_KEYS for m in self.moments[k]))
 
 
 def empty_outputs(N: int, C: int, device) -> dict:
@@ -1417,12 +1385,8 @@ class _ProjectShade(torch.autograd.Function):
         params = dict(zip(PARAM_KEYS, tensors))
         given = {k: None if g is None else g.contiguous() for k, g in zip(OUTPUT_KEYS[1:], grads)}
         if ctx.adam is not None:
-            # stepped in place: no gradient for the Adam's parameters, the others' (the SH) written
-            out = {k: torch.empty_like(params[k]) for k in PARAM_KEYS if k not in ctx.adam.keys}
-            backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, out, ctx.adam)
-            wanted = ctx.needs_input_grad[3:9]
-            return (None, None, None, *(out[k] if w and k in out else None for k, w in zip(PARAM_KEYS, wanted)),
-                    None, None, None)  # fmt: skip
+            backward_into(params, viewmats, Ks, campos, bits, ctx.setup, given, {}, ctx.adam)
+            return (None,) * 12
         out = {k: torch.empty_like(params[k]) for k in PARAM_KEYS}
         # --lazy_sh_adam: the unseen Gaussians' SH gradient rows, which its Adam does not read, stay unwritten
         backward_into(

@@ -79,7 +79,6 @@ def kernel_specs() -> dict:
         "projection_backward_lazy": proj["projection_backward_lazy"],
         "projection_backward_adam": proj["projection_backward_adam"],
         "projection_backward_adam_selective": proj["projection_backward_adam_selective"],
-        "projection_backward_geometry_adam": proj["projection_backward_geometry_adam"],
         "sparse_mark": (sc._mark_kernel, rows, ints, {}, 4),
         "sparse_count": (sc._count_kernel, dict(BLOCK_R=sc.BLOCK_ROWS), ints, {}, 4),
         "sparse_compact": (sc._compact_kernel, rows, ints, {}, 4),

@@ -229,7 +229,6 @@ def _stage_traffic(trainer, timed: list[dict], step: int) -> Optional[dict]:
                 lazy=plan.lazy_sh_adam,
                 waiting=r.get("waiting"),
                 fused_adam=plan.fused_adam,
-                geometry_adam=plan.geometry_adam,
                 unseen_zeros=trainer.shard.lazy is None or trainer.shard.lazy.unseen_zeros,
             )
         )

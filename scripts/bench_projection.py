@@ -4,7 +4,7 @@ and prints each one's achieved bandwidth from the bytes model (projection.traffi
 
     python -m splat_train.scripts.bench_projection [--gaussians 20000000] [--cameras 1]
         [--resolution 1920x1080] [--sh_degree 3] [--layout all|tenth] [--antialiased]
-        [--repeats 20] [--warmup 3] [--json FILE] [--optimizer]
+        [--repeats 20] [--warmup 3] [--json FILE]
 
 The scene is synthetic, made on the GPU: cameras at the origin (C > 1: moved 0.5 scene units
 apart along x) looking down +z with fx = fy = the image width; means 2-20 units deep, inside the
@@ -14,12 +14,6 @@ shard); log-scales in [-4.5, -2.5], random quaternions, SH coefficients and logi
 Each direction is timed alone with CUDA events (the backward from fixed random output gradients),
 ``--warmup`` untimed calls first, then the median of ``--repeats``. The fused outputs' largest
 relative difference from gsplat's on the records both keep is printed as a sanity check.
-
-``--optimizer`` times the fused backward with the Gaussians' Adam instead, each form alone from the
-same forward: the backward writing every gradient and kernels/adam.py's launch after it; the
-geometry's Adam in the backward (--fused_adam geometry) and the launch for sh0 / shN, with the
-backward's registers capped (projection.GEOMETRY_ADAM_MAXNREG) and as the compiler chooses them;
-every parameter's Adam in the backward (--fused_adam on).
 """
 
 from __future__ import annotations
@@ -100,56 +94,6 @@ def bench_path(name: str, run, params: dict, grads: dict, warmup: int, repeats: 
     return dict(path=name, forward_ms=forward, backward_ms=both - forward), {k: v.detach() for k, v in out.items()}
 
 
-def bench_optimizer(params: dict, cams: list, setup, grads: dict, warmup: int, repeats: int) -> list[dict]:
-    """Rows {path, ms} of the backward + Adam forms of the module docstring (``--optimizer``)."""
-    from splat_train.kernels import adam
-    from splat_train.trainer.step.backward_adam import BackwardAdam
-
-    p = {k: v.detach().clone().contiguous() for k, v in params.items()}
-    out = projection.empty_outputs(p["means"].shape[0], cams[0].shape[0], p["means"].device)
-    viewmats, Ks, campos = cams
-    projection.forward_into(p, viewmats, Ks, campos, setup, out)
-    opts = {k: torch.optim.Adam([p[k]], lr=1e-4, eps=1e-15) for k in projection.PARAM_KEYS}
-    g = {k: torch.empty_like(v) for k, v in p.items()}
-
-    def separate():
-        projection.backward_into(p, *cams, out["bits"], setup, grads, g)
-        for k in projection.PARAM_KEYS:
-            p[k].grad = g[k]
-        adam.adam_step(opts.values())
-
-    def in_backward(keys, maxnreg=projection.GEOMETRY_ADAM_MAXNREG):
-        step = BackwardAdam(p["means"].device).prepare(opts)
-        step = projection.AdamStep({k: step.moments[k] for k in keys}, step.hyper, keys=keys)
-        rest = [k for k in projection.PARAM_KEYS if k not in keys]
-
-        def run():
-            saved, projection.GEOMETRY_ADAM_MAXNREG = projection.GEOMETRY_ADAM_MAXNREG, maxnreg
-            try:
-                projection.backward_into(p, *cams, out["bits"], setup, grads, g, step)
-            finally:
-                projection.GEOMETRY_ADAM_MAXNREG = saved
-            for k in projection.PARAM_KEYS:
-                p[k].grad = g[k] if k in rest else None
-            if rest:
-                adam.adam_step(opts.values())
-
-        return run
-
-    forms = (
-        ("backward + Adam launch", separate),
-        (f"geometry's Adam in the backward ({projection.GEOMETRY_ADAM_MAXNREG} registers) + SH Adam launch",
-         in_backward(projection.GEOMETRIC_KEYS)),
-        ("geometry's Adam in the backward (the compiler's registers) + SH Adam launch",
-         in_backward(projection.GEOMETRIC_KEYS, None)),
-        ("every parameter's Adam in the backward", in_backward(projection.PARAM_KEYS)),
-    )  # fmt: skip
-    rows = [dict(path=name, ms=time_ms(fn, warmup, repeats)) for name, fn in forms]
-    for k in projection.PARAM_KEYS:
-        p[k].grad = None
-    return rows
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m splat_train.scripts.bench_projection", description=__doc__.split("\n\n")[0]
@@ -163,7 +107,6 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", help="also write the rows to this JSON file")
-    p.add_argument("--optimizer", action="store_true", help="time the backward + Adam forms instead")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         width, height = (int(v) for v in args.resolution.lower().split("x"))
@@ -182,16 +125,6 @@ def main(argv=None) -> int:
     gen = torch.Generator(device=dev).manual_seed(1)
     shapes = dict(means2d=(C, N, 2), conics=(C, N, 3), opacities=(C, N), colors=(C, N, 3))
     grads = {k: torch.randn(s, generator=gen, device=dev) for k, s in shapes.items()}
-    if args.optimizer:
-        setup = projection.Setup(width, height, deg, NEAR, FAR, args.antialiased)
-        rows = bench_optimizer(params, cams, setup, grads, args.warmup, args.repeats)
-        print(f"N = {N}, C = {C}, {width}x{height}, SH degree {deg}, layout {args.layout}: backward + Adam")
-        print("| form | ms |\n|---|---|")
-        for r in rows:
-            print(f"| {r['path']} | {r['ms']:.3f} |")
-        if args.json:
-            Path(args.json).write_text(json.dumps(dict(args=vars(args), rows=rows), indent=2))
-        return 0
     ops = ops_for("gsplat", dev)
 
     def unfused(leaves):

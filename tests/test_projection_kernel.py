@@ -231,7 +231,6 @@ def run_partial(scene, deg, aa, grads):
 
 
 ADAM_CASES = (1, 2, 3, 5)  # cases whose backward also runs with Adam in it (K <= 16)
-GEOMETRY_ADAM_CASES = ADAM_CASES + (6,)  # ... and with the geometry's Adam in it (any K)
 ADAM_STEP = 4  # the Adams' step count before the step (bias correction of t = 5)
 
 
@@ -262,7 +261,7 @@ def adam_float32(p, g, m, v, row, visible=None):
     return tuple(torch.where(rows, new, old) for new, old in ((p2, p), (m2, m), (v2, v)))
 
 
-def run_adam(scene, deg, aa, grads, seed, modes=("adam", "selective", "frozen", "geometry", "geometry_selective")):
+def run_adam(scene, deg, aa, grads, seed):
     """The backward with Adam in it (plain, selective, and with the frozen constants of a capture's
     warm-up) against the backward's gradients stepped by :func:`adam_float32` (kernels/adam.py's
     update; on a GPU, test_gpu_adam_in_the_backward_matches_the_adam_kernel compares with the
@@ -276,9 +275,8 @@ def run_adam(scene, deg, aa, grads, seed, modes=("adam", "selective", "frozen", 
     projection.backward_into(p, *cams, out["bits"], setup, grads, g)
     moments, lrs = adam_state(scene, seed)
     results = {}
-    for mode in modes:
-        selective = mode.endswith("selective")
-        keys = projection.GEOMETRIC_KEYS if mode.startswith("geometry") else projection.PARAM_KEYS
+    for mode in ("adam", "selective", "frozen"):
+        selective = mode == "selective"
         rows = []
         for k in projection.PARAM_KEYS:
             group = dict(lr=lrs[k], betas=(0.9, 0.999), eps=1e-15)
@@ -286,25 +284,11 @@ def run_adam(scene, deg, aa, grads, seed, modes=("adam", "selective", "frozen", 
             rows.append((*constants, 0.9, 0.999, 1e-15))
         fused = {k: p[k].clone() for k in projection.PARAM_KEYS}
         step = projection.AdamStep(
-            {k: (moments[k][0].clone(), moments[k][1].clone()) for k in keys},
+            {k: (moments[k][0].clone(), moments[k][1].clone()) for k in projection.PARAM_KEYS},
             torch.tensor([FROZEN] * 6 if mode == "frozen" else rows, dtype=torch.float32),
             selective,
-            keys,
         )
-        # the geometry's Adam: the SH gradients written (NaN where the kernel would leave a row unwritten)
-        sh = {k: torch.full_like(p[k], float("nan")) for k in projection.PARAM_KEYS if k not in keys}
-        projection.backward_into(fused, *cams, out["bits"], setup, grads, sh, step)
-        if mode.startswith("geometry"):
-            results[mode] = (
-                {k: (fused[k], *step.moments[k]) for k in keys},
-                {
-                    k: adam_float32(p[k], g[k], *moments[k], row, (out["bits"] != 0) if selective else None)
-                    for k, row in zip(keys, rows)
-                },  # fmt: skip
-                {k: (fused[k], sh[k]) for k in sh},
-                {k: (p[k], g[k]) for k in sh},
-            )
-            continue
+        projection.backward_into(fused, *cams, out["bits"], setup, grads, {}, step)
         got = {k: (fused[k], *step.moments[k]) for k in projection.PARAM_KEYS}
         if mode == "frozen":
             want = {k: (p[k], *moments[k]) for k in projection.PARAM_KEYS}
@@ -593,39 +577,6 @@ def test_adam_in_the_backward_equals_the_gradients_stepped_by_adam(interpreted, 
                 assert changed[invisible].all(), k  # decayed by beta1 even with a zero gradient
 
 
-@pytest.mark.parametrize("case", GEOMETRY_ADAM_CASES)
-@pytest.mark.parametrize("mode", ["geometry", "geometry_selective"])
-def test_geometry_adam_in_the_backward_steps_the_geometry_and_writes_the_sh_gradients(interpreted, case, mode):
-    """With the geometry's Adam in the backward (--fused_adam geometry) means, quats, scales and
-    opacities leave as kernels/adam.py's update leaves them after the plain backward (moments bit
-    for bit, parameters to an ulp or two, as with every parameter's Adam in it), while sh0 and shN
-    stay untouched and get exactly the plain backward's gradients, every element written."""
-    scenes, _, _, out, _ = interpreted
-    got, want, sh_got, sh_want = out["adam"][case][mode]
-    assert set(got) == set(projection.GEOMETRIC_KEYS) and set(sh_got) == {"sh0", "shN"}
-    for k in projection.GEOMETRIC_KEYS:
-        for name, a, b in zip(("exp_avg", "exp_avg_sq"), got[k][1:], want[k][1:]):
-            assert torch.equal(a, b), (k, name, float((a - b).abs().max()))
-        before = scenes[case]["params"][k]
-        err = (got[k][0] - want[k][0]).abs()
-        assert (err <= 2.4e-7 * (before.abs() + want[k][0].abs())).all(), (k, float(err.max()))
-        assert not torch.equal(got[k][0], before), k  # it stepped
-    for k, ((param, grad), (param0, grad0)) in zip(sh_got, zip(sh_got.values(), sh_want.values())):
-        assert torch.equal(param, param0), k
-        assert torch.equal(grad, grad0), k  # no NaN left: every row written
-        assert grad.numel() == 0 or grad.abs().sum() > 0, k
-
-
-def test_adam_step_takes_all_parameters_or_the_geometric_ones():
-    """AdamStep's keys are the six parameters or the four geometric ones; anything else is refused
-    naming both choices."""
-    hyper = torch.zeros(6, 5)
-    assert not projection.AdamStep({}, hyper).geometry_only
-    assert projection.AdamStep({}, hyper, keys=projection.GEOMETRIC_KEYS).geometry_only
-    with pytest.raises(ValueError, match="keys must be"):
-        projection.AdamStep({}, hyper, keys=("means",))
-
-
 def adam_state_moments(case):
     N, C, K = CASES[case][:3]
     return {k: m for k, (m, _) in adam_state(make_scene(10 + case, N, C, K), 200 + case)[0].items()}
@@ -816,7 +767,7 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph():
     assert (eager_out[0] > 0).any()
 
 
-def compare_adam_in_the_backward(selective, N=200_000, device="cuda", keys=projection.PARAM_KEYS):
+def compare_adam_in_the_backward(selective, N=200_000, device="cuda"):
     """The backward with Adam in it (``fused``) and the plain backward + kernels/adam.py's launch
     (``separate``), both float32, against Adam applied in float64 to the float64 reference's
     gradients (``exact``), at N Gaussians (deg 3, 2 cameras, antialiased), torch.optim.Adam state
@@ -826,8 +777,7 @@ def compare_adam_in_the_backward(selective, N=200_000, device="cuda", keys=proje
     kernels contract the gradient's multiply-adds differently, thin Gaussians' gradients are
     ill-conditioned, and Adam's m / sqrt(v) turns a gradient's rounding into a whole step's
     sign); Gaussians whose float32 and float64 radii differ are left out. Selective: invisible
-    rows are unchanged, bit for bit. ``keys``: the parameters the fused backward steps (the
-    others' gradients it writes must equal the plain backward's, bit for bit)."""
+    rows are unchanged, bit for bit."""
     from splat_train.kernels import adam as adam_kernel
     from splat_train.kernels.reference import adam_update, selective_adam_update
 
@@ -861,20 +811,15 @@ def compare_adam_in_the_backward(selective, N=200_000, device="cuda", keys=proje
     visible = out["bits"] != 0
     adam_kernel.adam_step(opts, visible if selective else None)
     step = projection.AdamStep(
-        {k: tuple(m.to(dev).clone() for m in moments[k]) for k in keys},
+        {k: tuple(m.to(dev).clone() for m in moments[k]) for k in projection.PARAM_KEYS},
         torch.tensor(rows, dtype=torch.float32, device=dev),
         selective,
-        keys,
     )
     fused = {k: v.clone() for k, v in p.items()}
-    written = {k: torch.full_like(p[k], float("nan")) for k in projection.PARAM_KEYS if k not in keys}
-    projection.backward_into(fused, *cams, out["bits"], setup, grads, written, step)
-    failures = [(k, "gradient differs from the plain backward's") for k in written if not torch.equal(written[k], g[k])]
-    failures += [(k, "parameter moved") for k in written if not torch.equal(fused[k], p[k])]
+    projection.backward_into(fused, *cams, out["bits"], setup, grads, {}, step)
+    failures = []
     keep = ~ignore
     for k, opt, leaf in zip(projection.PARAM_KEYS, opts, leaves):
-        if k not in keys:
-            continue
         d = lambda t: t.detach().double().cpu()[keep]  # noqa: E731
         m, v = (x.double() for x in moments[k])
         gx = exact_grads[k].double()
@@ -900,13 +845,10 @@ def compare_adam_in_the_backward(selective, N=200_000, device="cuda", keys=proje
 @needs_cuda
 @needs_triton
 @pytest.mark.parametrize("selective", [False, True])
-@pytest.mark.parametrize("geometry", [False, True])
-def test_gpu_adam_in_the_backward_matches_the_adam_kernel(selective, geometry):
-    """At 200k Gaussians on the GPU: the backward with Adam in it (every parameter's, or the
-    geometry's with the SH gradients written) as close to the float64 update as the plain backward
-    + kernels/adam.py's launch (:func:`compare_adam_in_the_backward`)."""
-    keys = projection.GEOMETRIC_KEYS if geometry else projection.PARAM_KEYS
-    failures, share = compare_adam_in_the_backward(selective, keys=keys)
+def test_gpu_adam_in_the_backward_matches_the_adam_kernel(selective):
+    """At 200k Gaussians on the GPU: the backward with Adam in it as close to the float64 update
+    as the plain backward + kernels/adam.py's launch (:func:`compare_adam_in_the_backward`)."""
+    failures, share = compare_adam_in_the_backward(selective)
     assert not failures, failures
     assert 0.1 < share < 0.9
 
@@ -939,8 +881,6 @@ if __name__ == "__main__" and sys.argv[1:2] == ["kernel"]:
         exact.append(run_exact(scene, deg, aa, grads))
         if i in ADAM_CASES:
             adam[i] = run_adam(scene, deg, aa, masked(grads, out["radii"]), 200 + i)
-        elif i in GEOMETRY_ADAM_CASES:  # stored bases beyond 16: the geometry's Adam only
-            adam[i] = run_adam(scene, deg, aa, masked(grads, out["radii"]), 200 + i, ("geometry", "geometry_selective"))
     torch.save(
         dict(fused=fused, poisoned=poisoned, partial=partial, probe=probe, exact=exact, adam=adam, seen_sh=seen_sh),
         sys.argv[3],

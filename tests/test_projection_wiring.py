@@ -100,10 +100,7 @@ def check_lazy_sh_adam() -> None:
     Adam dense, no row waiting after it, whatever the last forward listed); after six steps the
     caught-up parameters and moments (state_dict) equal those of the dense SH Adam to float32
     rounding (relative norms), the losses too. The SH gradient rows the backward leaves unwritten
-    are NaN here (on a GPU they hold anything): nothing may read them. The same with the geometry's
-    Adam in the backward (--fused_adam auto's): for all six steps (step 3 through the gsplat
-    projection, where the optimizer steps every parameter), and until the deferral starts, which
-    turns it off (the backward over the seen Gaussians alone would leave the others unstepped)."""
+    are NaN here (on a GPU they hold anything): nothing may read them."""
     import dataclasses as dc
 
     from splat_train.kernels import projection
@@ -113,12 +110,11 @@ def check_lazy_sh_adam() -> None:
     from test_gsplat_flags import trainer
 
     model._uses_adam_kernel = lambda device: True  # the Triton Adam on CPU tensors, interpreted
-    real_backward, poisoned, adam_calls = projection.backward_into, [], []
+    real_backward, poisoned = projection.backward_into, []
 
     def backward_into(
         params, viewmats, Ks, campos, bits, setup, grads, out, adam=None, seen_sh=False, listed=None, unseen_zeros=True
     ):
-        adam_calls.append(adam is not None and adam.geometry_only)
         if seen_sh:
             for k in projection.PARAM_KEYS:  # the geometric rows too: no loss term here, the Adam reads them by bits
                 out[k].fill_(float("nan"))
@@ -131,33 +127,22 @@ def check_lazy_sh_adam() -> None:
     from splat_train.trainer import loop
 
     runs = []
-    for lazy, geometry in ((False, False), (True, False), (False, True), (True, True)):
+    for lazy in (False, True):
         t = trainer(*CITY, "--max_steps", "6", "--sh_degree_interval", "1")
-        gen = torch.Generator().manual_seed(0)  # anisotropic: the quaternions' gradients more than rounding noise
-        with torch.no_grad():
-            t.params["quats"].copy_(torch.randn(t.params["quats"].shape, generator=gen))
-            t.params["scales"].add_(torch.rand(t.params["scales"].shape, generator=gen) - 0.5)
-        t.plan = dc.replace(t.plan, projection="triton", lazy_sh_adam=False, lazy_sh_adam_later=lazy,
-                            geometry_adam=geometry)  # fmt: skip
-        t.forward_backward = ForwardBackward(t.plan, t.cfg, t.forward_backward.eager.setup, t.loss, t.aux,
-                                             backward_adam=t._backward_adam())  # fmt: skip
-        stepped_in_backward = []
+        t.plan = dc.replace(t.plan, projection="triton", lazy_sh_adam=False, lazy_sh_adam_later=lazy)
+        t.forward_backward = ForwardBackward(t.plan, t.cfg, t.forward_backward.eager.setup, t.loss, t.aux)
         losses, waited = [], 0
         triton_plan = t.forward_backward.plan
         for step in range(6):
             other = step == 3  # a step the Triton projection's forward does not take
             t.forward_backward.plan = dc.replace(triton_plan, projection="gsplat") if other else triton_plan
-            adam_calls.clear()
             losses.append(float(t.train_step(step)["loss"]))
-            stepped_in_backward.append(any(adam_calls))
             if step == 1:
                 assert not t.defer_sh_adam_if_large(2)  # the shard is under the threshold
                 threshold, loop.LAZY_MIN_GAUSSIANS = loop.LAZY_MIN_GAUSSIANS, t.shard.num
                 assert t.defer_sh_adam_if_large(2) == lazy
                 loop.LAZY_MIN_GAUSSIANS = threshold
                 assert t.plan.lazy_sh_adam == lazy and (t.shard.lazy is not None) == lazy
-                assert t.plan.geometry_adam == (geometry and not lazy)
-                assert (t.forward_backward.backward_adam is not None) == t.plan.geometry_adam
             if lazy and step > 1:
                 behind = int((t.shard.lazy.applied < t.shard.lazy.count).sum())
                 assert t.forward_backward.lazy_listed == (not other)
@@ -166,31 +151,19 @@ def check_lazy_sh_adam() -> None:
                 waited = max(waited, behind)
         state = t.shard.state_dict()
         moments = {k: o.state_dict()["state"][0] for k, o in t.optimizers.items()}
-        if geometry:  # the backward took the geometry's Adam at the Triton projection's steps, until deferred
-            want = [not (step == 3 or (lazy and step > 1)) for step in range(6)]
-            assert stepped_in_backward == want, stepped_in_backward
-        counts = {k: int(o.state_dict()["state"][0]["step"]) for k, o in t.optimizers.items()}
-        assert set(counts.values()) == {6}, counts
         runs.append((losses, state["params"], moments, waited))
     projection.backward_into = real_backward
     assert poisoned, "the deferred run's backward wrote every SH row: the NaN rows test nothing"
-    (dense_losses, dense, dense_m, _), *others = runs
+    (dense_losses, dense, dense_m, _), (lazy_losses, got, got_m, waited) = runs
     assert "deferred" in dc.replace(t.plan).describe()
-    for lazy_losses, got, got_m, waited in others[::2]:
-        assert waited > 0, "no SH row waited: the test exercises nothing"
-    for run, (lazy_losses, got, got_m, waited) in enumerate(others):
-        _close(torch.tensor(lazy_losses), torch.tensor(dense_losses), "lazy losses", rtol=1e-5, atol=0)
-        for k in dense:
-            for n, a, b in (
-                ("", got[k], dense[k]),
-                *((n, got_m[k][n], dense_m[k][n]) for n in ("exp_avg", "exp_avg_sq")),
-            ):
-                err = float((a - b).norm() / b.norm().clamp_min(1e-30))
-                # the rest agree to 1e-6 (measured); the geometry's second moments where the backward
-                # stepped them for all six steps (run 1) by 1.29e-5: the backward reads beta2 from
-                # its float32 constants, 1 - beta2 rounding 1.29e-5 below the interpreter's float64
-                # of the separate launch's scalar argument (on a GPU both are float32)
-                assert err <= (2e-5 if n == "exp_avg_sq" and run == 1 else 1e-5), (run, k, n, err)
+    assert waited > 0, "no SH row waited: the test exercises nothing"
+    _close(torch.tensor(lazy_losses), torch.tensor(dense_losses), "lazy losses", rtol=1e-5, atol=0)
+    for k in dense:
+        for n, a, b in (("", got[k], dense[k]), *((n, got_m[k][n], dense_m[k][n]) for n in ("exp_avg", "exp_avg_sq"))):
+            err = float((a - b).norm() / b.norm().clamp_min(1e-30))
+            # the quaternions of isotropic initial Gaussians get rounding noise for a gradient,
+            # which Adam's normalization enlarges (measured 5e-4); the rest agree to 1e-6
+            assert err <= (2e-3 if k == "quats" else 1e-5), (k, n, err)
 
 
 def test_the_triton_projection_path_trains_as_the_gsplat_path():

@@ -50,18 +50,6 @@ def test_deferred_sh_adam_moves_the_listed_rows_only():
     assert fused["projection"] == dense["projection"]
 
 
-def test_geometry_adam_in_the_backward_moves_its_moments_there_and_the_sh_in_the_optimizer():
-    """--fused_adam geometry: the backward writes no geometric gradient (44 B) but the parameters
-    (44 B) and both moments read and written (176 B) of all 10, and reads the 6 unseen ones'
-    parameters (44 B); the optimizer's 28 B a float for the 48 SH floats alone."""
-    dense, geo = stage_traffic(*CASE), stage_traffic(*CASE, geometry_adam=True)
-    assert geo["projection"] == dense["projection"]
-    assert geo["backward_projection"] == dense["backward_projection"] + 10 * 176 + 6 * 44
-    assert geo["optimizer"] == 28 * 48 * 10
-    with pytest.raises(ValueError, match="deferred"):
-        stage_traffic(*CASE, lazy=True, geometry_adam=True)
-
-
 def test_copy_bandwidth_is_a_positive_rate():
     assert copy_bandwidth(torch.device("cpu"), nbytes=1 << 24, repeats=3) > 1e6  # over 1 MB/s
 
@@ -69,9 +57,7 @@ def test_copy_bandwidth_is_a_positive_rate():
 def _fake_trainer(**plan):
     params = dict(means=torch.zeros(10, 3), shN=torch.zeros(10, 15, 3))
     return SimpleNamespace(
-        plan=SimpleNamespace(
-            **dict(dict(projection="triton", lazy_sh_adam=False, fused_adam=False, geometry_adam=False), **plan)
-        ),
+        plan=SimpleNamespace(**dict(dict(projection="triton", lazy_sh_adam=False, fused_adam=False), **plan)),
         params=params,
         shard=SimpleNamespace(lazy=None),  # no deferral: the unseen rows' zeros as written
         cfg=SimpleNamespace(step=SimpleNamespace(batch_size=1)),

@@ -161,7 +161,7 @@ class Trainer:
                 cfg.outputs.tb_save_image and self.report.active and (step + 1) % cfg.schedule.log_every == 0
             ),
             warn=self.report.warn,
-            backward_adam=self._backward_adam(),
+            backward_adam=BackwardAdam(self.device, self.plan.selective_adam) if self.plan.fused_adam else None,
         )
         if self.plan.lazy_sh_adam:
             self._defer_sh_adam()
@@ -179,15 +179,6 @@ class Trainer:
         self.record_info = False
         self.last_info: Optional[Any] = None
         self.last_export: Optional[dict] = None  # rank 0: the last exported model (export.export_merged)
-
-    def _backward_adam(self) -> Optional[BackwardAdam]:
-        """The Adam the plan has the projection's backward take (every parameter's, the geometry's,
-        or none)."""
-        if self.plan.fused_adam:
-            return BackwardAdam(self.device, self.plan.selective_adam)
-        if self.plan.geometry_adam:
-            return BackwardAdam(self.device, self.plan.selective_adam, geometry=True)
-        return None
 
     def _lazy_auto_sized(self, num: int) -> bool:
         """Whether --lazy_sh_adam auto asks how much of the shard a step sees: at its size."""
@@ -232,10 +223,6 @@ class Trainer:
             return False  # a step sees too much of the shard: asked again at the next check
         why = f"--lazy_sh_adam auto: {n:,} Gaussians in the shard after step {step}, {seen_share_words(share)}"
         self.plan = dataclasses.replace(self.plan, lazy_sh_adam=True, lazy_sh_adam_why=why, lazy_sh_adam_later=False)
-        if self.plan.geometry_adam:  # auto's: the deferral's backward over the seen Gaussians steps no geometry
-            why_adam = "--fused_adam auto: the SH Adam deferred"
-            self.plan = dataclasses.replace(self.plan, geometry_adam=False, fused_adam_why=why_adam)
-            self.forward_backward.set_backward_adam(None)
         self._defer_sh_adam()
         self.report.print(f"the SH Adam of unseen Gaussians deferred from here on ({why})")
         return True

@@ -176,7 +176,6 @@ def stage_traffic(
     fused_adam: bool = False,
     waiting: Optional[int] = None,
     unseen_zeros: bool = True,
-    geometry_adam: bool = False,
 ) -> dict:
     """Bytes model of the per-Gaussian stages of one step on kernels/projection.py's and
     kernels/adam.py's kernels, as the bench's phases name them: {"projection", "backward_projection",
@@ -204,11 +203,7 @@ def stage_traffic(
     optimizer: 28 B per float (parameter and both moments read and written, the gradient read);
     with ``lazy`` the SH floats of the listed Gaussians only (and their list and count, 8 B each).
     With ``fused_adam`` the backward takes Adam: neither the backward nor the optimizer is
-    modelled (None). With ``geometry_adam`` (--fused_adam geometry; not with ``lazy``) the backward
-    writes no geometric gradient (44 B a Gaussian) but steps the geometry in place: it writes the
-    parameters (44 B) and reads and writes both moments (176 B) of every Gaussian, and reads the
-    parameters of those no camera sees (44 B; the seen ones' it read for the math); the optimizer
-    steps the SH floats alone."""
+    modelled (None)."""
     from ..kernels.projection import traffic
 
     t = traffic(n, cameras, num_bases, sh_degree, visible, visible_records)
@@ -227,11 +222,6 @@ def stage_traffic(
             else:  # each of the four dense tensors' programs reads the bits of its rows
                 backward -= 4 * geometry_floats * (n - visible)
                 optimizer += 4 * 4 * n - 4 * geometry_floats * (n - visible)
-    if geometry_adam:
-        if lazy:
-            raise ValueError("stage_traffic: the geometry's Adam in the backward excludes the deferred SH Adam")
-        backward += 4 * geometry_floats * (-1 + 1 + 4) * n + 4 * geometry_floats * (n - visible)
-        optimizer = 28 * sh_floats * n
     return dict(
         projection=forward,
         backward_projection=None if fused_adam else backward,

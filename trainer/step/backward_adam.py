@@ -10,20 +10,17 @@ trainer's side of it:
   (learning rates after the scheduler, the next step count) into a device tensor the kernel
   reads at run time (so a CUDA-graph replay reads each step's), and the Adams' moment tensors
   (their state, torch's format, made on first use as torch makes it);
-- :meth:`BackwardAdam.commit`, after the backward: when the kernel stepped (none of its
-  parameters has a gradient) their step counts advance, as kernels/adam.py's launch advances them;
-  when the step took another projection (cameras of several sizes in one step, where the kernels
-  do not run) the parameters have gradients and the caller steps them as usual;
+- :meth:`BackwardAdam.commit`, after the backward: when the kernel stepped (no parameter has a
+  gradient) the step counts advance, as kernels/adam.py's launch advances them; when the step
+  took another projection (cameras of several sizes in one step, where the kernels do not run)
+  the parameters have gradients and the caller steps them as usual;
 - :meth:`BackwardAdam.frozen`: while a CUDA-graph capture warms the backward up, the constants
   of an update that changes nothing (step size 0, beta1 = beta2 = 1), so the warm-up pass does
   not step the model.
 
-The kernel takes every parameter's Adam (``--fused_adam on``) or the geometry's alone (``keys``
-= kernels.projection.GEOMETRIC_KEYS, ``--fused_adam geometry``: the SH coefficients keep their
-gradients, which the caller's separate launch steps). The update is kernels/adam.py's formula for
-formula, read in the same order, so a run with it matches a run without it
-(tests/test_projection_kernel.py, tests/test_gpu.py); the step plan (step/plan.py, ``adam_mode``
-and ``geometry_adam_mode``) decides where it applies.
+The update is kernels/adam.py's formula for formula, read in the same order, so a run with it
+matches a run without it (tests/test_projection_kernel.py, tests/test_gpu.py); the step plan
+(step/plan.py, ``adam_mode``) decides where it applies.
 """
 
 from __future__ import annotations
@@ -34,7 +31,7 @@ from typing import Mapping, Optional
 import torch
 
 from ...kernels.adam import state_of, step_constants
-from ...kernels.projection import GEOMETRIC_KEYS, PARAM_KEYS, AdamStep
+from ...kernels.projection import PARAM_KEYS, AdamStep
 from ..model import mark_stepped
 
 # step size 0, 1/sqrt(bc2) 1, beta1 = beta2 = 1, eps 1: m, v and the parameter stay as they are
@@ -42,15 +39,13 @@ FROZEN = (0.0, 1.0, 1.0, 1.0, 1.0)
 
 
 class BackwardAdam:
-    """Adam of the Gaussian parameters taken by the projection's backward kernel: the six of
-    :data:`kernels.projection.PARAM_KEYS`, or with ``geometry`` the four of GEOMETRIC_KEYS
-    (:attr:`keys`); ``device``: the parameters' device; ``selective``: gsplat's SelectiveAdam
-    (--visible_adam / --sparse_grad) instead of Adam."""
+    """Adam of the six Gaussian parameters (:data:`kernels.projection.PARAM_KEYS`) taken by the
+    projection's backward kernel; ``device``: the parameters' device; ``selective``: gsplat's
+    SelectiveAdam (--visible_adam / --sparse_grad) instead of Adam."""
 
-    def __init__(self, device, selective: bool = False, geometry: bool = False):
+    def __init__(self, device, selective: bool = False):
         self.hyper = torch.zeros(len(PARAM_KEYS), 5, dtype=torch.float32, device=device)
         self.selective = selective
-        self.keys = GEOMETRIC_KEYS if geometry else PARAM_KEYS
         self.step: Optional[AdamStep] = None  # what prepare made for the step under way
         self._rows: list[tuple] = []
 
@@ -61,10 +56,9 @@ class BackwardAdam:
         self.hyper.copy_(values, non_blocking=True)
 
     def prepare(self, optimizers: Mapping[str, torch.optim.Adam]) -> AdamStep:
-        """The step's :class:`AdamStep` (its constants written to the device, a row for each key of
-        PARAM_KEYS; the moments of :attr:`keys`): ``optimizers`` maps each key of PARAM_KEYS to its
-        torch.optim.Adam of one parameter (model.create_optimizers). Call once per step, before its
-        forward."""
+        """The step's :class:`AdamStep` (its constants written to the device): ``optimizers`` maps
+        each key of PARAM_KEYS to its torch.optim.Adam of one parameter (model.create_optimizers).
+        Call once per step, before its forward."""
         moments, rows = {}, []
         for k in PARAM_KEYS:
             opt = optimizers[k]
@@ -75,29 +69,25 @@ class BackwardAdam:
             rows.append(
                 (*step_constants(group, state, self.selective), float(beta1), float(beta2), float(group["eps"]))
             )
-            if k in self.keys:
-                moments[k] = (state["exp_avg"], state["exp_avg_sq"])
+            moments[k] = (state["exp_avg"], state["exp_avg_sq"])
         self._rows = rows
         self._write(rows)
-        self.step = AdamStep(moments, self.hyper, self.selective, self.keys)
+        self.step = AdamStep(moments, self.hyper, self.selective)
         return self.step
 
     def commit(self, optimizers: Mapping[str, torch.optim.Adam]) -> bool:
-        """After the step's backward: True when the kernel took every parameter's step (none of
-        :attr:`keys` has a gradient, and they are all of them; the counts of :attr:`keys` advance
-        where the kernel stepped them, selective ones as gsplat's do not), False when some
-        parameters got gradients instead: the caller runs the optimizer, which steps those with a
-        gradient (all of them where the step took another projection, the SH coefficients after
-        the geometry's Adam)."""
+        """After the step's backward: True when the kernel took the step (no parameter has a
+        gradient; the counts advance, selective ones as gsplat's do not), False when the
+        parameters got gradients instead (the caller runs the optimizer)."""
         self.step = None
-        params = [optimizers[k].param_groups[0]["params"][0] for k in self.keys]
+        params = [optimizers[k].param_groups[0]["params"][0] for k in PARAM_KEYS]
         if any(p.grad is not None for p in params):
             return False
         if not self.selective:
-            for k, p in zip(self.keys, params):
+            for k, p in zip(PARAM_KEYS, params):
                 optimizers[k].state[p]["step"] += 1
-        mark_stepped([optimizers[k] for k in self.keys])
-        return self.keys == PARAM_KEYS
+        mark_stepped([optimizers[k] for k in PARAM_KEYS])
+        return True
 
     @contextlib.contextmanager
     def frozen(self):

@@ -88,14 +88,6 @@ class ForwardBackward:
             else None
         )
 
-    def set_backward_adam(self, backward_adam: Optional[BackwardAdam]) -> None:
-        """From the next step on, the projection's backward takes ``backward_adam`` (None: no
-        Adam; the caller's optimizer steps every parameter). The graphed head captures again (its
-        key holds the Adam's moments)."""
-        self.backward_adam = backward_adam
-        if self.graphed_head is not None:
-            self.graphed_head.backward_adam = backward_adam
-
     def defer_sh_adam(self, lazy_rows: Callable, lazy_sync: Callable[[], None]) -> None:
         """From the next step on, the Triton projection's forward lists the Gaussians it sees and
         catches their SH rows up (``lazy_rows``, ``lazy_sync`` as the constructor's): the SH Adam

@@ -14,9 +14,8 @@ A step has six independent choices, each made here and nowhere else, each with i
   the full-image loss, autograd);
 - the pass (``pipeline``): this trainer's exchange (dense or ``--packed``) or gsplat's own
   ``rasterization(distributed=True)`` (the benchmark's baseline);
-- the optimizer (``fused_adam``, ``geometry_adam``): the Gaussians' Adam inside the projection's
-  backward kernel (step/backward_adam.py), the geometry's there and the SH coefficients' in
-  kernels/adam.py's launch after the backward, or all of it in that launch, and with the latter
+- the optimizer (``fused_adam``): the Gaussians' Adam inside the projection's backward kernel
+  (step/backward_adam.py) or kernels/adam.py's launch after the backward, and with the latter
   (``lazy_sh_adam``) the SH coefficients' update deferred for the Gaussians not seen
   (kernels/lazy_adam.py);
 - the CUDA graphs (``graphs``): the whole step as three replays around the tile intersection
@@ -54,9 +53,7 @@ class StepPlan:
     distributed: bool = False  # the distributed path (W > 1 or --loopback; DistContext.distributed)
     distributed_why: str = ""
     fused_adam: bool = False  # the Gaussians' Adam inside the projection's backward (step/backward_adam.py)
-    # ... or only the geometry's (means, quats, scales, opacities), the SH Adam in the separate launch
-    geometry_adam: bool = False
-    fused_adam_why: str = ""  # why of both
+    fused_adam_why: str = ""
     lazy_sh_adam: bool = False  # the SH Adam of unseen Gaussians deferred (kernels/lazy_adam.py)
     lazy_sh_adam_why: str = ""
     # --lazy_sh_adam auto left off for the shard's size or the share a step sees: asked again at each
@@ -84,8 +81,6 @@ class StepPlan:
         graphs = {"whole": "whole-step CUDA graphs", "head": "CUDA graphs of the projection", "off": "no CUDA graphs"}
         path = "the distributed path" if self.distributed else "one process's path"
         adam = "Adam in the projection's backward" if self.fused_adam else "Adam after the backward"
-        if self.geometry_adam:
-            adam = "the geometry's Adam in the projection's backward, the SH coefficients' after it"
         scratch = f"; checkpoints up to {self.scratch_gib():.1f} GiB a launch" if self.fused else ""
         lazy = f", the SH Adam of unseen Gaussians deferred ({self.lazy_sh_adam_why})" if self.lazy_sh_adam else ""
         if not self.lazy_sh_adam and self.lazy_sh_adam_share is not None:  # the share decided: say so
@@ -293,54 +288,28 @@ def scratch_mode(
     return max(mb, room / 2**20)
 
 
-def backward_adam_blocker(cfg: Config, projection: str) -> Optional[str]:
-    """Why the projection's backward cannot take any parameter's Adam, or None: it needs the Triton
-    projection (``projection``, StepPlan.projection) and no loss term on the parameters outside
-    the projection (their gradients would arrive after the kernel stepped them)."""
-    if projection != "triton":
-        return "the gsplat projection (--projection, or a CPU run)"
-    if cfg.step.opacity_reg > 0:
-        return "--opacity_reg (a gradient on the opacities outside the projection)"
-    if cfg.step.scale_reg > 0:
-        return "--scale_reg (a gradient on the scales outside the projection)"
-    return None
-
-
 def adam_mode(cfg: Config, projection: str, tight: bool = False) -> tuple[bool, str]:
-    """(whether every Gaussian parameter's Adam runs inside the projection's backward kernel, why)
-    from --fused_adam: as :func:`backward_adam_blocker` allows, with SH of at most degree 3
-    stored; auto takes it only where memory is ``tight`` (:func:`memory_tight`): the separate
-    launch of the SH Adam is faster (docs/large-scenes.md); geometry leaves it off
-    (:func:`geometry_adam_mode`). Raises ValueError for --fused_adam on where it cannot run."""
-    why_not = backward_adam_blocker(cfg, projection)
-    if why_not is None and cfg.model.sh_degree > 3:
+    """(whether the Gaussians' Adam runs inside the projection's backward kernel, why) from
+    --fused_adam: it needs the Triton projection (``projection``, StepPlan.projection), SH of at
+    most degree 3 stored, and no loss term on the parameters outside the projection (their
+    gradients would arrive after the kernel stepped them); auto takes it only where memory is
+    ``tight`` (:func:`memory_tight`): the separate launch is faster (docs/large-scenes.md).
+    Raises ValueError for --fused_adam on where it cannot run."""
+    why_not = None
+    if projection != "triton":
+        why_not = "the gsplat projection (--projection, or a CPU run)"
+    elif cfg.model.sh_degree > 3:
         why_not = f"--sh_degree {cfg.model.sh_degree} (the kernel steps at most 16 SH bases)"
-    if cfg.step.fused_adam == "geometry":
-        return False, "--fused_adam geometry"
+    elif cfg.step.opacity_reg > 0:
+        why_not = "--opacity_reg (a gradient on the opacities outside the projection)"
+    elif cfg.step.scale_reg > 0:
+        why_not = "--scale_reg (a gradient on the scales outside the projection)"
     auto = (
         (True, "--fused_adam auto: the gradients' memory is needed (a large model for the device)")
         if tight
         else (False, "--fused_adam auto: the model fits with the gradients, where the separate launch is faster")
     )
     return switch("--fused_adam", cfg.step.fused_adam, why_not, auto)
-
-
-def geometry_adam_mode(cfg: Config, projection: str, fused_adam: bool, lazy: bool) -> tuple[bool, str]:
-    """(whether the projection's backward takes the Adam of the geometric parameters alone, why),
-    after :func:`adam_mode` (``fused_adam``: every parameter's already) and
-    :func:`lazy_adam_mode` (``lazy``: the SH Adam deferred, whose backward over the seen Gaussians
-    alone leaves the others' geometry unstepped; geometry blocks the deferral): --fused_adam
-    geometry. The why is "" where --fused_adam's own why stands. Raises ValueError for
-    --fused_adam geometry where :func:`backward_adam_blocker` says it cannot run."""
-    setting = cfg.step.fused_adam
-    if fused_adam or setting in ("on", "off"):
-        return False, ""
-    why_not = backward_adam_blocker(cfg, projection)
-    if setting == "geometry":
-        if why_not is not None:
-            raise ValueError(f"--fused_adam geometry cannot run this step ({why_not}); use --fused_adam auto or off")
-        return True, "--fused_adam geometry"
-    return False, ""  # auto: the separate launch (adam_mode's why)
 
 
 def switch(flag: str, setting: str, why_not: Optional[str], auto: tuple[bool, str]) -> tuple[bool, str]:
@@ -377,17 +346,16 @@ def lazy_adam_mode(
     selective: bool,
     num_gaussians: int = 0,
     seen_share: Optional[float] = None,
-    geometry: bool = False,
 ) -> tuple[bool, str]:
     """(whether the SH coefficients' Adam is deferred for unseen Gaussians, why) from
     --lazy_sh_adam: it needs the Triton projection (``projection``: its forward catches the rows
-    up) and kernels/adam.py's separate launch (not ``fused_adam``, not ``geometry``: --fused_adam
-    geometry, not the ``selective`` update of --visible_adam / --sparse_grad); auto takes it where the shard holds at least
+    up) and kernels/adam.py's separate launch (not ``fused_adam``, not the ``selective`` update of
+    --visible_adam / --sparse_grad); auto takes it where the shard holds at least
     :data:`LAZY_MIN_GAUSSIANS` (``num_gaussians``) and a step sees at most
     :data:`LAZY_MAX_SEEN_SHARE` of them (``seen_share``, :func:`step_seen_share`; None: not
     estimated, the size alone decides). Raises ValueError for --lazy_sh_adam on where it cannot
     run."""
-    why_not = lazy_adam_blocker(projection, fused_adam, selective, geometry)
+    why_not = lazy_adam_blocker(projection, fused_adam, selective)
     if num_gaussians < LAZY_MIN_GAUSSIANS:
         auto = (False, f"--lazy_sh_adam auto: {num_gaussians:,} Gaussians, under {LAZY_MIN_GAUSSIANS:,}")
     elif seen_share is not None and seen_share > LAZY_MAX_SEEN_SHARE:
@@ -456,7 +424,7 @@ def step_seen_share(
     return float((1.0 - miss**world_size).mean().item())
 
 
-def lazy_adam_blocker(projection: str, fused_adam: bool, selective: bool, geometry: bool = False) -> Optional[str]:
+def lazy_adam_blocker(projection: str, fused_adam: bool, selective: bool) -> Optional[str]:
     """Why the step cannot defer the SH Adam (:func:`lazy_adam_mode`'s arguments), or None."""
     from ...kernels import lazy_adam
 
@@ -465,8 +433,6 @@ def lazy_adam_blocker(projection: str, fused_adam: bool, selective: bool, geomet
         why_not = "the gsplat projection (--projection, or a CPU run)"
     elif fused_adam:
         why_not = "Adam in the projection's backward (--fused_adam)"
-    elif geometry:  # its backward over the seen Gaussians alone would leave the others' geometry unstepped
-        why_not = "the geometry's Adam in the projection's backward (--fused_adam geometry)"
     elif selective:
         why_not = "--visible_adam / --sparse_grad (gsplat's SelectiveAdam)"
     elif not lazy_adam.available():
@@ -526,22 +492,17 @@ def plan_step(
     ``num_gaussians``: the rank's shard at the start; ``total_bytes``, ``free_bytes``: the device's
     memory and what is free of it (for the fused kernel's scratch, :func:`scratch_mode`);
     ``seen_share``: the share of the shard a step sees (:func:`step_seen_share`; None: unknown).
-    Raises ValueError as :func:`raster_mode`, :func:`adam_mode`, :func:`lazy_adam_mode` and
-    :func:`geometry_adam_mode`."""
+    Raises ValueError as :func:`raster_mode`, :func:`adam_mode` and :func:`lazy_adam_mode`."""
     raster, raster_why = raster_mode(cfg, device_type, masked, kernel_ready)
     graphs, graphs_why = graphs_mode(cfg, device_type, world_size, raster, aux, loopback)
     distributed, distributed_why = path_mode(world_size, loopback)
     projection, projection_why = projection_mode(cfg, device_type, world_size, aux)
     fused_adam, fused_adam_why = adam_mode(cfg, projection, tight)
     selective = cfg.step.visible_adam or cfg.step.sparse_grad
-    geometry_set = cfg.step.fused_adam == "geometry"
-    lazy, lazy_why = lazy_adam_mode(cfg, projection, fused_adam, selective, num_gaussians, seen_share, geometry_set)
+    lazy, lazy_why = lazy_adam_mode(cfg, projection, fused_adam, selective, num_gaussians, seen_share)
     later = (
-        not lazy
-        and cfg.step.lazy_sh_adam == "auto"
-        and lazy_adam_blocker(projection, fused_adam, selective, geometry_set) is None
+        not lazy and cfg.step.lazy_sh_adam == "auto" and lazy_adam_blocker(projection, fused_adam, selective) is None
     )
-    geometry, geometry_why = geometry_adam_mode(cfg, projection, fused_adam, lazy)
     return StepPlan(
         raster=raster,
         raster_why=raster_why,
@@ -556,8 +517,7 @@ def plan_step(
         distributed=distributed,
         distributed_why=distributed_why,
         fused_adam=fused_adam,
-        geometry_adam=geometry,
-        fused_adam_why=geometry_why or fused_adam_why,
+        fused_adam_why=fused_adam_why,
         lazy_sh_adam=lazy,
         lazy_sh_adam_why=lazy_why,
         lazy_sh_adam_later=later,
