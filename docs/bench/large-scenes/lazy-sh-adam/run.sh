@@ -25,7 +25,7 @@
 #   (trainer/step/plan.scratch_mode; committed after it unchanged but for --fused_adam's case),
 #   STEP_TESTS=0 LAZY_TESTS=0 SCENES=20m; its juicebox runs found no data (J pointed outside the
 #   carried tree: timeline.txt) and are not kept.
-# - juicebox-base/: at 05350b7, J=.data/juicebox (images_4/ and sparse/ copied into an ignored folder
+# - juicebox-base/ (replaced by ../juicebox-f4/; in git history): at 05350b7, J=.data/juicebox (images_4/ and sparse/ copied into an ignored folder
 #   and carried), WARM_STEPS=3100 (past the last SH degree step, so Triton's cache holds every
 #   projection kernel before the timed runs), STEP_TESTS=0 LAZY_TESTS=0 SCENES=, one H100 (the H200
 #   did not come); gpu_tests_adam.log there is from the call before it (ab08f61, one H100: the four
