@@ -110,7 +110,9 @@ def test_distributed_step_equals_single_process(tmp_path, world_size, layout, pa
 
 # ---------------------------------------------------------------- whole training steps
 
+# Gaussians in input order: the comparison maps the one process's rows onto the ranks' rows
 TRAIN_FLAGS = [
+    "--no_morton_order",
     "--synthetic_image_size",
     "32",
     "--synthetic_num_cameras",

@@ -15,7 +15,9 @@ from splat_train.trainer.launch import DistContext, launch
 from scenes import write_colmap_scene
 from test_distributed import _UnionSampler, shard_order
 
+# Gaussians in input order: the comparison maps the one process's rows onto the ranks' rows
 BASE = [
+    "--no_morton_order",
     "--sh_degree",
     "1",
     "--sh_degree_interval",

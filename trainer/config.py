@@ -207,6 +207,8 @@ class ModelConfig:
     """gsplat's antialiased rasterization: opacities scaled by the 2D low-pass filter's compensation sqrt(det(cov2d) / det(cov2d + 0.3 I)) (Mip-Splatting, Yu et al. 2024), in training, evaluation and video."""
     global_scale: float = 1.0
     """Extra multiplier of the scene scale."""
+    morton_order: bool = True
+    """Keep each rank's Gaussians in Morton (Z-curve) order of their means (trainer/model.py morton_order, as LiteGS does), so that the Gaussians a tile renders sit near each other in memory: the shard is ordered when it is created and again after each densification step that may grow it (the new Gaussians come last). --pipeline gsplat-dist (gsplat's own pass, the benchmark's baseline) keeps the input order."""
 
 
 @dataclass

@@ -115,6 +115,22 @@ def _morton_codes(cells: torch.Tensor) -> torch.Tensor:
     return spread(cells[:, 0]) | (spread(cells[:, 1]) << 1) | (spread(cells[:, 2]) << 2)
 
 
+def morton_order(means: torch.Tensor) -> torch.Tensor:
+    """The order of ``means`` [N, 3] (any float dtype and device) along a Morton (Z-order) curve of
+    their bounding box, :data:`MORTON_BITS` bits per axis: int64 [N], sorted position -> row, ties
+    in row order (a stable sort). Rows near each other in space come near each other in memory,
+    which is what the rasterizer's gathers of a tile's records and its gradient atomics want
+    (LiteGS reorders its Gaussians the same way). An empty input gives an empty order."""
+    n = means.shape[0]
+    if n == 0:
+        return torch.empty(0, dtype=torch.long, device=means.device)
+    pts = means.detach().float()
+    lo, hi = pts.min(dim=0).values, pts.max(dim=0).values
+    scale = (2**MORTON_BITS - 1) / (hi - lo).max().clamp_min(1e-12)
+    cells = ((pts - lo) * scale).long().clamp(0, 2**MORTON_BITS - 1)
+    return torch.sort(_morton_codes(cells), stable=True).indices
+
+
 def knn_mean_distance_morton(
     points: torch.Tensor, query_ids: torch.Tensor, k: int = 3, window: int = 16, chunk: int = 1 << 20
 ) -> torch.Tensor:
@@ -168,7 +184,8 @@ def knn_mean_distance_morton(
 def create_shard(
     points: InitPoints, cfg: Config, rank: int, world_size: int, device: torch.device
 ) -> torch.nn.ParameterDict:
-    """Parameters of rank ``rank``'s shard: Gaussians ``rank::world_size`` of ``points``.
+    """Parameters of rank ``rank``'s shard: Gaussians ``rank::world_size`` of ``points``, in that
+    order, or in :func:`morton_order` with ``cfg.model.morton_order`` (not for --pipeline gsplat-dist).
 
     Returns a ParameterDict with means [N, 3] (scene units), scales [N, 3] (log scene units),
     quats [N, 4] (unit, w first), opacities [N] (logit), sh0 [N, 1, 3], shN [N, K-1, 3] with
@@ -205,9 +222,11 @@ def create_shard(
         sh0=sh0,
         shN=shN,
     )
-    return torch.nn.ParameterDict(
-        {k: torch.nn.Parameter(v.float().to(device).contiguous()) for k, v in tensors.items()}
-    )
+    tensors = {k: v.float().to(device) for k, v in tensors.items()}
+    if cfg.model.morton_order and cfg.step.pipeline == "ours":
+        order = morton_order(tensors["means"])
+        tensors = {k: v[order] for k, v in tensors.items()}
+    return torch.nn.ParameterDict({k: torch.nn.Parameter(v.contiguous()) for k, v in tensors.items()})
 
 
 def batch_rule(batch_size: int, world_size: int) -> tuple[float, float, tuple[float, float]]:

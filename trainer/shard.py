@@ -121,6 +121,43 @@ class GaussianShard:
         self.rows_changed()
         return num
 
+    @torch.no_grad()
+    def reorder(self, order: torch.Tensor) -> None:
+        """Put the Gaussians in ``order`` (int64 [N], a permutation: new row i is old row
+        ``order[i]``): the parameters, their Adam moments and the strategy's per-Gaussian state,
+        in place, so that every tensor keeps its storage (the optimizers, the captured step graphs
+        and the gradient buffers stay valid). Deferred SH steps are caught up first. Raises
+        ValueError where ``order`` is not of length N."""
+        self.sync()
+        n = self.num
+        if order.shape != (n,):
+            raise ValueError(f"reorder: an order of {n} rows expected, got shape {tuple(order.shape)}")
+        order = order.to(self.params["means"].device)
+        for name, p in self.params.items():
+            rows = [p.data]
+            state = self.optimizers[name].state.get(p, {}) if name in self.optimizers else {}
+            rows += [v for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n]
+            for t in rows:
+                permute_rows_(t, order)
+        for key in PER_GAUSSIAN_STATE:
+            v = self.strategy_state.get(key)
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n:
+                permute_rows_(v, order)
+        self.rows_changed()
+
+
+PERMUTE_BLOCK = 4
+"""Columns per gather in :func:`permute_rows_`: its scratch is N x PERMUTE_BLOCK elements."""
+
+
+@torch.no_grad()
+def permute_rows_(t: torch.Tensor, order: torch.Tensor) -> None:
+    """t[i] = t[order[i]] for every row of ``t`` [N, ...] (contiguous), in place, a few columns at a
+    time (:data:`PERMUTE_BLOCK`), so the scratch is N x PERMUTE_BLOCK elements, not a second ``t``."""
+    flat = t.view(t.shape[0], -1)
+    for c in range(0, flat.shape[1], PERMUTE_BLOCK):
+        flat[:, c : c + PERMUTE_BLOCK] = flat[order, c : c + PERMUTE_BLOCK]
+
 
 @torch.no_grad()
 def remove_gaussians(params, optimizers: dict, strategy_state: dict, mask: torch.Tensor) -> int:
