@@ -52,7 +52,8 @@ is no per-tile Gaussian budget and no fallback. The checkpoints take 16 bytes pe
 (about 128 bytes per tile-Gaussian intersection); a call that would need more than its cap
 (``scratch_mb``: the step plan's, trainer/step/plan.scratch_mode; default 2048 MiB;
 SPLAT_TRAIN_FUSED_SCRATCH_MB overrides both) runs in launches over chunks of tiles that reuse one
-buffer (:func:`tile_chunks`). The last block to finish its loss (a count of finished tiles in
+buffer (:func:`tile_chunks`). Within a launch the blocks take the tiles longest list first
+(:func:`longest_first`). The last block to finish its loss (a count of finished tiles in
 device memory) sums the per-tile partial sums in tile order and writes the loss and its terms, so
 no reduction runs after the kernel and the loss does not depend on block timing. The gradients
 live in one zeroed buffer, which :class:`KnownGradients` scales in place by the incoming gradient
@@ -307,6 +308,26 @@ def _check_grads_out(grads_out, means2d, conics, colors, opacities) -> None:
 CP_BUCKET_MIN = 32  # the kernel's checkpoint scratch is sized in buckets of 32 list positions
 CP_BUCKET_FLOATS = 256 * 4  # one bucket's checkpoints: 256 pixels x (T, colour)
 DEFAULT_SCRATCH_MB = 2048
+# The kernel's phases a launch runs: 3 (forward, loss, backward); 1 (forward) or 2 (and the loss,
+# no gradients) time its parts (benchmark scripts only: the outputs are then incomplete).
+TIMING_PHASES = 3
+# Blocks take the tiles longest list first (:func:`longest_first`); False: in tile order (a
+# benchmark's comparison; the results are the same up to the order of the gradient atomics).
+TILE_ORDER = True
+
+
+def tile_lengths(offsets: Tensor, num_isects: int) -> Tensor:
+    """int32 [T] tile list lengths from the flat tile offsets [T] (int32) and the list's total."""
+    ends = torch.cat([offsets[1:], offsets.new_full((1,), num_isects)])
+    return ends - offsets
+
+
+def longest_first(lengths: Tensor) -> Tensor:
+    """int32 [T]: the tiles 0 .. T - 1 by decreasing list length, ties in tile order (a stable
+    sort on the device, no host synchronization). The kernel's block b renders tile order[b], so
+    the long tiles start in the first wave and the launch does not end on a few of them still
+    running (longest-processing-time-first scheduling, Graham 1969)."""
+    return torch.sort(lengths, descending=True, stable=True).indices.to(torch.int32)
 
 
 def _scratch_cap_floats(scratch_mb: Optional[float] = None) -> int:
@@ -480,13 +501,19 @@ def _launch(
         terms,
         done_tiles,
         scratch,
-        3,  # the kernel's phases: forward, loss and backward
+        TIMING_PHASES,  # the kernel's phases: 3, forward, loss and backward
     )
+    lengths = tile_lengths(offsets, fids.numel()) if TILE_ORDER else None
     for chunk in chunks:
-        if warp_size is None:
-            ext.fused_raster_loss(*args, *chunk)
+        t0, count = chunk[0], chunk[1]
+        if lengths is not None:
+            order = longest_first(lengths[t0 : t0 + count])
         else:
-            ext.fused_raster_loss(int(warp_size), *args, *chunk)
+            order = torch.arange(count, dtype=torch.int32, device=device)
+        if warp_size is None:
+            ext.fused_raster_loss(*args, *chunk, order)
+        else:
+            ext.fused_raster_loss(int(warp_size), *args, *chunk, order)
     del scratch
     stats = {
         "l1": terms[1],

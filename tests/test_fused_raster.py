@@ -715,3 +715,26 @@ def test_bad_inputs_raise():
         fr.fused_raster_loss(*args[:4], padded, *args[5:], 24, 20)
     with pytest.raises(ValueError, match="padded_rows needs the native kernel"):
         fr.fused_raster_loss(*args[:4], padded, *args[5:], 24, 20, padded_rows=True)
+
+
+def test_longest_first_orders_the_tiles_by_decreasing_list_length():
+    offsets = torch.tensor([0, 3, 3, 10, 17], dtype=torch.int32)  # lengths 3, 0, 7, 7, 1
+    lengths = fr.tile_lengths(offsets, 18)
+    assert lengths.tolist() == [3, 0, 7, 7, 1]
+    order = fr.longest_first(lengths)
+    assert order.dtype == torch.int32 and order.tolist() == [2, 3, 0, 4, 1]  # ties in tile order
+
+
+@pytest.mark.parametrize("case", ["dense_bg_border", "list_lengths"])
+def test_kernel_source_renders_the_tiles_its_order_names(emulation, monkeypatch, case):
+    """Blocks render the tiles of the launch's order: another permutation still matches the
+    reference, and an order that names one tile for every block does not (so the order is read)."""
+    params = CASES[case]
+    monkeypatch.setattr(fr, "longest_first", lambda lengths: torch.arange(lengths.numel() - 1, -1, -1).int())
+    assert_matches(compare(params, fr.emulated_fused_raster_loss, warp_size=32), params, case)
+    monkeypatch.setattr(fr, "TILE_ORDER", False)
+    assert_matches(compare(params, fr.emulated_fused_raster_loss, warp_size=32), params, case)
+    monkeypatch.setattr(fr, "TILE_ORDER", True)
+    monkeypatch.setattr(fr, "longest_first", lambda lengths: torch.zeros(lengths.numel(), dtype=torch.int32))
+    with pytest.raises(AssertionError):
+        assert_matches(compare(params, fr.emulated_fused_raster_loss, warp_size=32), params, case)

@@ -28,7 +28,8 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
                           const torch::Tensor& v_opacities, const torch::Tensor& v_backgrounds,
                           const torch::Tensor& absgrad, const torch::Tensor& image, const torch::Tensor& partial,
                           const torch::Tensor& terms, const torch::Tensor& done_tiles, const torch::Tensor& checkpoints, int64_t phases, int64_t tile_begin,
-                          int64_t tile_count, int64_t cp_origin, int64_t cp_buckets) {
+                          int64_t tile_count, int64_t cp_origin, int64_t cp_buckets,
+                          const torch::Tensor& tile_order) {
   const auto dev = means2d.device();
   const std::pair<const torch::Tensor*, const char*> fs[] = {
       {&means2d, "means2d"}, {&conics, "conics"}, {&colors, "colors"}, {&opacities, "opacities"},
@@ -94,6 +95,10 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
   p.tile_begin = (int)tile_begin;
   p.tile_count = (int)tile_count;
   p.cp_origin = cp_origin;
+  TORCH_CHECK(tile_order.scalar_type() == torch::kInt32 && tile_order.is_contiguous() && tile_order.device() == dev &&
+                  tile_order.numel() == tile_count,
+              "tile_order must hold tile_count contiguous int32 on ", dev);
+  p.tile_order = tile_order.data_ptr<int32_t>();
   return p;
 }
 
@@ -109,9 +114,10 @@ inline Params make_params(const torch::Tensor& means2d, const torch::Tensor& con
       const torch::Tensor &v_opacities, const torch::Tensor &v_backgrounds, const torch::Tensor &absgrad,          \
       const torch::Tensor &image, const torch::Tensor &partial, const torch::Tensor &terms,                        \
       const torch::Tensor &done_tiles, const torch::Tensor &checkpoints, int64_t phases,                           \
-      int64_t tile_begin, int64_t tile_count, int64_t cp_origin, int64_t cp_buckets
+      int64_t tile_begin, int64_t tile_count, int64_t cp_origin, int64_t cp_buckets,                              \
+      const torch::Tensor &tile_order
 #define SPLAT_FUSED_CALL                                                                                          \
   means2d, conics, colors, opacities, backgrounds, gts, offsets, flatten_ids, num_images, width, height, ox, oy,   \
       l1_scale, ssim_scale, ssim_lambda, inv_count, window, v_means2d, v_conics, v_colors, v_opacities,            \
       v_backgrounds, absgrad, image, partial, terms, done_tiles, checkpoints, phases, tile_begin, tile_count,      \
-      cp_origin, cp_buckets
+      cp_origin, cp_buckets, tile_order

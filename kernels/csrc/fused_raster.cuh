@@ -197,7 +197,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(NPIX, 4) fused_raster_loss_kernel(const Params P
   __shared__ float2 s_anchor[NPIX * MAX_WARPS];  // per warp: its bucket's active pixels' (T, behind), sorted
   __shared__ float s_red[NPIX];
 
-  const int tile = P.tile_begin + (int)blockIdx.x;
+  const int tile = P.tile_begin + P.tile_order[blockIdx.x];
   const int img = tile / P.num_tiles;
   const int tile_in_img = tile % P.num_tiles;
   const int tx = tile_in_img % P.tiles_x, ty = tile_in_img / P.tiles_x;

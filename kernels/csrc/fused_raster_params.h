@@ -44,6 +44,10 @@ struct Params {
   // chunks of tiles reuse one scratch buffer; one launch: 0, every tile, 0).
   int tile_begin, tile_count;
   int64_t cp_origin;
+  // [tile_count]: block b renders tile tile_begin + tile_order[b], a permutation of 0 ..
+  // tile_count - 1. The host puts the longest lists first, so that the blocks that run longest
+  // start first and the launch does not end on a few long tiles.
+  const int32_t* tile_order;
 };
 
 // Scratch floats one launch over every tile needs: (n_isects / 32 + number of tiles + 1) buckets of
