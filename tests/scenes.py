@@ -42,6 +42,30 @@ def make_cameras(sizes):
     return cams
 
 
+def add_posed_image(rec, camera, image, w2c) -> None:
+    """Add ``camera`` (a pycolmap.Camera) and ``image`` (a pycolmap.Image of that camera) posed by
+    ``w2c`` (a pycolmap.Rigid3d, world to camera) to ``rec``, each camera its own trivial rig and
+    each image its own frame: pycolmap >= 3.13's add_*_with_trivial_*, or the same rig and frame
+    spelled out for pycolmap 3.12 (the GPU machine's wheel)."""
+    import pycolmap
+
+    if hasattr(rec, "add_camera_with_trivial_rig"):
+        rec.add_camera_with_trivial_rig(camera)
+        rec.add_image_with_trivial_frame(image, w2c)
+        return
+    rec.add_camera(camera)
+    rig = pycolmap.Rig(rig_id=camera.camera_id)
+    rig.add_ref_sensor(camera.sensor_id)
+    rec.add_rig(rig)
+    frame = pycolmap.Frame(frame_id=image.image_id, rig_id=camera.camera_id)
+    frame.add_data_id(image.data_id)
+    frame.rig_from_world = w2c
+    rec.add_frame(frame)
+    image.frame_id = image.image_id
+    rec.add_image(image)
+    rec.register_frame(image.image_id)
+
+
 def write_colmap_scene(root, scene, masks=None):
     """Write a Scene (the synthetic one: in-memory images, SfM points and, when present, each
     camera's point_ids as tracks) as a COLMAP capture under ``root``: images/ (PNG),
@@ -69,21 +93,7 @@ def write_colmap_scene(root, scene, masks=None):
         ids = cam.point_ids if cam.point_ids is not None else np.zeros(0, np.int64)
         image.points2D = pycolmap.Point2DList([pycolmap.Point2D(np.zeros(2)) for _ in ids])
         w2c = pycolmap.Rigid3d(np.linalg.inv(cam.camtoworld.astype(np.float64))[:3, :4])
-        if hasattr(rec, "add_camera_with_trivial_rig"):  # pycolmap >= 3.13
-            rec.add_camera_with_trivial_rig(camera)
-            rec.add_image_with_trivial_frame(image, w2c)
-        else:  # pycolmap 3.12 (the GPU machine's wheel): the same rig and frame, spelled out
-            rec.add_camera(camera)
-            rig = pycolmap.Rig(rig_id=i)
-            rig.add_ref_sensor(camera.sensor_id)
-            rec.add_rig(rig)
-            frame = pycolmap.Frame(frame_id=i, rig_id=i)
-            frame.add_data_id(image.data_id)
-            frame.rig_from_world = w2c
-            rec.add_frame(frame)
-            image.frame_id = i
-            rec.add_image(image)
-            rec.register_frame(i)
+        add_posed_image(rec, camera, image, w2c)
         iio.imwrite(root / "images" / cam.name, np.asarray(scene.images[i - 1]))
         if masks and (i - 1) in masks:
             (root / "masks").mkdir(exist_ok=True)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from scenes import add_posed_image
 from splat_train.trainer.cli import main
 from splat_train.trainer.export import load_ply
 
@@ -200,16 +201,12 @@ def test_colmap_without_points_suggests_random_init(tmp_path, capsys):
     (data / "sparse" / "0").mkdir(parents=True)
     rec = pycolmap.Reconstruction()
     for i in range(3):
-        rec.add_camera_with_trivial_rig(
-            pycolmap.Camera(model="PINHOLE", width=32, height=24, params=[30.0, 30.0, 16.0, 12.0], camera_id=i + 1)
-        )
+        camera = pycolmap.Camera(model="PINHOLE", width=32, height=24, params=[30.0, 30.0, 16.0, 12.0], camera_id=i + 1)
         name = f"im{i}.png"
         iio.imwrite(data / "images" / name, np.full((24, 32, 3), 100, np.uint8))
         w2c = np.eye(4)[:3, :4]
         w2c[:, 3] = [0.1 * i, 0.0, 2.0]
-        rec.add_image_with_trivial_frame(
-            pycolmap.Image(name=name, camera_id=i + 1, image_id=i + 1), pycolmap.Rigid3d(w2c)
-        )
+        add_posed_image(rec, camera, pycolmap.Image(name=name, camera_id=i + 1, image_id=i + 1), pycolmap.Rigid3d(w2c))
     rec.write(str(data / "sparse" / "0"))
     rc = main(
         [

@@ -14,6 +14,7 @@ import pycolmap
 import pytest
 import torch
 
+from scenes import add_posed_image
 from splat_train.trainer.data import (
     CameraSampler,
     DataError,
@@ -80,12 +81,10 @@ def make_colmap(root: Path, specs=CAMERA_SPECS, fmt="bin", poses=None, points=No
     rec = pycolmap.Reconstruction()
     (root / "images").mkdir(parents=True, exist_ok=True)
     for i, ((model, w, h, params), c2w) in enumerate(zip(specs, poses), start=1):
-        rec.add_camera_with_trivial_rig(pycolmap.Camera(model=model, width=w, height=h, params=params, camera_id=i))
+        camera = pycolmap.Camera(model=model, width=w, height=h, params=params, camera_id=i)
         name = f"view_{len(specs) - i:02d}.png"
         w2c = np.linalg.inv(c2w)
-        rec.add_image_with_trivial_frame(
-            pycolmap.Image(name=name, camera_id=i, image_id=i), pycolmap.Rigid3d(w2c[:3, :4])
-        )
+        add_posed_image(rec, camera, pycolmap.Image(name=name, camera_id=i, image_id=i), pycolmap.Rigid3d(w2c[:3, :4]))
         iio.imwrite(root / "images" / name, rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
     for xyz in points:
         rec.add_point3D(xyz, pycolmap.Track(), rng.integers(0, 256, 3).astype(np.uint8))

@@ -8,7 +8,7 @@ import pycolmap
 import pytest
 import torch
 
-from scenes import make_cameras, make_scene
+from scenes import add_posed_image, make_cameras, make_scene
 
 from splat_train.kernels import reference as ref
 from splat_train.trainer import memory
@@ -84,18 +84,14 @@ def _colmap_scene(root: Path, width: int, height: int, num_points: int = 300) ->
     rec = pycolmap.Reconstruction()
     f = 0.8 * width
     for i in range(3):
-        rec.add_camera_with_trivial_rig(
-            pycolmap.Camera(
-                model="PINHOLE", width=width, height=height, params=[f, f, width / 2, height / 2], camera_id=i + 1
-            )
+        camera = pycolmap.Camera(
+            model="PINHOLE", width=width, height=height, params=[f, f, width / 2, height / 2], camera_id=i + 1
         )
         name = f"im{i}.png"
         iio.imwrite(root / "images" / name, np.full((height, width, 3), 100, np.uint8))
         w2c = np.eye(4)[:3, :4]
         w2c[:, 3] = [0.2 * (i - 1), 0.0, 3.0]
-        rec.add_image_with_trivial_frame(
-            pycolmap.Image(name=name, camera_id=i + 1, image_id=i + 1), pycolmap.Rigid3d(w2c)
-        )
+        add_posed_image(rec, camera, pycolmap.Image(name=name, camera_id=i + 1, image_id=i + 1), pycolmap.Rigid3d(w2c))
     for xyz in rng.uniform(-1, 1, (num_points, 3)):
         rec.add_point3D(xyz, pycolmap.Track(), np.array([120, 130, 140], np.uint8))
     rec.write(str(root / "sparse" / "0"))
