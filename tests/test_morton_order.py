@@ -52,6 +52,10 @@ def test_consecutive_rows_are_close_in_space():
 def test_empty_and_single_inputs():
     assert morton_order(torch.empty(0, 3)).shape == (0,)
     assert torch.equal(morton_order(torch.ones(1, 3)), torch.zeros(1, dtype=torch.long))
+    for shape in ((0, 3), (0, 15, 3), (5, 0, 3)):  # an empty shard; shN at SH degree 0
+        t = torch.empty(shape)
+        shard_mod.permute_rows_(t, torch.randperm(shape[0]))
+        assert t.shape == shape
 
 
 @pytest.mark.parametrize("shape", [(37,), (37, 3), (37, 15, 3), (37, 1, 3)])

@@ -154,6 +154,8 @@ PERMUTE_BLOCK = 4
 def permute_rows_(t: torch.Tensor, order: torch.Tensor) -> None:
     """t[i] = t[order[i]] for every row of ``t`` [N, ...] (contiguous), in place, a few columns at a
     time (:data:`PERMUTE_BLOCK`), so the scratch is N x PERMUTE_BLOCK elements, not a second ``t``."""
+    if t.numel() == 0:  # no rows (an empty shard) or rows of no elements (shN at SH degree 0)
+        return
     flat = t.view(t.shape[0], -1)
     for c in range(0, flat.shape[1], PERMUTE_BLOCK):
         flat[:, c : c + PERMUTE_BLOCK] = flat[order, c : c + PERMUTE_BLOCK]
