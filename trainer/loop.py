@@ -24,7 +24,15 @@ from .data.views import TrainViews
 from .densify import initialize_state, make_strategy
 from .depth import DepthTargets
 from .launch import DistContext, Interrupted
-from .model import create_optimizers, create_shard, initial_points, means_lr_scheduler, morton_order, optimizer_step
+from .model import (
+    create_optimizers,
+    create_shard,
+    initial_points,
+    keeps_morton_order,
+    means_lr_scheduler,
+    morton_order,
+    optimizer_step,
+)
 from .profile_window import ProfileWindow
 from .profiling import PhaseTimer, memory_model_line
 from .render import (
@@ -341,7 +349,7 @@ class Trainer:
         densify.post_backward(self.shard, cfg, step, info)
         if refines:
             self.shard.rows_changed()
-            if cfg.model.morton_order and self.plan.pipeline == "ours":  # the new rows were appended
+            if keeps_morton_order(cfg):  # the new rows were appended
                 self.shard.reorder(morton_order(self.params["means"]))
             self.defer_sh_adam_if_large(step + 1)
         self.last_phases = timer.end_step()

@@ -131,6 +131,12 @@ def morton_order(means: torch.Tensor) -> torch.Tensor:
     return torch.sort(_morton_codes(cells), stable=True).indices
 
 
+def keeps_morton_order(cfg: Config) -> bool:
+    """Whether the shard is kept in :func:`morton_order` (``cfg.model.morton_order``; never for
+    --pipeline gsplat-dist, gsplat's own pass that the benchmark compares against)."""
+    return cfg.model.morton_order and cfg.step.pipeline == "ours"
+
+
 def knn_mean_distance_morton(
     points: torch.Tensor, query_ids: torch.Tensor, k: int = 3, window: int = 16, chunk: int = 1 << 20
 ) -> torch.Tensor:
@@ -223,7 +229,7 @@ def create_shard(
         shN=shN,
     )
     tensors = {k: v.float().to(device) for k, v in tensors.items()}
-    if cfg.model.morton_order and cfg.step.pipeline == "ours":
+    if keeps_morton_order(cfg):
         order = morton_order(tensors["means"])
         tensors = {k: v[order] for k, v in tensors.items()}
     return torch.nn.ParameterDict({k: torch.nn.Parameter(v.contiguous()) for k, v in tensors.items()})

@@ -133,16 +133,14 @@ class GaussianShard:
         if order.shape != (n,):
             raise ValueError(f"reorder: an order of {n} rows expected, got shape {tuple(order.shape)}")
         order = order.to(self.params["means"].device)
+        tensors = [p.data for p in self.params.values()]
         for name, p in self.params.items():
-            rows = [p.data]
-            state = self.optimizers[name].state.get(p, {}) if name in self.optimizers else {}
-            rows += [v for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n]
-            for t in rows:
+            if name in self.optimizers:
+                tensors += self.optimizers[name].state.get(p, {}).values()
+        tensors += [self.strategy_state.get(key) for key in PER_GAUSSIAN_STATE]
+        for t in tensors:  # what has a row per Gaussian: not Adam's step count, not MCMC's table
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == n:
                 permute_rows_(t, order)
-        for key in PER_GAUSSIAN_STATE:
-            v = self.strategy_state.get(key)
-            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n:
-                permute_rows_(v, order)
         self.rows_changed()
 
 
