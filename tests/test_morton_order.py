@@ -132,3 +132,18 @@ def test_densification_leaves_the_shard_in_morton_order():
     assert means.shape[0] > n0  # it grew: the appended rows were put in place
     codes = _codes(means)
     assert bool((codes[1:] >= codes[:-1]).all())
+
+
+def test_no_reorder_outside_the_strategys_refine_window(monkeypatch):
+    """The shard is reordered after the steps where the strategy may refine, by the strategy's own
+    window: none before its start, none once it stopped (the bytesplat preset lowers the
+    strategy's stop step below --refine_stop_iter)."""
+    flags = ["--max_steps", "8", "--refine_every", "2", "--refine_start_iter", "1", "--refine_stop_iter", "8"]
+    trainer = make_trainer(flags + ["--morton_order", "--grow_grad2d", "1e9"])
+    trainer.shard.strategy.refine_stop_iter = 5  # as prune.py's stage 2 sets it
+    calls, current = [], [0]
+    monkeypatch.setattr(shard_mod.GaussianShard, "reorder", lambda self, order: calls.append(current[0]))
+    for step in range(8):
+        current[0] = step
+        trainer.train_step(step)
+    assert calls == [2, 4], calls

@@ -149,6 +149,16 @@ def strategy_info(info: "RenderInfo") -> dict[str, Any]:
     }
 
 
+def refines_at(strategy, step: int) -> bool:
+    """Whether ``strategy`` (gsplat's DefaultStrategy or MCMCStrategy, or one built by
+    :func:`make_strategy`) may grow, prune or relocate Gaussians at ``step``: gsplat's condition for
+    both, ``refine_start_iter < step < refine_stop_iter`` and a multiple of ``refine_every``, read
+    from the strategy itself (the bytesplat preset lowers its stop step to the second pruning
+    stage, trainer/prune.py). The default strategy's pause after an opacity reset is not read: a
+    paused step counts as one that may refine."""
+    return strategy.refine_start_iter < step < strategy.refine_stop_iter and step % strategy.refine_every == 0
+
+
 def post_backward(shard: "GaussianShard", cfg: Config, step: int, render_info: "RenderInfo") -> None:
     """The strategy's step after backward on ``shard`` (grow, prune, relocate at its steps;
     gsplat's ops do the parameter and Adam surgery), from the render's info (:func:`strategy_info`).

@@ -342,8 +342,9 @@ class Trainer:
             scheduler.step()
         self.scheduler.step()
         timer.begin("densification")
-        # where the strategies may grow, prune or relocate (neither does from refine_stop_iter on)
-        refines = step % cfg.schedule.refine_every == 0 and step < cfg.schedule.refine_stop_iter
+        # where the strategy may grow, prune or relocate (by its own window: the bytesplat preset
+        # stops its densification early)
+        refines = densify.refines_at(self.shard.strategy, step)
         if refines:
             self.shard.sync()  # their surgery copies and cuts the SH rows and moments
         densify.post_backward(self.shard, cfg, step, info)
