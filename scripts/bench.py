@@ -11,8 +11,8 @@ one); every variant starts from the same initial model (same scene, seed and sha
 scene and its points' nearest-neighbour distances are built once per invocation) and trains
 ``--steps`` steps. Per variant and rank it records: ms per iteration over the steps after the
 ``--warmup`` ones, run back to back (the rate a run trains at), the time from start-up to the end
-of the first step, images/s, the median of ``--phase_steps`` more steps each closed by a device synchronize and
-their per-phase split (CUDA events; profiling.py), collectives and bytes per iteration in each
+of the first step, images/s, the median of ``--phase_steps`` more steps each closed by a device synchronize, the
+per-phase split of as many steps run back to back (CUDA events, the device's time; profiling.py), collectives and bytes per iteration in each
 direction, tile-Gaussian intersections (load skew), peak device memory against the memory model,
 and the test PSNR after the run. Output under ``--out``: ``bench.json``, ``bench.md`` (a table
 with ratios to the baseline column) and ``phases.png`` (stacked per-phase bars, matplotlib).
@@ -79,10 +79,11 @@ def _worker(
 ):
     """One rank of one variant: ``warmup`` steps, then ``steps - warmup`` steps back to back with
     one synchronization at each end (ms_per_iter: the rate a run trains at, the host free to run
-    ahead of the device), then ``phase_steps`` steps each closed by a synchronization with the
-    per-phase timer on (ms_median / ms_p90 and the phase split: a step that cannot overlap the
-    next), then ``profile_steps`` steps back to back under the torch profiler (``profile``:
-    profiling.summarize_trace of their trace; none when 0)."""
+    ahead of the device), then ``phase_steps`` steps each closed by a synchronization (ms_median /
+    ms_p90: a step that cannot overlap the next), then ``phase_steps`` steps back to back with the
+    per-phase timer's events kept (the phase split: the device's time in each phase, the host
+    ahead as in training), then ``profile_steps`` steps back to back under the torch profiler
+    (``profile``: profiling.summarize_trace of their trace; none when 0)."""
     from splat_train.trainer.config import from_argv
     from splat_train.trainer.loop import Trainer
     from splat_train.trainer.profiling import memory_model
@@ -125,35 +126,49 @@ def _worker(
         _sync(ctx.device)
         ms_per_iter = (time.perf_counter() - t0) * 1000.0 / (steps - warmup)
         window = rows[warmup:]
-        trainer.timer.switch(True)
-        # the Triton projection's steps keep their RenderInfo: the visible counts of the bytes model
-        # (_stage_traffic), reduced after each step's timing
-        trainer.record_info = trainer.plan.projection == "triton"
-        timed: list[dict[str, Any]] = []
+        synced = []  # the synced steps: each alone on the device, closed by a synchronization
         for step in range(start + steps, start + steps + phase_steps):
             _sync(ctx.device)
             t1 = time.perf_counter()
             trainer.train_step(step)
             _sync(ctx.device)
-            timed.append(dict(ms=(time.perf_counter() - t1) * 1000.0, phases=trainer.last_phases))
+            synced.append((time.perf_counter() - t1) * 1000.0)
+            ctx.stats.reset()
+        # the phase steps: back to back with the timer's events kept (PhaseTimer deferred), the host
+        # ahead of the device as in training, so that a phase's events time the device's work and
+        # not a launch the host makes while the device waits (on the CPU the host's clock, at once).
+        # The Triton projection's steps keep their RenderInfo: the visible counts of the bytes model
+        # (_stage_traffic), counted on the device and read after the last step
+        trainer.timer.switch(True, deferred=True)
+        trainer.record_info = trainer.plan.projection == "triton"
+        timed: list[dict[str, Any]] = []
+        for step in range(start + steps + phase_steps, start + steps + 2 * phase_steps):
+            trainer.train_step(step)
+            timed.append(dict(phases=trainer.last_phases))
             if trainer.last_info is not None:
-                timed[-1]["visible"] = tuple(int(v) for v in visibility_counts(trainer.last_info))
+                timed[-1]["visible"] = visibility_counts(trainer.last_info)
                 trainer.last_info = None
                 if trainer.shard.lazy is not None and trainer.forward_backward.lazy_listed:
-                    timed[-1]["waiting"] = int(trainer.shard.lazy.seen.waiting)  # rows its forward caught up
+                    timed[-1]["waiting"] = trainer.shard.lazy.seen.waiting.clone()  # rows its forward caught up
             ctx.stats.reset()
+        for row, phases_of_step in zip(timed, trainer.timer.collect() or [r["phases"] for r in timed]):
+            row["phases"] = phases_of_step
+            if "visible" in row:
+                row["visible"] = tuple(int(v) for v in row["visible"])
+            if "waiting" in row:
+                row["waiting"] = int(row["waiting"])
         trainer.record_info = False
         steady = window
         peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
         trainer.timer.switch(False)
-        end = start + steps + phase_steps
+        end = start + steps + 2 * phase_steps
         profile = _profile_steps(trainer, end, profile_steps, out_file) if profile_steps else None
         end += profile_steps
         metrics = trainer.evaluation.run(trainer.shard, end) if len(trainer.testset) else None
         phases = {}
         for name in timed[0]["phases"]:
             phases[name] = statistics.median(r["phases"].get(name, 0.0) for r in timed)
-        traffic = _stage_traffic(trainer, timed, start + steps)
+        traffic = _stage_traffic(trainer, timed, start + steps + phase_steps)
 
         def per_iter(key):
             total: dict = {}
@@ -171,8 +186,8 @@ def _worker(
             device=str(ctx.device),
             ms_per_iter=ms_per_iter,
             startup_s=startup_s,
-            ms_median=statistics.median(r["ms"] for r in timed),
-            ms_p90=_percentile([r["ms"] for r in timed], 90),
+            ms_median=statistics.median(synced),
+            ms_p90=_percentile(synced, 90),
             phases_median_ms=phases,
             isects_mean=float(np.mean([r["isects"] for r in steady])),
             calls_per_iter=per_iter("calls"),
@@ -417,7 +432,7 @@ def variant_flags(args, start: int, extra: str, result_dir: str) -> list[str]:
     from the initial model (start 0) gsplat's strategy still accumulates its gradient statistics,
     as in the first steps of a run; from a checkpoint (start > 0) the strategy is past its stop
     step, as in the late steps of a run. Variant flags come last and win."""
-    end = start + args.steps + args.phase_steps + args.profile_steps
+    end = start + args.steps + 2 * args.phase_steps + args.profile_steps
     flags = [
         "--device",
         args.device,
@@ -724,7 +739,8 @@ def parse(argv):
         "--phase_steps",
         type=int,
         default=10,
-        help="steps after the measured window, each synchronized, for the per-phase split",
+        help="steps after the measured window, each synchronized (the synced step median), and as many "
+        "again back to back for the per-phase split (the device's time in each phase)",
     )
     p.add_argument(
         "--profile_steps",
