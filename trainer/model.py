@@ -115,6 +115,12 @@ def _morton_codes(cells: torch.Tensor) -> torch.Tensor:
     return spread(cells[:, 0]) | (spread(cells[:, 1]) << 1) | (spread(cells[:, 2]) << 2)
 
 
+def _cell_codes(offsets: torch.Tensor, scale) -> torch.Tensor:
+    """float [P, 3] positions from a box's low corner (scene units) -> int64 [P] Morton codes of
+    their cells, ``scale`` cells per unit (clamped to the :data:`MORTON_BITS` grid)."""
+    return _morton_codes((offsets * scale).long().clamp(0, 2**MORTON_BITS - 1))
+
+
 def morton_order(means: torch.Tensor) -> torch.Tensor:
     """The order of ``means`` [N, 3] (any float dtype and device) along a Morton (Z-order) curve of
     their bounding box, :data:`MORTON_BITS` bits per axis: int64 [N], sorted position -> row, ties
@@ -127,8 +133,7 @@ def morton_order(means: torch.Tensor) -> torch.Tensor:
     pts = means.detach().float()
     lo, hi = pts.min(dim=0).values, pts.max(dim=0).values
     scale = (2**MORTON_BITS - 1) / (hi - lo).max().clamp_min(1e-12)
-    cells = ((pts - lo) * scale).long().clamp(0, 2**MORTON_BITS - 1)
-    return torch.sort(_morton_codes(cells), stable=True).indices
+    return torch.sort(_cell_codes(pts - lo, scale), stable=True).indices
 
 
 def keeps_morton_order(cfg: Config) -> bool:
@@ -166,8 +171,8 @@ def knn_mean_distance_morton(
     best_d = torch.full((query_ids.shape[0], k), float("inf"), device=device)
     best_i = torch.full((query_ids.shape[0], k), -1, dtype=torch.long, device=device)
     for shift in MORTON_SHIFTS:
-        cells = ((pts - lo + torch.tensor(shift, device=device) * extent) * scale).long()
-        order = torch.argsort(_morton_codes(cells))  # sorted position -> point
+        shifted = pts - lo + torch.tensor(shift, device=device) * extent  # within 2 extents: no cell clamped
+        order = torch.argsort(_cell_codes(shifted, scale))  # sorted position -> point
         rank_of = torch.empty_like(order)
         rank_of[order] = torch.arange(n, device=device)  # point -> sorted position
         for start in range(0, query_ids.shape[0], chunk):
