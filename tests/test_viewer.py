@@ -284,3 +284,26 @@ def test_stopping_after_a_failed_step_releases_the_viewer_lock():
     viewer.stop()
     assert viewer.viewer.lock.acquire(timeout=5)
     viewer.viewer.lock.release()
+
+
+def test_a_setting_changed_while_a_client_connects_renders_the_registered_ones():
+    """nerfview registers a client's renderer on viser's worker thread, so a client can be listed
+    before it has one: a rerender (a setting changed, as the CPU viewer's resolution is at start)
+    skips it instead of raising KeyError, and still gives the registered clients a frame."""
+    from splat_train.kernels import reference
+
+    viewer = viewer_module.SplatViewer(_free_port(), lambda: ({}, 0), torch.device("cpu"), reference)
+    try:
+        submitted = []
+
+        class Renderer:
+            def submit(self, task):
+                submitted.append(task.action)
+
+        viewer.server.get_clients = lambda: {0: "connecting", 1: "registered"}
+        viewer.viewer.get_camera_state = lambda client: client
+        viewer.viewer._renderers = {1: Renderer()}
+        viewer.viewer.rerender(None)  # what the resolution slider's callback calls
+        assert submitted == ["rerender"]
+    finally:
+        viewer.stop()

@@ -75,10 +75,24 @@ class SplatViewer:
         self.viewer = nerfview.Viewer(
             server=self.server, render_fn=self._render, output_dir=Path(output_dir or "."), mode=mode
         )
+        self.viewer.rerender = self._rerender  # nerfview's, for the clients it has a renderer for
         if device.type != "cuda":  # nerfview's still frames are 2048 px: minutes on a CPU
             self.viewer.render_tab_state.viewer_res = CPU_VIEWER_RES
             self.viewer._rendering_tab_handles["viewer_res_slider"].value = CPU_VIEWER_RES
         self._tic = 0.0
+
+    def _rerender(self, _event=None) -> None:
+        """nerfview's ``Viewer.rerender`` (a new frame for each client after a setting changed) for
+        the clients whose renderer is registered: nerfview registers it on viser's worker thread
+        when a client connects, so a client can be listed before it has one (a setting changed at
+        that moment raised KeyError and ended the process); such a client is drawn at the
+        settings of the moment its camera first reports, as every new client is."""
+        from nerfview._renderer import RenderTask
+
+        for client_id, client in self.server.get_clients().items():
+            renderer = self.viewer._renderers.get(client_id)
+            if renderer is not None:
+                renderer.submit(RenderTask("rerender", self.viewer.get_camera_state(client)))
 
     @property
     def port(self) -> int:
